@@ -1,0 +1,162 @@
+//! `ExecutorRunning` (short name `er`): the persisted runtime record of a session's executor.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Runtime record of a TaskSession's executor (owned by the session through an ownerReference).
+/// It holds what must survive an operator restart, above all the ACP resume token.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "kandev.dev",
+    version = "v1alpha1",
+    kind = "ExecutorRunning",
+    namespaced,
+    status = "ExecutorRunningStatus",
+    shortname = "er",
+    category = "kandev",
+    doc = "Runtime record of a TaskSession's executor: pod, resume token (ACP session id), worktree and negotiated agent capabilities.",
+    printcolumn(
+        name = "Session",
+        type_ = "string",
+        json_path = ".spec.sessionName",
+        description = "The TaskSession this executor belongs to"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.status",
+        description = "Executor status"
+    ),
+    printcolumn(
+        name = "Pod",
+        type_ = "string",
+        json_path = ".status.podName",
+        description = "Current agentctl pod"
+    ),
+    printcolumn(
+        name = "Resumable",
+        type_ = "boolean",
+        json_path = ".status.resumable",
+        description = "The saved session can be restored"
+    ),
+    printcolumn(
+        name = "Token",
+        type_ = "string",
+        json_path = ".status.resumeToken",
+        priority = "1",
+        description = "ACP session id used to resume"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorRunningSpec {
+    /// Name of the TaskSession (same namespace) this executor belongs to. Immutable.
+    #[x_kube(
+        validation = Rule::new("self.size() > 0").message("sessionName must not be empty"),
+        validation = Rule::new("self == oldSelf").message("sessionName is immutable")
+    )]
+    pub session_name: String,
+}
+
+/// Status of an executor.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExecutorPhase {
+    /// The agentctl pod is created but not running yet.
+    #[default]
+    Pending,
+    /// The agentctl pod is running and agentctl answers.
+    Running,
+    /// The pod is gone or dead; the session waits for a resume.
+    Lost,
+    /// The executor was stopped on purpose.
+    Stopped,
+}
+
+/// What the operator knows about the executor; persisted so a restarted operator loses nothing.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorRunningStatus {
+    /// ACP session id of the agent: the resume token. Never cleared by a failed resume unless the
+    /// agent explicitly said the session is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_token: Option<String>,
+    /// UUID of the last message seen in the agent's transcript.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "lastMessageUUID"
+    )]
+    pub last_message_uuid: Option<String>,
+    /// Name of the current agentctl pod (a hint: the live Pod is always checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// UID of the current agentctl pod, to tell a recreated pod of the same name apart.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "podUID")]
+    pub pod_uid: Option<String>,
+    /// Port agentctl listens on inside the pod, when it serves TCP in addition to its socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agentctl_port: Option<i32>,
+    /// The git worktree the agent works in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worktree: Option<WorktreeStatus>,
+    /// Identifier of the current agent execution (changes on every launch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_execution_id: Option<String>,
+    /// Executor status: Pending, Running, Lost, Stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ExecutorPhase>,
+    /// Whether the saved agent session can be restored.
+    #[serde(default)]
+    pub resumable: bool,
+    /// When agentctl was last seen alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<Time>,
+    /// ACP capabilities negotiated at the last `initialize`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<NegotiatedCapabilities>,
+}
+
+/// The git worktree of an executor.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorktreeStatus {
+    /// Worktree identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// PVC holding the worktree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<String>,
+    /// Path of the worktree inside the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Branch checked out in the worktree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+}
+
+/// Summary of the agent's ACP `initialize` answer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NegotiatedCapabilities {
+    /// Negotiated ACP protocol version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<i64>,
+    /// `agentCapabilities.loadSession`: the agent replays a saved session with `session/load`.
+    #[serde(default)]
+    pub load_session: bool,
+    /// `agentCapabilities.sessionCapabilities.resume`: the agent restores with `session/resume`.
+    #[serde(default)]
+    pub session_resume: bool,
+    /// Agent name reported in `agentInfo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
+    /// Agent version reported in `agentInfo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+}

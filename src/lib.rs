@@ -1,0 +1,7 @@
+//! kandev-operator: keeps AI coding-agent sessions alive across pod loss (see DESIGN.md).
+#![forbid(unsafe_code)]
+
+pub mod agents;
+pub mod api;
+pub mod history;
+pub mod resume;
