@@ -78,6 +78,15 @@ pub enum ExecutorPhase {
     Stopped,
 }
 
+/// What the agent is doing.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentActivity {
+    /// Waiting for the next prompt.
+    Idle,
+    /// A prompt is in flight.
+    Working,
+}
+
 /// What the operator knows about the executor; persisted so a restarted operator loses nothing.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -111,6 +120,10 @@ pub struct ExecutorRunningStatus {
     /// Executor status: Pending, Running, Lost, Stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ExecutorPhase>,
+    /// Whether the agent is working on a prompt (Working) or waiting for input (Idle), as last
+    /// reported by `agentctl events`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<AgentActivity>,
     /// Whether the saved agent session can be restored.
     #[serde(default)]
     pub resumable: bool,

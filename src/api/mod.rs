@@ -3,6 +3,10 @@
 //! The YAML under `crds/` is generated from these types (`kandev-operator crd`);
 //! doc comments become `kubectl explain` text.
 
+// kube's KubeSchema derive expands several `validation = …` keys of one `#[x_kube]` into
+// repeated schemars attributes, which clippy reads as duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 mod executor_running;
 mod states;
 mod task_session;
@@ -49,4 +53,120 @@ pub fn crd_files() -> Result<Vec<CrdFile>, serde_yaml::Error> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn schema_of(crd: &CustomResourceDefinition) -> Value {
+        let version = &crd.spec.versions[0];
+        let schema = version
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref());
+        serde_json::to_value(schema).expect("schema serializes")
+    }
+
+    /// Every property below `spec` and `status` has a description (it is `kubectl explain` text).
+    fn assert_described(path: &str, node: &Value, missing: &mut Vec<String>) {
+        if let Some(props) = node.get("properties").and_then(Value::as_object) {
+            for (name, prop) in props {
+                let here = format!("{path}.{name}");
+                if prop
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    missing.push(here.clone());
+                }
+                assert_described(&here, prop, missing);
+            }
+        }
+        if let Some(items) = node.get("items") {
+            assert_described(&format!("{path}[]"), items, missing);
+        }
+    }
+
+    #[test]
+    fn crds_have_names_columns_rules_and_descriptions() {
+        for crd in crds() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let names = &crd.spec.names;
+            assert_eq!(
+                names.categories.as_deref(),
+                Some(&["kandev".to_string()][..]),
+                "{name}"
+            );
+            assert_eq!(
+                names.short_names.as_ref().map(Vec::len),
+                Some(1),
+                "{name} has a short name"
+            );
+            let version = &crd.spec.versions[0];
+            assert_eq!(version.name, "v1alpha1");
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some(),
+                "{name} status subresource"
+            );
+            let columns: Vec<&str> = version
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str())
+                .collect();
+            assert!(
+                columns.len() >= 4 && columns.contains(&"Age"),
+                "{name} columns: {columns:?}"
+            );
+
+            let schema = schema_of(&crd);
+            let text = schema.to_string();
+            assert!(
+                text.contains("x-kubernetes-validations"),
+                "{name} has CEL rules"
+            );
+            assert!(
+                text.contains("self == oldSelf"),
+                "{name} has an immutability rule"
+            );
+            let mut missing = Vec::new();
+            for part in ["spec", "status"] {
+                assert_described(part, &schema["properties"][part], &mut missing);
+            }
+            assert!(
+                missing.is_empty(),
+                "{name}: fields without description: {missing:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn task_session_columns_are_the_design_ones() {
+        let crd = TaskSession::crd();
+        let columns: Vec<(String, String)> = crd.spec.versions[0]
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .filter(|c| c.priority.unwrap_or(0) == 0)
+            .map(|c| (c.name.clone(), c.json_path.clone()))
+            .collect();
+        let expected = [
+            ("State", ".status.state"),
+            ("Task", ".status.taskState"),
+            ("NeedsResume", ".status.needsResume"),
+            ("Agent", ".spec.agent"),
+            ("Age", ".metadata.creationTimestamp"),
+        ];
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(columns, expected);
+    }
 }

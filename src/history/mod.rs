@@ -1,1 +1,34 @@
-//! (being written)
+//! Recorded session history and the resume context built from it (DESIGN §3 "History
+//! injection").
+
+mod context;
+mod record;
+
+use std::path::PathBuf;
+
+pub use context::{
+    ContextLimits, RESUME_CONTEXT_HEADER, TRUNCATION_MARKER, build_resume_context,
+    is_resume_context, wrap_prompt_once,
+};
+pub use record::{
+    HistoryEntry, HistoryStore, MAX_SESSION_ID_LEN, ParsedHistory, parse_history,
+    validate_session_id,
+};
+
+/// Why history could not be stored or read. Corrupt content is never an error (it is skipped).
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("invalid session id {session:?}: {reason}")]
+    InvalidSessionId {
+        session: String,
+        reason: &'static str,
+    },
+    #[error("history I/O failed on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot encode history entry: {0}")]
+    Encode(#[source] serde_json::Error),
+}

@@ -1,1 +1,23 @@
-//! (being written)
+//! The pure rules of DESIGN §3: status evaluation, the resume request, ACP restore selection,
+//! restore error classification and the initial prompt dispatch.
+//!
+//! Nothing here touches the cluster or an agent; callers gather facts, these functions decide,
+//! and the tables in each file's tests map line by line to DESIGN §3.
+
+mod classify;
+mod prompt;
+mod request;
+mod restore;
+mod status;
+
+pub use classify::{
+    AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
+    RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure, classify_restore_error,
+};
+pub use prompt::{InitialPrompt, dispatch_initial_prompt};
+pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
+pub use restore::{
+    AgentRestoreCapabilities, FreshReason, NextStep, RestoreMethod, RestorePlan,
+    next_step_after_failure, select_restore_method,
+};
+pub use status::{PodLiveness, ResumeEvaluation, SessionFacts, evaluate_resume_eligibility};

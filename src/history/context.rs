@@ -1,0 +1,351 @@
+//! The resume context (DESIGN §3 "History injection"): for agents that cannot restore a
+//! session themselves, the first prompt after a fresh start carries the recorded history so
+//! the new agent can pick up where the old one stopped.
+
+use super::record::HistoryEntry;
+
+/// First line of every resume context; also how an already-wrapped prompt is recognised.
+pub const RESUME_CONTEXT_HEADER: &str = "RESUME CONTEXT FOR CONTINUING TASK";
+const HISTORY_SECTION: &str = "=== EXECUTION HISTORY ===";
+const REQUEST_SECTION: &str = "=== CURRENT REQUEST ===";
+const INSTRUCTIONS_SECTION: &str = "=== INSTRUCTIONS ===";
+const INSTRUCTIONS: &str = "You are continuing a task that was interrupted. The execution history \
+above shows what was already said and done; the workspace still holds the results of that work. \
+Continue from where the history leaves off to fulfil the current request. Do not redo work that \
+is already finished; if you are unsure whether a step completed, check the workspace first.";
+/// Appended to a shortened message or tool result.
+pub const TRUNCATION_MARKER: &str = "… [truncated]";
+const NO_HISTORY: &str = "(no recorded history)";
+
+/// Size limits of the resume context (DESIGN §3: messages 2000 chars, tool results 500, plus a
+/// total cap), so a long session cannot blow the agent's context window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextLimits {
+    /// Per user/assistant message, in characters (Unicode scalar values).
+    pub max_message_chars: usize,
+    /// Per tool result, in characters.
+    pub max_tool_result_chars: usize,
+    /// The rendered history lines together, in bytes; the oldest entries are dropped first.
+    pub max_history_bytes: usize,
+}
+
+impl Default for ContextLimits {
+    fn default() -> Self {
+        Self {
+            max_message_chars: 2000,
+            max_tool_result_chars: 500,
+            max_history_bytes: 32 * 1024,
+        }
+    }
+}
+
+/// Renders the resume context:
+///
+/// ```text
+/// RESUME CONTEXT FOR CONTINUING TASK
+///
+/// === EXECUTION HISTORY ===
+/// [USER]: …
+/// [ASSISTANT]: …
+/// [TOOL CALL: name]
+/// [TOOL RESULT: name] …
+///
+/// === CURRENT REQUEST ===
+/// <current_request>
+///
+/// === INSTRUCTIONS ===
+/// <instructions>
+/// ```
+///
+/// When the history is over `max_history_bytes`, the oldest entries are dropped (the recent
+/// ones matter most for continuing) and a line says how many were omitted.
+pub fn build_resume_context(
+    entries: &[HistoryEntry],
+    current_request: &str,
+    limits: &ContextLimits,
+) -> String {
+    let lines: Vec<String> = entries.iter().map(|e| render_entry(e, limits)).collect();
+    let mut kept_bytes = 0;
+    let mut first_kept = lines.len();
+    for (index, line) in lines.iter().enumerate().rev() {
+        let line_bytes = line.len() + 1;
+        if kept_bytes + line_bytes > limits.max_history_bytes {
+            break;
+        }
+        kept_bytes += line_bytes;
+        first_kept = index;
+    }
+
+    let mut out = format!("{RESUME_CONTEXT_HEADER}\n\n{HISTORY_SECTION}\n");
+    if lines.is_empty() {
+        out.push_str(NO_HISTORY);
+        out.push('\n');
+    }
+    match first_kept {
+        0 => {}
+        1 => out.push_str("[… 1 earlier entry omitted to fit the size limit …]\n"),
+        omitted => out.push_str(&format!(
+            "[… {omitted} earlier entries omitted to fit the size limit …]\n"
+        )),
+    }
+    for line in &lines[first_kept..] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "\n{REQUEST_SECTION}\n{current_request}\n\n{INSTRUCTIONS_SECTION}\n{INSTRUCTIONS}\n"
+    ));
+    out
+}
+
+/// Whether `prompt` already is a resume context.
+pub fn is_resume_context(prompt: &str) -> bool {
+    prompt.trim_start().starts_with(RESUME_CONTEXT_HEADER)
+}
+
+/// Wraps the first prompt after a fresh start exactly once (DESIGN §3 "wrapped once"): a
+/// prompt that already is a resume context is returned unchanged, so a retried send cannot
+/// nest contexts. With no history there is nothing to inject and the prompt is returned as is.
+pub fn wrap_prompt_once(prompt: &str, entries: &[HistoryEntry], limits: &ContextLimits) -> String {
+    if entries.is_empty() || is_resume_context(prompt) {
+        prompt.to_owned()
+    } else {
+        build_resume_context(entries, prompt, limits)
+    }
+}
+
+fn render_entry(entry: &HistoryEntry, limits: &ContextLimits) -> String {
+    let labelled = |label: String, body: &str| {
+        if body.is_empty() {
+            label
+        } else {
+            format!("{label} {body}")
+        }
+    };
+    match entry {
+        HistoryEntry::UserMessage { text, .. } => labelled(
+            "[USER]:".into(),
+            &truncate_chars(text, limits.max_message_chars),
+        ),
+        HistoryEntry::AgentMessage { text, .. } => labelled(
+            "[ASSISTANT]:".into(),
+            &truncate_chars(text, limits.max_message_chars),
+        ),
+        HistoryEntry::ToolCall { name, .. } => format!("[TOOL CALL: {name}]"),
+        HistoryEntry::ToolResult { name, output, .. } => labelled(
+            format!("[TOOL RESULT: {name}]"),
+            &truncate_chars(output, limits.max_tool_result_chars),
+        ),
+    }
+}
+
+/// Keeps the first `max_chars` characters and appends [`TRUNCATION_MARKER`]. Counting and
+/// cutting by `char` never splits a UTF-8 code point (a combined emoji sequence may still be
+/// cut between its code points, which is harmless for a model).
+fn truncate_chars(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}{TRUNCATION_MARKER}", &text[..cut]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn user(text: &str) -> HistoryEntry {
+        HistoryEntry::UserMessage {
+            text: text.into(),
+            timestamp: None,
+        }
+    }
+
+    fn agent(text: &str) -> HistoryEntry {
+        HistoryEntry::AgentMessage {
+            text: text.into(),
+            timestamp: None,
+        }
+    }
+
+    fn tool_result(name: &str, output: &str) -> HistoryEntry {
+        HistoryEntry::ToolResult {
+            name: name.into(),
+            output: output.into(),
+            timestamp: None,
+        }
+    }
+
+    #[test]
+    fn exact_format() {
+        // §3 history injection: header, the three sections, one line per entry kind.
+        let entries = [
+            user("add a test"),
+            agent("Looking at the code."),
+            HistoryEntry::ToolCall {
+                name: "read_file".into(),
+                input: serde_json::json!({"path": "src/lib.rs"}),
+                timestamp: None,
+            },
+            tool_result("read_file", "pub fn f() {}"),
+            tool_result("noop", ""),
+        ];
+        let expected = format!(
+            "RESUME CONTEXT FOR CONTINUING TASK\n\
+             \n\
+             === EXECUTION HISTORY ===\n\
+             [USER]: add a test\n\
+             [ASSISTANT]: Looking at the code.\n\
+             [TOOL CALL: read_file]\n\
+             [TOOL RESULT: read_file] pub fn f() {{}}\n\
+             [TOOL RESULT: noop]\n\
+             \n\
+             === CURRENT REQUEST ===\n\
+             continue please\n\
+             \n\
+             === INSTRUCTIONS ===\n\
+             {INSTRUCTIONS}\n"
+        );
+        let got = build_resume_context(&entries, "continue please", &ContextLimits::default());
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn empty_history_still_has_every_section() {
+        let got = build_resume_context(&[], "go", &ContextLimits::default());
+        let expected = format!(
+            "{RESUME_CONTEXT_HEADER}\n\n{HISTORY_SECTION}\n{NO_HISTORY}\n\n\
+             {REQUEST_SECTION}\ngo\n\n{INSTRUCTIONS_SECTION}\n{INSTRUCTIONS}\n"
+        );
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn truncation_table_is_utf8_safe() {
+        let m = TRUNCATION_MARKER;
+        let a1999 = "a".repeat(1999);
+        // (text, max chars, expected)
+        #[rustfmt::skip]
+        let rows: Vec<(String, usize, String)> = vec![
+            ("".into(), 5, "".into()),
+            ("abcde".into(), 5, "abcde".into()),                      // exactly at the limit
+            ("abcdef".into(), 5, format!("abcde{m}")),                // one over
+            ("😀😀😀".into(), 2, format!("😀😀{m}")),                   // 4-byte chars
+            ("漢字漢字".into(), 3, format!("漢字漢{m}")),               // 3-byte chars
+            ("ab😀".into(), 3, "ab😀".into()),                        // emoji exactly at the limit
+            ("ab😀c".into(), 2, format!("ab{m}")),                    // cut right before an emoji
+            (format!("{a1999}😀😀"), 2000, format!("{a1999}😀{m}")),  // §3: 2000-char messages
+            (format!("{a1999}漢"), 2000, format!("{a1999}漢")),
+            ("abc".into(), 0, m.to_string()),
+        ];
+        for (text, max, expected) in rows {
+            assert_eq!(truncate_chars(&text, max), expected, "{text:?} max={max}");
+        }
+    }
+
+    #[test]
+    fn messages_2000_and_tool_results_500_chars() {
+        // §3: messages truncated to 2000 chars, tool results to 500.
+        let limits = ContextLimits::default();
+        let m = TRUNCATION_MARKER;
+        let rows = [
+            (
+                user(&"u".repeat(2000)),
+                format!("[USER]: {}", "u".repeat(2000)),
+            ),
+            (
+                user(&"u".repeat(2001)),
+                format!("[USER]: {}{m}", "u".repeat(2000)),
+            ),
+            (
+                agent(&"é".repeat(2001)),
+                format!("[ASSISTANT]: {}{m}", "é".repeat(2000)),
+            ),
+            (
+                tool_result("t", &"o".repeat(500)),
+                format!("[TOOL RESULT: t] {}", "o".repeat(500)),
+            ),
+            (
+                tool_result("t", &"字".repeat(501)),
+                format!("[TOOL RESULT: t] {}{m}", "字".repeat(500)),
+            ),
+        ];
+        for (entry, expected) in rows {
+            assert_eq!(render_entry(&entry, &limits), expected);
+        }
+    }
+
+    #[test]
+    fn huge_single_message_is_capped() {
+        let huge = "x".repeat(5_000_000);
+        let context = build_resume_context(&[user(&huge)], "go", &ContextLimits::default());
+        assert!(context.len() < 4_000, "{}", context.len());
+        assert!(context.contains(TRUNCATION_MARKER));
+    }
+
+    #[test]
+    fn total_cap_drops_oldest_first() {
+        // Each rendered line "[USER]: N" is 9 bytes + newline = 10 bytes.
+        let entries: Vec<HistoryEntry> = (0..5).map(|i| user(&i.to_string())).collect();
+        let limits = |bytes| ContextLimits {
+            max_history_bytes: bytes,
+            ..ContextLimits::default()
+        };
+        // (cap in bytes, expected history section lines)
+        #[rustfmt::skip]
+        let rows: [(usize, &[&str]); 5] = [
+            (50, &["[USER]: 0", "[USER]: 1", "[USER]: 2", "[USER]: 3", "[USER]: 4"]), // exact fit
+            (49, &["[… 1 earlier entry omitted to fit the size limit …]", "[USER]: 1", "[USER]: 2", "[USER]: 3", "[USER]: 4"]),
+            (20, &["[… 3 earlier entries omitted to fit the size limit …]", "[USER]: 3", "[USER]: 4"]),
+            (10, &["[… 4 earlier entries omitted to fit the size limit …]", "[USER]: 4"]),
+            (9, &["[… 5 earlier entries omitted to fit the size limit …]"]),
+        ];
+        for (cap, expected) in rows {
+            let context = build_resume_context(&entries, "go", &limits(cap));
+            let history: Vec<&str> = context
+                .lines()
+                .skip_while(|l| *l != HISTORY_SECTION)
+                .skip(1)
+                .take_while(|l| !l.is_empty())
+                .collect();
+            assert_eq!(history, expected, "cap={cap}");
+        }
+    }
+
+    #[test]
+    fn default_cap_keeps_the_newest_within_32_kib() {
+        let entries: Vec<HistoryEntry> = (0..100)
+            .map(|i| agent(&format!("{i:04}{}", "z".repeat(1996))))
+            .collect();
+        let context = build_resume_context(&entries, "go", &ContextLimits::default());
+        let history_bytes: usize = context
+            .lines()
+            .filter(|l| l.starts_with("[ASSISTANT]:"))
+            .map(|l| l.len() + 1)
+            .sum();
+        assert!(history_bytes <= 32 * 1024);
+        assert!(context.contains("0099"), "the newest entry is kept");
+        assert!(!context.contains("0000"), "the oldest entry is dropped");
+        assert!(context.contains("earlier entries omitted"));
+    }
+
+    #[test]
+    fn wraps_exactly_once() {
+        let limits = ContextLimits::default();
+        let history = [user("earlier")];
+        let once = wrap_prompt_once("next step", &history, &limits);
+        assert!(is_resume_context(&once));
+        assert!(once.contains("=== CURRENT REQUEST ===\nnext step\n"));
+        // Wrapping again (a retried send) changes nothing.
+        assert_eq!(wrap_prompt_once(&once, &history, &limits), once);
+        // No history, nothing to inject.
+        assert_eq!(wrap_prompt_once("next step", &[], &limits), "next step");
+        // Only the header at the start counts.
+        assert!(!is_resume_context(
+            "please explain RESUME CONTEXT FOR CONTINUING TASK"
+        ));
+        assert!(is_resume_context(
+            "\n  RESUME CONTEXT FOR CONTINUING TASK\n"
+        ));
+    }
+}

@@ -1,0 +1,168 @@
+//! Classification of a failed ACP restore (DESIGN §3 "ACP restore selection").
+//!
+//! Real agents disagree on the error for an unknown session (-32002, -32603, -32602 and even
+//! success are all seen), so this is the single place that decides what a failure *means*.
+//! Only two classes are conclusive enough to give up on the saved token: an explicit
+//! method-not-found and an explicit resource-not-found. Everything else keeps the token.
+
+/// JSON-RPC 2.0: the method does not exist / is not available.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC 2.0: invalid method parameters.
+pub const INVALID_PARAMS: i64 = -32602;
+/// JSON-RPC 2.0: internal error.
+pub const INTERNAL_ERROR: i64 = -32603;
+/// ACP: authentication required.
+pub const AUTH_REQUIRED: i64 = -32000;
+/// ACP: resource (here: the session) not found.
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
+/// ACP / LSP convention: request cancelled.
+pub const REQUEST_CANCELLED: i64 = -32800;
+
+/// How a `session/resume`, `session/load` or `session/new` call failed, as the ACP client saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreFailure {
+    /// The agent answered with a JSON-RPC error.
+    JsonRpc { code: i64, message: String },
+    /// The stdio / exec stream closed before an answer arrived.
+    TransportClosed,
+    /// No answer within the deadline.
+    Timeout,
+    /// An answer arrived but could not be understood.
+    MalformedResponse(String),
+}
+
+/// What a [`RestoreFailure`] means for the saved resume token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RestoreErrorClass {
+    /// -32601: the agent explicitly does not support the method.
+    MethodNotFound,
+    /// -32002: the agent explicitly does not know the session.
+    UnknownSession,
+    /// -32000: the agent needs credentials; the session may well be fine.
+    AuthRequired,
+    /// -32800: the request was cancelled.
+    Cancelled,
+    /// -32602: inconclusive; some agents use it for an unknown session, others for a real
+    /// parameter problem.
+    InvalidParams,
+    /// -32603: inconclusive; e.g. claude-agent-acp answers it for an id it cannot parse.
+    Internal,
+    /// The stream closed.
+    Transport,
+    /// No answer in time.
+    Timeout,
+    /// The answer could not be parsed.
+    Malformed,
+    /// Any other JSON-RPC code.
+    Other(i64),
+}
+
+impl RestoreErrorClass {
+    /// Whether this failure proves the token is useless, so falling back to `session/new` loses
+    /// nothing (DESIGN §3: "only an explicitly unsupported method or an explicitly unknown
+    /// session may fall back to `session/new`").
+    pub fn allows_fresh_start(self) -> bool {
+        matches!(self, Self::MethodNotFound | Self::UnknownSession)
+    }
+
+    /// Stable, low-cardinality name for condition reasons, Events and metric labels.
+    /// `Other` deliberately drops the code so labels stay bounded.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MethodNotFound => "method_not_found",
+            Self::UnknownSession => "unknown_session",
+            Self::AuthRequired => "auth_required",
+            Self::Cancelled => "cancelled",
+            Self::InvalidParams => "invalid_params",
+            Self::Internal => "internal_error",
+            Self::Transport => "transport_closed",
+            Self::Timeout => "timeout",
+            Self::Malformed => "malformed_response",
+            Self::Other(_) => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for RestoreErrorClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Other(code) => write!(f, "other (JSON-RPC code {code})"),
+            class => f.write_str(class.as_str()),
+        }
+    }
+}
+
+/// Maps a failure to its class by code only. The message is deliberately ignored: its wording
+/// is not a contract and differs between agents and versions, and guessing "session not found"
+/// from prose would risk discarding a good token.
+pub fn classify_restore_error(failure: &RestoreFailure) -> RestoreErrorClass {
+    match failure {
+        RestoreFailure::JsonRpc { code, .. } => match *code {
+            METHOD_NOT_FOUND => RestoreErrorClass::MethodNotFound,
+            RESOURCE_NOT_FOUND => RestoreErrorClass::UnknownSession,
+            AUTH_REQUIRED => RestoreErrorClass::AuthRequired,
+            REQUEST_CANCELLED => RestoreErrorClass::Cancelled,
+            INVALID_PARAMS => RestoreErrorClass::InvalidParams,
+            INTERNAL_ERROR => RestoreErrorClass::Internal,
+            other => RestoreErrorClass::Other(other),
+        },
+        RestoreFailure::TransportClosed => RestoreErrorClass::Transport,
+        RestoreFailure::Timeout => RestoreErrorClass::Timeout,
+        RestoreFailure::MalformedResponse(_) => RestoreErrorClass::Malformed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use RestoreErrorClass as C;
+    use pretty_assertions::assert_eq;
+
+    fn rpc(code: i64, message: &str) -> RestoreFailure {
+        RestoreFailure::JsonRpc {
+            code,
+            message: message.to_owned(),
+        }
+    }
+
+    #[test]
+    fn every_code_and_transport_class() {
+        // (failure, class, allows_fresh_start, as_str)
+        #[rustfmt::skip]
+        let rows = [
+            // §3 restore selection: an explicitly unsupported method may fall back to session/new.
+            (rpc(-32601, "Method not found"), C::MethodNotFound, true, "method_not_found"),
+            // §3 restore selection: an explicitly unknown session (-32002) may fall back.
+            (rpc(-32002, "Resource not found"), C::UnknownSession, true, "unknown_session"),
+            // §3 restore selection: authentication keeps the token.
+            (rpc(-32000, "Authentication required"), C::AuthRequired, false, "auth_required"),
+            // §3 restore selection: cancellation keeps the token.
+            (rpc(-32800, "Request cancelled"), C::Cancelled, false, "cancelled"),
+            // §6 agent quirks: -32602 and -32603 are inconclusive; keep the token.
+            (rpc(-32602, "Invalid params"), C::InvalidParams, false, "invalid_params"),
+            (rpc(-32603, "Internal error"), C::Internal, false, "internal_error"),
+            // The message never decides: a bare -32603 saying "session not found" stays inconclusive.
+            (rpc(-32603, "Session not found"), C::Internal, false, "internal_error"),
+            // Any other code is inconclusive.
+            (rpc(-32700, "Parse error"), C::Other(-32700), false, "other"),
+            (rpc(-32600, "Invalid request"), C::Other(-32600), false, "other"),
+            (rpc(1, "custom"), C::Other(1), false, "other"),
+            // §3 restore selection: transport and timeouts keep the token.
+            (RestoreFailure::TransportClosed, C::Transport, false, "transport_closed"),
+            (RestoreFailure::Timeout, C::Timeout, false, "timeout"),
+            (RestoreFailure::MalformedResponse("not json".into()), C::Malformed, false, "malformed_response"),
+        ];
+        for (failure, class, fresh, name) in rows {
+            let got = classify_restore_error(&failure);
+            assert_eq!(got, class, "{failure:?}");
+            assert_eq!(got.allows_fresh_start(), fresh, "{failure:?}");
+            assert_eq!(got.as_str(), name, "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn display_keeps_the_code_of_other() {
+        assert_eq!(C::Other(-32099).to_string(), "other (JSON-RPC code -32099)");
+        assert_eq!(C::UnknownSession.to_string(), "unknown_session");
+    }
+}
