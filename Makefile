@@ -4,12 +4,13 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit e2e bins crds cluster-up cluster-down help
+.PHONY: demo test lint unit protocol e2e bins agents crds cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane"
 	@echo "make test          lint + unit tests + end-to-end tests (builds the control plane once, cached)"
-	@echo "make unit          only the fast tier (no cluster)"
+	@echo "make unit          only the fast tier (no cluster, no npm)"
+	@echo "make protocol      ACP client and agentctl against real npm agents (installs them once, cached)"
 	@echo "make e2e           only the end-to-end tier (starts and tears down a local cluster)"
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
 	@echo "make crds          regenerate crds/ from the Rust types"
@@ -19,7 +20,7 @@ demo:
 	@echo "make demo: not yet available — the one-command demo lands with the shipping issue."
 	@echo "Meanwhile: 'make test' runs everything, 'make cluster-up' gives you a local cluster."
 
-test: lint unit e2e
+test: lint unit protocol e2e
 
 lint:
 	$(CARGO) fmt --check
@@ -27,6 +28,15 @@ lint:
 
 unit:
 	$(CARGO) test --locked
+
+# The tests marked #[ignore = "protocol: …"] need the real agents that e2e/agents.sh installs.
+protocol:
+	agents="$$(bash e2e/agents.sh | tail -n 1)" && \
+	  KANDEV_CLAUDE_AGENT_ACP="$$agents/claude-agent-acp" \
+	  $(CARGO) test --locked --test 'protocol_*' --test 'agentctl_*' -- --ignored
+
+agents:
+	bash e2e/agents.sh
 
 e2e:
 	bash e2e/test.sh

@@ -1,6 +1,8 @@
 //! kandev-operator: keeps AI coding-agent sessions alive across pod loss (see DESIGN.md).
 #![forbid(unsafe_code)]
 
+pub mod acp;
+pub mod agentctl;
 pub mod agents;
 pub mod api;
 pub mod history;

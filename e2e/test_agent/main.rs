@@ -1,0 +1,406 @@
+//! `kandev-test-agent`: a scriptable ACP agent for the protocol tests' error paths.
+//!
+//! Real agents only fail in the ways they happen to fail; the restore rules (DESIGN §3) must be
+//! proven against every JSON-RPC code, hangs, crashes and garbage on stdout. This agent is told
+//! on its command line how to answer each method, and with `--log` appends every message it
+//! receives, so a test can assert which calls were made (above all: that no `session/new` was
+//! sent after a failure that must keep the token).
+//!
+//! Wire: one JSON message per line, flushed; each request is answered as soon as its line
+//! arrives (never at stdin EOF, which kwok's exec never delivers). EOF just ends the process.
+//!
+//! Behaviours (`--on-initialize/-resume/-load/-new/-prompt`):
+//! - `ok`: answer properly. resume/load succeed only for `--known-session` ids; other ids get
+//!   -32002 "Resource not found", like claude-agent-acp.
+//! - `error:<code>[:<message>]`: answer with that JSON-RPC error.
+//! - `hang`: never answer (a hanging `session/prompt` is answered `cancelled` on `session/cancel`).
+//! - `crash`: exit with status 3 without answering.
+//! - `garbage`: print non-JSON lines instead of an answer, and never answer.
+//! - `malformed`: answer with a `result` that does not match the schema.
+//!
+//! Test-only; not shipped in images.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, ContentBlock, ContentChunk, Implementation, InitializeResponse,
+    NewSessionResponse, PromptResponse, SessionCapabilities, SessionNotification,
+    SessionResumeCapabilities, SessionUpdate, StopReason,
+};
+use clap::Parser;
+use serde_json::{Value, json};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Behavior {
+    Ok,
+    Error { code: i64, message: String },
+    Hang,
+    Crash,
+    Garbage,
+    Malformed,
+}
+
+impl FromStr for Behavior {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "ok" => Ok(Self::Ok),
+            "hang" => Ok(Self::Hang),
+            "crash" => Ok(Self::Crash),
+            "garbage" => Ok(Self::Garbage),
+            "malformed" => Ok(Self::Malformed),
+            _ => {
+                let rest = text
+                    .strip_prefix("error:")
+                    .ok_or_else(|| format!("unknown behaviour {text:?}"))?;
+                let (code, message) = match rest.split_once(':') {
+                    Some((code, message)) => (code, Some(message.to_owned())),
+                    None => (rest, None),
+                };
+                let code: i64 = code
+                    .parse()
+                    .map_err(|_| format!("bad JSON-RPC code in {text:?}"))?;
+                let message = message.unwrap_or_else(|| default_message(code).to_owned());
+                Ok(Self::Error { code, message })
+            }
+        }
+    }
+}
+
+/// The usual wording for each code, so a test's `error:-32000` reads like the real thing.
+fn default_message(code: i64) -> &'static str {
+    match code {
+        -32601 => "Method not found",
+        -32602 => "Invalid params",
+        -32603 => "Internal error",
+        -32002 => "Resource not found",
+        -32000 => "Authentication required",
+        -32800 => "Request cancelled",
+        _ => "Test agent error",
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Capability {
+    /// `agentCapabilities.sessionCapabilities.resume`
+    Resume,
+    /// `agentCapabilities.loadSession`
+    Load,
+    /// Advertise nothing.
+    None,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kandev-test-agent",
+    about = "Scriptable ACP agent for protocol tests"
+)]
+struct Args {
+    /// Capabilities announced in `initialize`.
+    #[arg(long, value_delimiter = ',', default_value = "resume,load")]
+    advertise: Vec<Capability>,
+    #[arg(long, default_value = "ok")]
+    on_initialize: Behavior,
+    #[arg(long, default_value = "ok")]
+    on_resume: Behavior,
+    #[arg(long, default_value = "ok")]
+    on_load: Behavior,
+    #[arg(long, default_value = "ok")]
+    on_new: Behavior,
+    #[arg(long, default_value = "ok")]
+    on_prompt: Behavior,
+    /// Session ids that resume/load know (repeatable); all others get -32002.
+    #[arg(long)]
+    known_session: Vec<String>,
+    /// `session/load` replays this many `session/update` messages before answering.
+    #[arg(long, default_value_t = 0)]
+    replay: usize,
+    /// The id `session/new` hands out (default: `test-session-<n>`).
+    #[arg(long)]
+    new_session_id: Option<String>,
+    /// ACP protocol version to answer `initialize` with.
+    #[arg(long, default_value_t = 1)]
+    protocol_version: u16,
+    /// Before each answer, also send what real agents send and a client must cope with: an
+    /// unknown notification, a garbage line, a permission request and a file-system request.
+    #[arg(long)]
+    chatter: bool,
+    /// Append one line per received message: `<method> [<sessionId>]`, or
+    /// `response <id> ok|error <detail>` for answers to our own requests.
+    #[arg(long)]
+    log: Option<PathBuf>,
+}
+
+struct Agent {
+    args: Args,
+    out: std::io::Stdout,
+    sessions_created: usize,
+    agent_request_ids: usize,
+    /// A prompt left hanging, answered `cancelled` on `session/cancel`.
+    hanging_prompt: Option<(Value, String)>,
+}
+
+impl Agent {
+    fn send(&mut self, message: &Value) {
+        let mut out = self.out.lock();
+        // If the client is gone there is no one to tell; the read loop ends at EOF.
+        let _ = writeln!(out, "{message}");
+        let _ = out.flush();
+    }
+
+    fn send_raw(&mut self, line: &str) {
+        let mut out = self.out.lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+
+    fn log(&self, line: &str) {
+        let Some(path) = &self.args.log else { return };
+        // Opened per line and closed again, so a test reading the log while we run sees it all.
+        match OpenOptions::new().create(true).append(true).open(path) {
+            Ok(mut file) => {
+                let _ = writeln!(file, "{line}");
+            }
+            Err(error) => eprintln!("kandev-test-agent: cannot write log {path:?}: {error}"),
+        }
+    }
+
+    fn result(&mut self, id: &Value, result: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+
+    fn error(&mut self, id: &Value, code: i64, message: &str) {
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        );
+    }
+
+    fn chatter(&mut self, session_id: Option<&str>) {
+        if !self.args.chatter {
+            return;
+        }
+        self.send(&json!({"jsonrpc": "2.0", "method": "_auth/status_update",
+            "params": {"authStatus": {"kind": "none", "label": "Not logged in"}}}));
+        self.send_raw("kandev-test-agent: this line is not JSON {");
+        let session = session_id.unwrap_or("none");
+        self.agent_request_ids += 1;
+        let permission = format!("agent-{}", self.agent_request_ids);
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": permission, "method": "session/request_permission",
+            "params": {"sessionId": session, "toolCall": {"toolCallId": "t1"}, "options": []}}),
+        );
+        self.agent_request_ids += 1;
+        let read = format!("agent-{}", self.agent_request_ids);
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": read, "method": "fs/read_text_file",
+            "params": {"sessionId": session, "path": "/etc/hostname"}}),
+        );
+    }
+
+    /// Applies a non-`ok` behaviour; returns false when the caller should answer normally.
+    fn misbehave(&mut self, behavior: &Behavior, id: &Value) -> bool {
+        match behavior {
+            Behavior::Ok => return false,
+            Behavior::Error { code, message } => {
+                let message = message.clone();
+                self.error(id, *code, &message);
+            }
+            Behavior::Hang => {}
+            Behavior::Crash => {
+                self.log("crash");
+                std::process::exit(3);
+            }
+            Behavior::Garbage => {
+                self.send_raw("Traceback (most recent call last):");
+                self.send_raw("  this is not JSON-RPC {{{");
+                self.send_raw("[\"an\", \"array\"]");
+            }
+            Behavior::Malformed => self.result(id, json!("definitely not an object")),
+        }
+        true
+    }
+
+    fn advertises(&self, capability: Capability) -> bool {
+        self.args.advertise.contains(&capability)
+    }
+
+    fn handle(&mut self, message: &Value) {
+        let method = message.get("method").and_then(Value::as_str);
+        let id = message.get("id").filter(|id| !id.is_null()).cloned();
+        let session_id = message
+            .pointer("/params/sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        match (method, id) {
+            (Some(method), id) => {
+                match &session_id {
+                    Some(session) => self.log(&format!("{method} {session}")),
+                    None => self.log(method),
+                }
+                match id {
+                    Some(id) => self.request(method, &id, session_id.as_deref(), message),
+                    None => self.notification(method, session_id.as_deref()),
+                }
+            }
+            (None, Some(id)) => {
+                let detail = match (message.get("result"), message.get("error")) {
+                    (Some(result), _) => format!("ok {result}"),
+                    (_, Some(error)) => format!("error {}", error["code"]),
+                    _ => "invalid".to_owned(),
+                };
+                self.log(&format!("response {} {detail}", id.as_str().unwrap_or("?")));
+            }
+            (None, None) => self.log("invalid"),
+        }
+    }
+
+    fn notification(&mut self, method: &str, session_id: Option<&str>) {
+        if method == "session/cancel"
+            && let Some((id, session)) = self.hanging_prompt.take()
+        {
+            if Some(session.as_str()) == session_id {
+                self.result(&id, json!({"stopReason": "cancelled"}));
+            } else {
+                self.hanging_prompt = Some((id, session));
+            }
+        }
+    }
+
+    fn request(&mut self, method: &str, id: &Value, session_id: Option<&str>, message: &Value) {
+        self.chatter(session_id);
+        match method {
+            "initialize" => self.initialize(id),
+            "session/new" => self.new_session(id),
+            "session/resume" => self.restore(id, session_id, false),
+            "session/load" => self.restore(id, session_id, true),
+            "session/prompt" => self.prompt(id, session_id, message),
+            _ => self.error(id, -32601, &format!("Method not found: {method}")),
+        }
+    }
+
+    fn initialize(&mut self, id: &Value) {
+        let behavior = self.args.on_initialize.clone();
+        if self.misbehave(&behavior, id) {
+            return;
+        }
+        let mut session = SessionCapabilities::new();
+        if self.advertises(Capability::Resume) {
+            session = session.resume(SessionResumeCapabilities::new());
+        }
+        let capabilities = AgentCapabilities::new()
+            .load_session(self.advertises(Capability::Load))
+            .session_capabilities(session);
+        let response = InitializeResponse::new(ProtocolVersion::V1)
+            .agent_capabilities(capabilities)
+            .agent_info(Implementation::new(
+                "kandev-test-agent",
+                env!("CARGO_PKG_VERSION"),
+            ));
+        let mut response = to_value(&response);
+        // Versions other than 1 exist only behind unstable schema features; write the number.
+        response["protocolVersion"] = json!(self.args.protocol_version);
+        self.result(id, response);
+    }
+
+    fn new_session(&mut self, id: &Value) {
+        let behavior = self.args.on_new.clone();
+        if self.misbehave(&behavior, id) {
+            return;
+        }
+        self.sessions_created += 1;
+        let session = self
+            .args
+            .new_session_id
+            .clone()
+            .unwrap_or_else(|| format!("test-session-{}", self.sessions_created));
+        self.result(id, to_value(&NewSessionResponse::new(session)));
+    }
+
+    fn restore(&mut self, id: &Value, session_id: Option<&str>, load: bool) {
+        let behavior = if load {
+            self.args.on_load.clone()
+        } else {
+            self.args.on_resume.clone()
+        };
+        if self.misbehave(&behavior, id) {
+            return;
+        }
+        let Some(session) = session_id.filter(|s| self.args.known_session.iter().any(|k| k == s))
+        else {
+            return self.error(id, -32002, "Resource not found");
+        };
+        let session = session.to_owned();
+        if load {
+            for n in 0..self.args.replay {
+                let chunk = ContentChunk::new(ContentBlock::from(format!("replayed message {n}")));
+                let update = if n % 2 == 0 {
+                    SessionUpdate::UserMessageChunk(chunk)
+                } else {
+                    SessionUpdate::AgentMessageChunk(chunk)
+                };
+                let params = to_value(&SessionNotification::new(session.clone(), update));
+                self.send(&json!({"jsonrpc": "2.0", "method": "session/update", "params": params}));
+            }
+        }
+        self.result(id, json!({}));
+    }
+
+    fn prompt(&mut self, id: &Value, session_id: Option<&str>, message: &Value) {
+        let behavior = self.args.on_prompt.clone();
+        if behavior == Behavior::Hang {
+            self.hanging_prompt = Some((id.clone(), session_id.unwrap_or_default().to_owned()));
+            return;
+        }
+        if self.misbehave(&behavior, id) {
+            return;
+        }
+        let session = session_id.unwrap_or_default().to_owned();
+        let text = message
+            .pointer("/params/prompt/0/text")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let chunk = ContentChunk::new(ContentBlock::from(format!("echo: {text}")));
+        let params = to_value(&SessionNotification::new(
+            session,
+            SessionUpdate::AgentMessageChunk(chunk),
+        ));
+        self.send(&json!({"jsonrpc": "2.0", "method": "session/update", "params": params}));
+        self.result(id, to_value(&PromptResponse::new(StopReason::EndTurn)));
+    }
+}
+
+fn to_value<T: serde::Serialize>(value: &T) -> Value {
+    // The schema types always serialize; a failure would be a bug in this test agent.
+    serde_json::to_value(value).unwrap_or_else(|error| json!({"encodeError": error.to_string()}))
+}
+
+fn main() {
+    let args = Args::parse();
+    let mut agent = Agent {
+        args,
+        out: std::io::stdout(),
+        sessions_created: 0,
+        agent_request_ids: 0,
+        hanging_prompt: None,
+    };
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Value>(&line) {
+            Ok(message) => agent.handle(&message),
+            Err(_) => {
+                agent.log("unparseable");
+                agent.send(&json!({"jsonrpc": "2.0", "id": null,
+                    "error": {"code": -32700, "message": "Parse error"}}));
+            }
+        }
+    }
+}

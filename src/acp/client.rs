@@ -1,0 +1,684 @@
+//! The ACP client: typed calls over [`RpcConnection`] and the restore orchestration.
+
+use std::path::Path;
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock, Implementation, InitializeRequest, InitializeResponse,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest,
+    PromptResponse, ResumeSessionRequest, ResumeSessionResponse, StopReason,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::api::NegotiatedCapabilities;
+use crate::resume::{
+    AgentRestoreCapabilities, FreshReason, NextStep, RestoreErrorClass, RestoreFailure,
+    RestoreMethod, RestorePlan, classify_restore_error, next_step_after_failure,
+    select_restore_method,
+};
+
+use super::AcpError;
+use super::outcome::RestoreOutcome;
+use super::rpc::RpcConnection;
+use super::updates::SessionUpdateEvent;
+
+/// Per-call deadlines. Every restore step has one because an agent that never answers must not
+/// hold a resume forever (and a timeout keeps the token, so a slow agent loses nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcpTimeouts {
+    /// `initialize`: claude-agent-acp needs about a second to boot node and answer.
+    pub initialize: Duration,
+    /// Each of `session/new`, `session/load`, `session/resume`. A load replays the whole
+    /// transcript before answering, so this is generous.
+    pub session: Duration,
+    /// `session/prompt`: `None` = no limit, since a turn may legitimately run for hours.
+    pub prompt: Option<Duration>,
+}
+
+impl Default for AcpTimeouts {
+    fn default() -> Self {
+        Self {
+            initialize: Duration::from_secs(30),
+            session: Duration::from_secs(120),
+            prompt: None,
+        }
+    }
+}
+
+impl AcpTimeouts {
+    /// The same deadline for every call, prompts included (handy in tests).
+    pub fn uniform(limit: Duration) -> Self {
+        Self {
+            initialize: limit,
+            session: limit,
+            prompt: Some(limit),
+        }
+    }
+}
+
+mod method {
+    pub const INITIALIZE: &str = "initialize";
+    pub const SESSION_NEW: &str = "session/new";
+    pub const SESSION_LOAD: &str = "session/load";
+    pub const SESSION_RESUME: &str = "session/resume";
+    pub const SESSION_PROMPT: &str = "session/prompt";
+    pub const SESSION_CANCEL: &str = "session/cancel";
+}
+
+/// An ACP client over any byte stream: a child's stdio, a unix socket, a Kubernetes exec stream.
+///
+/// It advertises no client capabilities (no file system, no terminal), because it runs where
+/// there is no user and no editor: the agent works on its own workspace directly.
+pub struct AcpClient {
+    rpc: RpcConnection,
+    init: Option<InitializeResponse>,
+    timeouts: AcpTimeouts,
+}
+
+impl AcpClient {
+    /// Starts the connection's reader and writer tasks; must be called inside a tokio runtime.
+    /// Nothing is sent until [`Self::initialize`].
+    pub fn new(
+        reader: impl AsyncRead + Unpin + Send + 'static,
+        writer: impl AsyncWrite + Unpin + Send + 'static,
+    ) -> Self {
+        Self {
+            rpc: RpcConnection::new(reader, writer),
+            init: None,
+            timeouts: AcpTimeouts::default(),
+        }
+    }
+
+    /// Replaces the deadlines used by the individual calls.
+    pub fn with_timeouts(mut self, timeouts: AcpTimeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    pub fn set_timeouts(&mut self, timeouts: AcpTimeouts) {
+        self.timeouts = timeouts;
+    }
+
+    pub fn timeouts(&self) -> AcpTimeouts {
+        self.timeouts
+    }
+
+    /// Sends `initialize` (protocol v1), records the agent's answer and returns its summary.
+    pub async fn initialize(&mut self) -> Result<NegotiatedCapabilities, AcpError> {
+        self.initialize_within(self.timeouts.initialize).await
+    }
+
+    async fn initialize_within(
+        &mut self,
+        limit: Duration,
+    ) -> Result<NegotiatedCapabilities, AcpError> {
+        let request = InitializeRequest::new(ProtocolVersion::V1).client_info(Implementation::new(
+            "kandev-operator",
+            env!("CARGO_PKG_VERSION"),
+        ));
+        let response: InitializeResponse = self
+            .request(method::INITIALIZE, &request, Some(limit))
+            .instrument(tracing::info_span!("acp.initialize"))
+            .await?;
+        // ACP: the agent answers with the version we asked for or its latest; a client that
+        // does not speak that version must disconnect rather than guess.
+        if response.protocol_version != ProtocolVersion::V1 {
+            return Err(AcpError::Call {
+                method: method::INITIALIZE,
+                failure: RestoreFailure::MalformedResponse(format!(
+                    "agent speaks ACP protocol version {}, we speak {}",
+                    response.protocol_version.as_u16(),
+                    ProtocolVersion::V1.as_u16()
+                )),
+            });
+        }
+        let summary = negotiated_capabilities(&response);
+        tracing::info!(
+            load_session = summary.load_session,
+            session_resume = summary.session_resume,
+            agent = summary.agent_name.as_deref().unwrap_or("?"),
+            "agent initialized"
+        );
+        self.init = Some(response);
+        Ok(summary)
+    }
+
+    /// The agent's `initialize` answer, once [`Self::initialize`] succeeded.
+    pub fn initialize_response(&self) -> Option<&InitializeResponse> {
+        self.init.as_ref()
+    }
+
+    /// The restore-relevant capabilities (all false before a successful `initialize`).
+    pub fn restore_capabilities(&self) -> AgentRestoreCapabilities {
+        self.init
+            .as_ref()
+            .map(restore_capabilities)
+            .unwrap_or_default()
+    }
+
+    /// The summary stored in `ExecutorRunning.status.capabilities`.
+    pub fn negotiated_capabilities(&self) -> Option<NegotiatedCapabilities> {
+        self.init.as_ref().map(negotiated_capabilities)
+    }
+
+    /// `session/new` in `cwd` (absolute, per ACP); returns the new session id.
+    pub async fn new_session(&self, cwd: &Path) -> Result<String, AcpError> {
+        self.new_session_within(cwd, self.timeouts.session).await
+    }
+
+    async fn new_session_within(&self, cwd: &Path, limit: Duration) -> Result<String, AcpError> {
+        let response: NewSessionResponse = self
+            .request(
+                method::SESSION_NEW,
+                &NewSessionRequest::new(cwd),
+                Some(limit),
+            )
+            .await?;
+        let id = response.session_id.0.to_string();
+        if id.trim().is_empty() {
+            return Err(AcpError::Call {
+                method: method::SESSION_NEW,
+                failure: RestoreFailure::MalformedResponse("empty sessionId".to_owned()),
+            });
+        }
+        Ok(id)
+    }
+
+    /// `session/load`: returns the `session/update` notifications for this session that the
+    /// agent replayed before answering (ACP: the replay precedes the response). They also go to
+    /// every [`Self::subscribe_updates`] receiver.
+    pub async fn load_session(
+        &self,
+        session_id: &str,
+        cwd: &Path,
+    ) -> Result<Vec<SessionUpdateEvent>, AcpError> {
+        self.load_session_within(session_id, cwd, self.timeouts.session)
+            .await
+    }
+
+    async fn load_session_within(
+        &self,
+        session_id: &str,
+        cwd: &Path,
+        limit: Duration,
+    ) -> Result<Vec<SessionUpdateEvent>, AcpError> {
+        // Subscribe before sending: the reader task publishes every notification before it
+        // resolves the answer that follows it, so everything replayed is already queued here
+        // when the call returns.
+        let mut replay = self.rpc.subscribe();
+        let request = LoadSessionRequest::new(session_id.to_owned(), cwd);
+        let _: LoadSessionResponse = self
+            .request(method::SESSION_LOAD, &request, Some(limit))
+            .await?;
+        let mut updates = Vec::new();
+        while let Ok(event) = replay.try_recv() {
+            if event.session_id == session_id {
+                updates.push(event);
+            }
+        }
+        Ok(updates)
+    }
+
+    /// `session/resume`: reattaches to the session without a history replay.
+    pub async fn resume_session(&self, session_id: &str, cwd: &Path) -> Result<(), AcpError> {
+        self.resume_session_within(session_id, cwd, self.timeouts.session)
+            .await
+    }
+
+    async fn resume_session_within(
+        &self,
+        session_id: &str,
+        cwd: &Path,
+        limit: Duration,
+    ) -> Result<(), AcpError> {
+        let request = ResumeSessionRequest::new(session_id.to_owned(), cwd);
+        let _: ResumeSessionResponse = self
+            .request(method::SESSION_RESUME, &request, Some(limit))
+            .await?;
+        Ok(())
+    }
+
+    /// `session/prompt` with one text block; returns when the turn ends. The turn's updates go
+    /// to [`Self::subscribe_updates`] receivers (subscribe before prompting).
+    pub async fn prompt(&self, session_id: &str, text: &str) -> Result<StopReason, AcpError> {
+        let request = PromptRequest::new(
+            session_id.to_owned(),
+            vec![ContentBlock::from(text.to_owned())],
+        );
+        let response: PromptResponse = self
+            .request(method::SESSION_PROMPT, &request, self.timeouts.prompt)
+            .instrument(tracing::info_span!("acp.session.prompt", session_id))
+            .await?;
+        Ok(response.stop_reason)
+    }
+
+    /// `session/cancel` (a notification): asks the agent to end the current turn, which then
+    /// answers the pending prompt with `cancelled`.
+    pub async fn cancel(&self, session_id: &str) -> Result<(), AcpError> {
+        let params = encode(
+            method::SESSION_CANCEL,
+            &CancelNotification::new(session_id.to_owned()),
+        )?;
+        self.rpc
+            .notify(method::SESSION_CANCEL, params)
+            .map_err(|failure| AcpError::Call {
+                method: method::SESSION_CANCEL,
+                failure,
+            })
+    }
+
+    /// Every `session/update` from now on, for any session; ends when the connection closes.
+    /// Unbounded so a long replay is never dropped: drop the receiver when done with it.
+    pub fn subscribe_updates(&self) -> mpsc::UnboundedReceiver<SessionUpdateEvent> {
+        self.rpc.subscribe()
+    }
+
+    /// Lines from the agent that were not JSON-RPC and were skipped.
+    pub fn garbage_lines(&self) -> u64 {
+        self.rpc.garbage_lines()
+    }
+
+    /// The stream closed (EOF or I/O error); every further call fails with `TransportClosed`.
+    pub fn is_closed(&self) -> bool {
+        self.rpc.is_closed()
+    }
+
+    /// Restores the saved ACP session (DESIGN §3 "ACP restore selection"), traced as
+    /// `acp.session.restore` with one child span per step.
+    ///
+    /// Runs `initialize` first if it has not succeeded yet. The method comes from
+    /// [`select_restore_method`]; after a failure, [`classify_restore_error`] and
+    /// [`next_step_after_failure`] decide between `session/load` of the same id, `session/new`
+    /// (only when the token is proven useless) and failing with the token kept. A fresh start
+    /// requested by the user ignores the token without deleting it.
+    pub async fn restore(
+        &mut self,
+        token: Option<&str>,
+        cwd: &Path,
+        profile_native_resume: bool,
+        fresh_requested: bool,
+        timeouts: AcpTimeouts,
+    ) -> RestoreOutcome {
+        let saved = token.map(str::trim).filter(|token| !token.is_empty());
+        let span = tracing::info_span!(
+            "acp.session.restore",
+            token = saved.unwrap_or(""),
+            profile_native_resume,
+            fresh_requested,
+            method = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            session_id = tracing::field::Empty,
+        );
+        let outcome = self
+            .run_restore(saved, cwd, profile_native_resume, fresh_requested, timeouts)
+            .instrument(span.clone())
+            .await;
+        span.record("method", outcome.method_name());
+        span.record("outcome", tracing::field::debug(outcome.kind()));
+        span.record("session_id", outcome.session_id().unwrap_or(""));
+        match &outcome {
+            RestoreOutcome::Failed { reason, .. } => {
+                tracing::warn!(parent: &span, %reason, "restore failed")
+            }
+            other => tracing::info!(parent: &span, reason = %other.reason(), "restore done"),
+        }
+        outcome
+    }
+
+    async fn run_restore(
+        &mut self,
+        saved: Option<&str>,
+        cwd: &Path,
+        profile_native_resume: bool,
+        fresh_requested: bool,
+        timeouts: AcpTimeouts,
+    ) -> RestoreOutcome {
+        if self.init.is_none()
+            && let Err(error) = self.initialize_within(timeouts.initialize).await
+        {
+            let failure = error.into_failure();
+            let class = classify_restore_error(&failure);
+            return RestoreOutcome::Failed {
+                method: None,
+                class,
+                token_kept: saved.is_some(),
+                session_id: saved.map(str::to_owned),
+                reason: format!(
+                    "{class}: initialize {}",
+                    describe_failure(&failure, Some(timeouts.initialize))
+                ),
+            };
+        }
+        let capabilities = self.restore_capabilities();
+        // The user's explicit fresh start ignores the token; it is not deleted (DESIGN §3).
+        let candidate = if fresh_requested { None } else { saved };
+        let mut step = select_restore_method(capabilities, profile_native_resume, candidate);
+        // What went wrong before the current step, for the final reason.
+        let mut history: Vec<String> = Vec::new();
+        loop {
+            let method = step.method();
+            let attempt = match &step {
+                RestorePlan::Resume(id) => self
+                    .resume_session_within(id, cwd, timeouts.session)
+                    .instrument(tracing::info_span!("acp.session.resume", session_id = %id))
+                    .await
+                    .map(|()| id.clone()),
+                RestorePlan::Load(id) => self
+                    .load_session_within(id, cwd, timeouts.session)
+                    .instrument(tracing::info_span!("acp.session.load", session_id = %id))
+                    .await
+                    .map(|replayed| {
+                        tracing::info!(replayed = replayed.len(), "session loaded");
+                        id.clone()
+                    }),
+                RestorePlan::New { why } => {
+                    self.new_session_within(cwd, timeouts.session)
+                        .instrument(tracing::info_span!("acp.session.new", why = why.as_str()))
+                        .await
+                }
+            };
+            let failure = match attempt {
+                Ok(session_id) => {
+                    return match step {
+                        RestorePlan::New { why } => RestoreOutcome::Fresh { session_id, why },
+                        _ => RestoreOutcome::Restored { method, session_id },
+                    };
+                }
+                Err(error) => error.into_failure(),
+            };
+            let class = classify_restore_error(&failure);
+            let what = format!(
+                "{} {}",
+                method.method_name(),
+                describe_failure(&failure, Some(timeouts.session))
+            );
+            tracing::warn!(method = method.method_name(), %class, "{what}");
+            let next = next_step_after_failure(method, &class, capabilities);
+            step = match (step, next) {
+                (RestorePlan::Resume(id), NextStep::TryLoad) => {
+                    history.push(what);
+                    RestorePlan::Load(id)
+                }
+                (
+                    RestorePlan::Resume(_) | RestorePlan::Load(_),
+                    NextStep::FallBackToNew { why },
+                ) => {
+                    history.push(what);
+                    RestorePlan::New { why }
+                }
+                (RestorePlan::New { why }, _) => {
+                    // Nothing left to fall back to. The saved token survives unless an earlier
+                    // step (or the agent's capabilities) proved it useless.
+                    let token_kept = saved.is_some() && token_survives(why);
+                    return failed(method, class, token_kept, saved, &what, &history);
+                }
+                // KeepTokenAndFail, or a combination the rules never produce (TryLoad after
+                // session/load): fail safe, keeping the token.
+                (RestorePlan::Resume(_) | RestorePlan::Load(_), _) => {
+                    return failed(method, class, saved.is_some(), saved, &what, &history);
+                }
+            };
+        }
+    }
+
+    async fn request<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        request: &Req,
+        limit: Option<Duration>,
+    ) -> Result<Resp, AcpError> {
+        let params = encode(method, request)?;
+        let value = self
+            .rpc
+            .call(method, params, limit)
+            .await
+            .map_err(|failure| AcpError::Call { method, failure })?;
+        serde_json::from_value(value).map_err(|error| AcpError::Call {
+            method,
+            failure: RestoreFailure::MalformedResponse(error.to_string()),
+        })
+    }
+}
+
+fn encode<T: Serialize>(method: &'static str, value: &T) -> Result<serde_json::Value, AcpError> {
+    serde_json::to_value(value).map_err(|source| AcpError::Encode { method, source })
+}
+
+fn failed(
+    method: RestoreMethod,
+    class: RestoreErrorClass,
+    token_kept: bool,
+    saved: Option<&str>,
+    what: &str,
+    history: &[String],
+) -> RestoreOutcome {
+    let mut reason = format!("{class}: {what}");
+    if !history.is_empty() {
+        reason.push_str(&format!(" (after: {})", history.join("; ")));
+    }
+    RestoreOutcome::Failed {
+        method: Some(method),
+        class,
+        token_kept,
+        session_id: if token_kept {
+            saved.map(str::to_owned)
+        } else {
+            None
+        },
+        reason,
+    }
+}
+
+/// Whether a saved token must still be kept when the `session/new` chosen for `why` fails.
+fn token_survives(why: FreshReason) -> bool {
+    match why {
+        // Nothing was learned about the token: a fresh start requested by the user ignores it
+        // without deleting it, and a profile without native resume never tried it.
+        FreshReason::NoResumeToken | FreshReason::ProfileHasNoNativeResume => true,
+        // The agent proved the token useless.
+        FreshReason::RestoreUnsupportedByAgent
+        | FreshReason::MethodNotFound
+        | FreshReason::UnknownSession => false,
+    }
+}
+
+/// One line about a failure, worded for Events and `agentctl restore` output.
+pub(crate) fn describe_failure(failure: &RestoreFailure, limit: Option<Duration>) -> String {
+    match failure {
+        RestoreFailure::JsonRpc { code, message } => {
+            format!("answered JSON-RPC error {code}: {message}")
+        }
+        RestoreFailure::TransportClosed => "failed: the agent's stream closed".to_owned(),
+        RestoreFailure::Timeout => match limit {
+            Some(limit) => format!("got no answer within {limit:?}"),
+            None => "got no answer in time".to_owned(),
+        },
+        RestoreFailure::MalformedResponse(detail) => format!("gave a malformed answer: {detail}"),
+    }
+}
+
+/// `agentCapabilities.loadSession` and `agentCapabilities.sessionCapabilities.resume`.
+pub fn restore_capabilities(response: &InitializeResponse) -> AgentRestoreCapabilities {
+    let agent = &response.agent_capabilities;
+    AgentRestoreCapabilities {
+        load_session: agent.load_session,
+        session_resume: agent.session_capabilities.resume.is_some(),
+    }
+}
+
+/// The summary of an `initialize` answer kept in `ExecutorRunning.status.capabilities`.
+pub fn negotiated_capabilities(response: &InitializeResponse) -> NegotiatedCapabilities {
+    let restore = restore_capabilities(response);
+    NegotiatedCapabilities {
+        protocol_version: Some(i64::from(response.protocol_version.as_u16())),
+        load_session: restore.load_session,
+        session_resume: restore.session_resume,
+        agent_name: response.agent_info.as_ref().map(|info| info.name.clone()),
+        agent_version: response
+            .agent_info
+            .as_ref()
+            .map(|info| info.version.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use serde_json::{Value, json};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, duplex};
+
+    #[test]
+    fn capabilities_from_a_claude_like_answer() {
+        let answer = json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true,
+            "sessionCapabilities": {"resume": {}, "close": {}}, "promptCapabilities": {"image": true}},
+            "agentInfo": {"name": "@agentclientprotocol/claude-agent-acp", "version": "0.101.0"}});
+        let response: InitializeResponse = serde_json::from_value(answer).expect("parse");
+        assert_eq!(
+            restore_capabilities(&response),
+            AgentRestoreCapabilities {
+                load_session: true,
+                session_resume: true
+            }
+        );
+        let summary = negotiated_capabilities(&response);
+        assert_eq!(summary.protocol_version, Some(1));
+        assert_eq!(summary.agent_version.as_deref(), Some("0.101.0"));
+        let bare: InitializeResponse =
+            serde_json::from_value(json!({"protocolVersion": 1})).expect("parse");
+        assert_eq!(
+            restore_capabilities(&bare),
+            AgentRestoreCapabilities::default()
+        );
+    }
+
+    /// A scripted agent on the other end of a duplex pipe: answers each request with
+    /// `script(method, params)`, a list of raw lines to send (notifications first, answer last).
+    fn scripted_agent(
+        script: impl Fn(&str, &Value, &Value) -> Vec<String> + Send + 'static,
+    ) -> AcpClient {
+        let (client_read, mut agent_write) = duplex(64 * 1024);
+        let (agent_read, client_write) = duplex(64 * 1024);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(agent_read).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let message: Value = serde_json::from_str(&line).expect("client sends JSON");
+                let method = message["method"].as_str().unwrap_or_default().to_owned();
+                for out in script(&method, &message["id"], &message["params"]) {
+                    agent_write.write_all(out.as_bytes()).await.expect("write");
+                    agent_write.write_all(b"\n").await.expect("write");
+                }
+            }
+        });
+        AcpClient::new(client_read, client_write)
+    }
+
+    fn ok(id: &Value, result: Value) -> String {
+        json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
+    }
+
+    #[tokio::test]
+    async fn load_collects_the_replay_that_precedes_the_answer() {
+        let mut client = scripted_agent(|method, id, params| match method {
+            "initialize" => vec![ok(
+                id,
+                json!({"protocolVersion": 1,
+                "agentCapabilities": {"loadSession": true}}),
+            )],
+            "session/load" => {
+                let sid = params["sessionId"].clone();
+                let chunk = |kind: &str, text: &str, sid: &Value| {
+                    json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid,
+                        "update": {"sessionUpdate": kind, "content": {"type": "text", "text": text}}}})
+                    .to_string()
+                };
+                vec![
+                    chunk("user_message_chunk", "What's the capital of France?", &sid),
+                    chunk(
+                        "agent_message_chunk",
+                        "other session",
+                        &json!("someone-else"),
+                    ),
+                    "garbage in between".to_owned(),
+                    chunk("agent_message_chunk", "Paris.", &sid),
+                    ok(id, Value::Null),
+                ]
+            }
+            _ => vec![],
+        });
+        let summary = client.initialize().await.expect("initialize");
+        assert!(summary.load_session && !summary.session_resume);
+        let replay = client
+            .load_session("s-1", Path::new("/work"))
+            .await
+            .expect("load");
+        let texts: Vec<_> = replay.iter().filter_map(|u| u.text()).collect();
+        assert_eq!(texts, ["What's the capital of France?", "Paris."]);
+        assert_eq!(client.garbage_lines(), 1);
+    }
+
+    #[tokio::test]
+    async fn restore_without_initialize_runs_it_and_resumes() {
+        let mut client = scripted_agent(|method, id, _| match method {
+            "initialize" => vec![ok(
+                id,
+                json!({"protocolVersion": 1,
+                "agentCapabilities": {"loadSession": true, "sessionCapabilities": {"resume": {}}}}),
+            )],
+            "session/resume" => vec![ok(id, json!({}))],
+            _ => vec![],
+        });
+        let outcome = client
+            .restore(
+                Some(" tok "),
+                Path::new("/w"),
+                true,
+                false,
+                AcpTimeouts::uniform(Duration::from_secs(5)),
+            )
+            .await;
+        assert_eq!(
+            outcome,
+            RestoreOutcome::Restored {
+                method: RestoreMethod::Resume,
+                session_id: "tok".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn unsupported_protocol_version_fails_initialize() {
+        let mut client = scripted_agent(|_, id, _| vec![ok(id, json!({"protocolVersion": 2}))]);
+        let error = client.initialize().await.expect_err("v2 is not ours");
+        assert!(matches!(
+            error.failure(),
+            Some(RestoreFailure::MalformedResponse(_))
+        ));
+        assert!(client.initialize_response().is_none());
+    }
+
+    #[tokio::test]
+    async fn prompt_returns_the_stop_reason_and_streams_updates() {
+        let client = scripted_agent(|method, id, params| {
+            match method {
+            "session/prompt" => vec![
+                json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": params["sessionId"],
+                    "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "done"}}}})
+                .to_string(),
+                ok(id, json!({"stopReason": "end_turn"})),
+            ],
+            _ => vec![],
+        }
+        });
+        let mut updates = client.subscribe_updates();
+        let stop = client.prompt("s", "do it").await.expect("prompt");
+        assert_eq!(stop, StopReason::EndTurn);
+        assert_eq!(updates.recv().await.expect("update").text(), Some("done"));
+        client.cancel("s").await.expect("cancel is a notification");
+    }
+}

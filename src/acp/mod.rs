@@ -1,0 +1,77 @@
+//! The ACP client (Agent Client Protocol: JSON-RPC 2.0, one JSON message per line).
+//!
+//! - [`AcpClient`] speaks ACP over any byte stream (a child's stdio, a unix socket, a
+//!   Kubernetes exec stream), so the operator, agentctl and the tests share one client.
+//! - [`AcpClient::restore`] executes DESIGN §3 "ACP restore selection" by calling the pure rules
+//!   in [`crate::resume`]; it never decides on its own what an error means.
+//! - [`restore_with_local_agent`] is the core of `agentctl restore`: spawn the agent, restore,
+//!   report.
+//!
+//! Message bodies use the `agent-client-protocol` crate's v1 schema types; the line framing and
+//! request routing are ours (see `rpc.rs` for why).
+
+mod client;
+mod local;
+mod outcome;
+mod rpc;
+mod updates;
+
+use std::path::PathBuf;
+
+pub use client::{AcpClient, AcpTimeouts, negotiated_capabilities, restore_capabilities};
+pub use local::{AgentStderr, LocalAgent, RestoreOptions, SpawnOptions, restore_with_local_agent};
+pub use outcome::{OutcomeKind, RestoreOutcome, RestoreReport};
+pub use updates::SessionUpdateEvent;
+
+use crate::resume::RestoreFailure;
+
+/// Everything that can go wrong in this layer.
+#[derive(Debug, thiserror::Error)]
+pub enum AcpError {
+    /// A call reached the wire and failed there; `failure` is what the restore rules classify.
+    #[error("{method} {}", client::describe_failure(failure, None))]
+    Call {
+        method: &'static str,
+        failure: RestoreFailure,
+    },
+    /// Our own request could not be encoded (a bug, not an agent problem).
+    #[error("cannot encode {method} request: {source}")]
+    Encode {
+        method: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("no agent command given")]
+    EmptyCommand,
+    #[error("cannot start agent {program:?}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid working directory {path:?}: {source}")]
+    WorkingDirectory {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl AcpError {
+    /// The wire failure, when this error is one.
+    pub fn failure(&self) -> Option<&RestoreFailure> {
+        match self {
+            Self::Call { failure, .. } => Some(failure),
+            _ => None,
+        }
+    }
+
+    /// This error as something the restore rules can classify. Errors that never reached the
+    /// agent count as inconclusive (malformed), so they keep the token.
+    pub fn into_failure(self) -> RestoreFailure {
+        match self {
+            Self::Call { failure, .. } => failure,
+            other => RestoreFailure::MalformedResponse(other.to_string()),
+        }
+    }
+}

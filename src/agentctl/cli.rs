@@ -1,0 +1,407 @@
+//! The `agentctl` command line. stdout is protocol (ACP lines, event lines, the restore
+//! report); everything for humans goes to stderr through `tracing` (`RUST_LOG`).
+// The doc comments below double as `--help` text, where `<workspace>` reads right and
+// backticks would not; rustdoc would take them for HTML tags.
+#![allow(rustdoc::invalid_html_tags)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+use super::hub::HubConfig;
+use super::launch::plan_launch;
+use super::serve::{ServeOptions, serve};
+use super::socket::resolve_socket_path;
+use super::{AgentctlError, client};
+use crate::acp::{AcpTimeouts, RestoreOptions, RestoreReport, SpawnOptions};
+use crate::agents::{AgentProfile, AgentRegistry};
+use crate::history::validate_session_id;
+
+/// agentctl — the in-pod supervisor of one AI coding agent (kandev-operator).
+///
+/// In a TaskSession's pod, `agentctl serve` is the container's main process: it starts the
+/// agent in ACP mode and keeps it running for the pod's lifetime. The operator reaches it with
+/// `kubectl exec <pod> -- agentctl connect` (one ACP client at a time) and follows it with
+/// `agentctl events`. Logs go to stderr (filter with RUST_LOG); stdout is protocol only.
+#[derive(Parser, Debug)]
+#[command(name = "agentctl", version, propagate_version = true)]
+pub struct Cli {
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, env = "KANDEV_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start the agent and serve it on a unix socket until the agent exits (the container's
+    /// main process).
+    ///
+    /// The agent is started in ACP mode (the profile's launch command, or the command after
+    /// `--`) and initialized once; its stdio is held for the pod's lifetime. Clients connect
+    /// to the socket and send one hello line: {"mode":"acp"} for a JSON-RPC bridge to the
+    /// agent (one client at a time; a second one gets error -32001 "agentctl busy" and is
+    /// closed; `initialize` is answered from the cached response; the client leaves with
+    /// {"jsonrpc":"2.0","method":"_kandev/disconnect"} or by closing the socket, and the agent
+    /// keeps running), or {"mode":"events"} for a stream of event lines (a snapshot of the current
+    /// state, then session_created, prompt_started, prompt_finished, agent_exited). The conversation is recorded under
+    /// <workspace>/.kandev/sessions/<session-name>.jsonl (updates the agent replays during
+    /// session/load are history already and not recorded again); for profiles with
+    /// historyContextInjection, the first prompt after a fresh session/new is wrapped once in
+    /// that history.
+    ///
+    /// Exits non-zero when the agent exits, so the pod ends and the operator sees a lost pod;
+    /// on SIGTERM it closes the agent's stdin, waits up to 10 s, and exits 0.
+    Serve(ServeArgs),
+    /// Bridge stdin/stdout to the served agent, one JSON-RPC message per line (what the
+    /// operator runs through `kubectl exec`).
+    ///
+    /// Exits 0 after forwarding a {"jsonrpc":"2.0","method":"_kandev/disconnect"} line from
+    /// stdin, or when agentctl closes the connection; stdin reaching EOF also ends the
+    /// session, but is not needed (some exec transports never close stdin). Exits 1 with a
+    /// message on stderr when nothing serves the socket or another client is connected.
+    Connect(ConnectArgs),
+    /// Print the served agent's events as JSON lines until the agent exits (for the operator).
+    ///
+    /// First a {"event":"snapshot","sessionId":…|null,"promptActive":…} with the current
+    /// state (earlier events are not replayed), then one object per line as things happen:
+    /// {"event":"session_created","sessionId":…,"method":…},
+    /// {"event":"prompt_started","sessionId":…}, {"event":"prompt_finished","sessionId":…,
+    /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}; each
+    /// with a "timestamp".
+    Events(SocketArgs),
+    /// Debugging: start an agent locally, restore a session the way the operator would, and
+    /// print the outcome as one JSON object.
+    ///
+    /// Prints {"method":…,"sessionId":…,"outcome":"restored|fresh|failed","reason":…,
+    /// "capabilities":{…}}. Exits 0 when restored or started fresh, 1 when failed.
+    Restore(RestoreArgs),
+}
+
+/// Where the serve socket is.
+#[derive(Args, Debug, Clone)]
+pub struct SocketArgs {
+    /// The agentctl unix socket [default: <workspace>/.kandev/agentctl.sock]. Must be shorter
+    /// than 108 bytes.
+    #[arg(long, env = "KANDEV_AGENTCTL_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// The workspace volume's mount path, used to find the default socket.
+    #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+}
+
+impl SocketArgs {
+    fn path(&self) -> Result<PathBuf, AgentctlError> {
+        resolve_socket_path(self.socket.as_deref(), self.workspace.as_deref())
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The workspace volume's mount path (history goes to <DIR>/.kandev/sessions).
+    #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// The unix socket to serve [default: <workspace>/.kandev/agentctl.sock]. Must be shorter
+    /// than 108 bytes.
+    #[arg(long, env = "KANDEV_AGENTCTL_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Agent profile (claude-code, codex, copilot, auggie, gemini, amp, opencode, or one from
+    /// --profiles-file): launch command, environment, history injection, CLI resume flags.
+    #[arg(long, env = "KANDEV_AGENT_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
+    /// YAML/JSON file that extends or overrides the built-in agent profiles.
+    #[arg(long, env = "KANDEV_PROFILES_FILE", value_name = "FILE")]
+    pub profiles_file: Option<PathBuf>,
+    /// Name of the history file [default: the ACP session id]. Use the TaskSession's name so
+    /// the history survives a fresh agent session.
+    #[arg(long, env = "KANDEV_SESSION_NAME", value_name = "NAME")]
+    pub session_name: Option<String>,
+    /// Resume token (ACP session id). Only used to start profiles that restore by command-line
+    /// flags (cliResume without nativeSessionResume); ACP restores are the client's job.
+    #[arg(long, env = "KANDEV_RESUME_TOKEN", value_name = "TOKEN")]
+    pub resume_token: Option<String>,
+    /// The agent's working directory [default: the workspace].
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// How long the agent may take to answer agentctl's `initialize`.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub initialize_timeout: u64,
+    /// The agent command, instead of (or overriding) the profile's launch command.
+    #[arg(
+        last = true,
+        value_name = "AGENT COMMAND",
+        required_unless_present = "profile"
+    )]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ConnectArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Replace a connected ACP client instead of failing as busy (for a client whose exec
+    /// stream died without closing its connection).
+    #[arg(long)]
+    pub takeover: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// The ACP session id to restore, or `-` for none (start fresh).
+    #[arg(long, value_name = "ID|-")]
+    pub token: String,
+    /// The session's working directory (sent to the agent; also the agent's cwd).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: PathBuf,
+    /// Deadline for each ACP call, in seconds [default: 30 for initialize, 120 for the
+    /// restore].
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Agent profile: supplies nativeSessionResume, the environment, and the command when none
+    /// is given after `--`.
+    #[arg(long, env = "KANDEV_AGENT_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
+    /// YAML/JSON file that extends or overrides the built-in agent profiles.
+    #[arg(long, env = "KANDEV_PROFILES_FILE", value_name = "FILE")]
+    pub profiles_file: Option<PathBuf>,
+    /// Ignore the token and start a fresh session (the token is kept, not deleted).
+    #[arg(long)]
+    pub fresh: bool,
+    /// The agent command.
+    #[arg(
+        last = true,
+        value_name = "AGENT COMMAND",
+        required_unless_present = "profile"
+    )]
+    pub command: Vec<String>,
+}
+
+/// Parses the command line, runs the command, and returns the process exit code: 0 success,
+/// 1 failure (2 for usage errors, from clap). The caller exits with it: `std::process::exit`
+/// rather than returning from `main`, because the runtime would otherwise wait forever for the
+/// blocking stdin read of `connect` (kwok never closes stdin).
+pub fn run_cli() -> i32 {
+    let cli = Cli::parse();
+    init_tracing(&cli);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the async runtime");
+            return 1;
+        }
+    };
+    let code = runtime.block_on(run(cli.command));
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+fn init_tracing(cli: &Cli) {
+    // serve's log is the container log; the clients' stderr is someone's terminal or the
+    // operator's exec stream, so they only speak up when something is wrong.
+    let default = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+async fn run(command: Command) -> i32 {
+    let result = match command {
+        Command::Serve(args) => run_serve(args).await,
+        Command::Connect(args) => match args.socket.path() {
+            Ok(path) => client::connect(&path, args.takeover).await,
+            Err(error) => Err(error),
+        },
+        Command::Events(args) => match args.path() {
+            Ok(path) => client::events(&path).await,
+            Err(error) => Err(error),
+        },
+        Command::Restore(args) => return run_restore(args).await,
+    };
+    match result {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("agentctl: {error}");
+            1
+        }
+    }
+}
+
+fn load_profile(
+    name: Option<&str>,
+    profiles_file: Option<&Path>,
+) -> Result<Option<AgentProfile>, AgentctlError> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let registry = match profiles_file {
+        Some(file) => AgentRegistry::load_file(file)?,
+        None => AgentRegistry::builtin()?,
+    };
+    registry
+        .get(name)
+        .cloned()
+        .map(Some)
+        .ok_or_else(|| AgentctlError::UnknownProfile {
+            name: name.to_owned(),
+            known: registry.names().collect::<Vec<_>>().join(", "),
+        })
+}
+
+async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
+    let socket = resolve_socket_path(args.socket.as_deref(), Some(&args.workspace))?;
+    if let Some(name) = &args.session_name {
+        validate_session_id(name).map_err(AgentctlError::InvalidSessionName)?;
+    }
+    let profile = load_profile(args.profile.as_deref(), args.profiles_file.as_deref())?;
+    let launch = plan_launch(
+        profile.as_ref(),
+        &args.command,
+        args.resume_token.as_deref().filter(|t| !t.is_empty()),
+    )?;
+    let cwd = args.cwd.clone().unwrap_or_else(|| args.workspace.clone());
+    // Checked here: a missing cwd would otherwise surface as a misleading "cannot start the
+    // agent: No such file or directory".
+    if !cwd.is_dir() {
+        return Err(AgentctlError::Io {
+            context: format!(
+                "the agent's working directory {} is not usable",
+                cwd.display()
+            ),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+    }
+    let options = ServeOptions {
+        socket,
+        launch,
+        cwd,
+        history_dir: args.workspace.join(".kandev").join("sessions"),
+        hub: HubConfig {
+            session_name: args.session_name.clone(),
+            history_injection: profile
+                .as_ref()
+                .is_some_and(|p| p.history_context_injection),
+        },
+        initialize_timeout: Duration::from_secs(args.initialize_timeout),
+    };
+    serve(options).await
+}
+
+/// Prints exactly one JSON object and returns 0 (restored/fresh) or 1 (failed), even when the
+/// agent could not be started at all.
+async fn run_restore(args: RestoreArgs) -> i32 {
+    let token = Some(args.token.as_str()).filter(|t| *t != "-" && !t.is_empty());
+    let report = match restore(&args, token).await {
+        Ok(report) => report,
+        Err(error) => RestoreReport {
+            method: "initialize".into(),
+            session_id: token.map(str::to_owned),
+            outcome: crate::acp::OutcomeKind::Failed,
+            reason: error.to_string(),
+            capabilities: Default::default(),
+        },
+    };
+    match serde_json::to_string(&report) {
+        Ok(line) => println!("{line}"),
+        Err(error) => {
+            eprintln!("agentctl: cannot encode the restore report: {error}");
+            return 1;
+        }
+    }
+    match report.outcome {
+        crate::acp::OutcomeKind::Failed => 1,
+        _ => 0,
+    }
+}
+
+async fn restore(args: &RestoreArgs, token: Option<&str>) -> Result<RestoreReport, AgentctlError> {
+    let profile = load_profile(args.profile.as_deref(), args.profiles_file.as_deref())?;
+    let launch = plan_launch(profile.as_ref(), &args.command, None)?;
+    let defaults = RestoreOptions::default();
+    let options = RestoreOptions {
+        profile_native_resume: profile
+            .as_ref()
+            .map_or(defaults.profile_native_resume, |p| p.native_session_resume),
+        fresh_requested: args.fresh,
+        timeouts: args.timeout.map_or(defaults.timeouts, |secs| {
+            AcpTimeouts::uniform(Duration::from_secs(secs))
+        }),
+        spawn: SpawnOptions {
+            env: launch
+                .env
+                .iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+            ..defaults.spawn.clone()
+        },
+        ..defaults
+    };
+    crate::acp::restore_with_local_agent(&launch.argv, token, &args.cwd, options)
+        .await
+        .map_err(|error| AgentctlError::Restore(error.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_needs_a_profile_or_a_command() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|cli| cli.command);
+        assert!(parse(&["agentctl", "serve", "--workspace", "/w"]).is_err());
+        match parse(&[
+            "agentctl",
+            "serve",
+            "--workspace",
+            "/w",
+            "--",
+            "agent",
+            "--acp",
+        ]) {
+            Ok(Command::Serve(args)) => assert_eq!(args.command, vec!["agent", "--acp"]),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            parse(&[
+                "agentctl",
+                "serve",
+                "--workspace",
+                "/w",
+                "--profile",
+                "codex"
+            ])
+            .is_ok()
+        );
+        assert!(
+            parse(&[
+                "agentctl", "restore", "--token", "-", "--cwd", "/w", "--", "a"
+            ])
+            .is_ok()
+        );
+    }
+}

@@ -1,0 +1,1466 @@
+//! The bridge between one long-lived agent and a succession of short-lived ACP clients, as a
+//! synchronous state machine: every input (a line from the agent, a line from a client, a
+//! client arriving or leaving, the agent exiting) returns the [`Output`]s to carry out, in
+//! order. [`super::serve`] does the I/O. Keeping the rules here, free of sockets and
+//! processes, lets the unit tests cover every path of the protocol.
+//!
+//! Rules (see `agentctl serve --help` and the module docs of [`super`]):
+//! * agentctl sends `initialize` itself when the agent starts and answers every client's
+//!   `initialize` from that cached response: a restarted operator re-initializes, but the agent
+//!   must never see a second `initialize` on the same connection;
+//! * requests from the client get fresh agent-side ids (a counter shared by all clients), so a
+//!   new client reusing id 1 cannot collide with an old client's request still in flight, and
+//!   the late answer to a departed client is recognised and dropped;
+//! * requests from the agent go to the connected client; with none connected agentctl answers
+//!   them itself with a safe default (permission → cancelled, anything else → -32601), also for
+//!   requests still open when a client leaves, so the agent never waits forever;
+//! * events and history are derived from the agent stream, whether or not a client is there.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use super::wire::{self, Message};
+use crate::history::{ContextLimits, HistoryEntry, wrap_prompt_once};
+
+/// Identifies one socket connection for its lifetime; never reused.
+pub type ConnId = u64;
+
+/// What the hub wants done, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// Write this message to the agent's stdin.
+    ToAgent(Value),
+    /// Write this message to the client's connection.
+    ToClient(ConnId, Value),
+    /// Close the client's connection (after writing what was queued for it).
+    CloseClient(ConnId),
+    /// Publish to every events subscriber.
+    Event(Event),
+    /// Append to the history of `history_session`.
+    Record {
+        history_session: String,
+        entry: HistoryEntry,
+    },
+    /// Read the history of `history_session` (after every earlier `Record`), wrap the prompt in
+    /// `message` once with [`inject_history`], then send it to the agent.
+    InjectHistoryThenSend {
+        history_session: String,
+        message: Value,
+    },
+    /// The agent rejected agentctl's `initialize`: it is unusable, serve must stop.
+    InitializeFailed { code: i64, message: String },
+}
+
+/// A session event for `events` subscribers. The operator follows these instead of parsing the
+/// ACP stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The current state, sent first to each new subscriber only, so an operator that
+    /// (re)attaches late catches up without a replay of old events.
+    Snapshot {
+        /// The session of the last successful session/new, load or resume.
+        session_id: Option<String>,
+        /// A `session/prompt` is in flight (even one whose client has gone).
+        prompt_active: bool,
+    },
+    /// A successful `session/new`, `session/load` or `session/resume`.
+    SessionCreated {
+        session_id: String,
+        method: String,
+    },
+    PromptStarted {
+        session_id: String,
+    },
+    PromptFinished {
+        session_id: String,
+        outcome: PromptOutcome,
+    },
+    AgentExited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+/// How a prompt turn ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptOutcome {
+    /// The agent answered with this `stopReason` (`end_turn`, `cancelled`, …).
+    Stopped(Value),
+    /// The agent answered `session/prompt` with a JSON-RPC error.
+    Failed { code: i64, message: String },
+}
+
+impl Event {
+    /// The event as its JSON line object (without the newline).
+    pub fn to_json(&self, timestamp: &str) -> Value {
+        match self {
+            Event::Snapshot {
+                session_id,
+                prompt_active,
+            } => json!({
+                "event": "snapshot", "sessionId": session_id, "promptActive": prompt_active,
+                "timestamp": timestamp,
+            }),
+            Event::SessionCreated { session_id, method } => json!({
+                "event": "session_created", "sessionId": session_id, "method": method,
+                "timestamp": timestamp,
+            }),
+            Event::PromptStarted { session_id } => json!({
+                "event": "prompt_started", "sessionId": session_id, "timestamp": timestamp,
+            }),
+            Event::PromptFinished {
+                session_id,
+                outcome: PromptOutcome::Stopped(stop_reason),
+            } => json!({
+                "event": "prompt_finished", "sessionId": session_id, "stopReason": stop_reason,
+                "timestamp": timestamp,
+            }),
+            Event::PromptFinished {
+                session_id,
+                outcome: PromptOutcome::Failed { code, message },
+            } => json!({
+                "event": "prompt_finished", "sessionId": session_id,
+                "error": {"code": code, "message": message}, "timestamp": timestamp,
+            }),
+            Event::AgentExited { code, signal } => {
+                let mut event =
+                    json!({"event": "agent_exited", "code": code, "timestamp": timestamp});
+                if let (Some(signal), Value::Object(map)) = (signal, &mut event) {
+                    map.insert("signal".into(), json!(signal));
+                }
+                event
+            }
+        }
+    }
+}
+
+/// A second ACP client tried to attach while one is connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Busy;
+
+/// Per-serve settings of the hub.
+#[derive(Clone, Debug, Default)]
+pub struct HubConfig {
+    /// File name of the history (`--session-name`); `None` records under the ACP session id.
+    pub session_name: Option<String>,
+    /// The profile's `historyContextInjection`.
+    pub history_injection: bool,
+}
+
+enum InitState {
+    NotStarted,
+    Waiting {
+        agent_id: u64,
+        /// Clients whose `initialize` arrived before the agent answered.
+        clients: Vec<(ConnId, Value)>,
+    },
+    Ready(Value),
+    Failed {
+        code: i64,
+        message: String,
+    },
+}
+
+/// A client request forwarded to the agent, by agent-side id.
+struct Pending {
+    conn: ConnId,
+    client_id: Value,
+    method: String,
+    session_id: Option<String>,
+}
+
+/// An agent request forwarded to a client, by the agent's id.
+struct AgentRequest {
+    conn: ConnId,
+    id: Value,
+    method: String,
+}
+
+#[derive(Default)]
+struct SessionRecording {
+    /// Agent text of the current turn not yet written.
+    agent_text: String,
+    /// Open `session/load` requests: their replayed updates are history already.
+    loading: u32,
+    tools: HashMap<String, ToolRecord>,
+}
+
+struct ToolRecord {
+    name: String,
+    result_recorded: bool,
+}
+
+/// The bridge state. See the module docs.
+pub struct Hub {
+    config: HubConfig,
+    next_agent_id: u64,
+    init: InitState,
+    client: Option<ConnId>,
+    pending: HashMap<u64, Pending>,
+    agent_requests: HashMap<String, AgentRequest>,
+    sessions: HashMap<String, SessionRecording>,
+    /// The session whose next prompt gets the resume context (set by a fresh `session/new`).
+    inject_next_prompt_of: Option<String>,
+    /// The last session set up successfully, for [`Hub::snapshot`].
+    current_session: Option<String>,
+}
+
+impl Hub {
+    pub fn new(config: HubConfig) -> Self {
+        Self {
+            config,
+            next_agent_id: 0,
+            init: InitState::NotStarted,
+            client: None,
+            pending: HashMap::new(),
+            agent_requests: HashMap::new(),
+            sessions: HashMap::new(),
+            inject_next_prompt_of: None,
+            current_session: None,
+        }
+    }
+
+    /// The state a new events subscriber starts from.
+    pub fn snapshot(&self) -> Event {
+        Event::Snapshot {
+            session_id: self.current_session.clone(),
+            prompt_active: self
+                .pending
+                .values()
+                .any(|pending| pending.method == "session/prompt"),
+        }
+    }
+
+    /// The `initialize` agentctl sends when the agent starts.
+    pub fn start(&mut self) -> Vec<Output> {
+        let agent_id = self.alloc_id();
+        let clients = match &mut self.init {
+            InitState::Waiting { clients, .. } => std::mem::take(clients),
+            _ => Vec::new(),
+        };
+        self.init = InitState::Waiting { agent_id, clients };
+        vec![Output::ToAgent(wire::request_message(
+            json!(agent_id),
+            "initialize",
+            initialize_params(),
+        ))]
+    }
+
+    /// Whether agentctl is still waiting for the agent's `initialize` response.
+    pub fn initializing(&self) -> bool {
+        matches!(self.init, InitState::Waiting { .. } | InitState::NotStarted)
+    }
+
+    /// The connected ACP client, if any.
+    pub fn client(&self) -> Option<ConnId> {
+        self.client
+    }
+
+    /// A client sent the acp hello. Only one client at a time: with `takeover` the current one
+    /// is closed (for a client whose exec stream died without closing its socket), otherwise
+    /// the newcomer is refused.
+    pub fn attach(&mut self, conn: ConnId, takeover: bool) -> Result<Vec<Output>, Busy> {
+        let mut out = Vec::new();
+        match self.client {
+            Some(current) if current != conn => {
+                if !takeover {
+                    return Err(Busy);
+                }
+                tracing::warn!(
+                    replaced = current,
+                    by = conn,
+                    "ACP client taken over by a new connection"
+                );
+                out.extend(self.detach(current));
+                out.push(Output::CloseClient(current));
+            }
+            _ => {}
+        }
+        self.client = Some(conn);
+        Ok(out)
+    }
+
+    /// The client's socket closed.
+    pub fn client_closed(&mut self, conn: ConnId) -> Vec<Output> {
+        if self.client != Some(conn) {
+            return Vec::new();
+        }
+        let mut out = self.detach(conn);
+        out.push(Output::CloseClient(conn));
+        out
+    }
+
+    /// One line from the client.
+    pub fn client_line(&mut self, conn: ConnId, line: &str) -> Vec<Output> {
+        if self.client != Some(conn) {
+            // A reader that has not noticed its connection was closed.
+            return Vec::new();
+        }
+        match wire::parse_line(line) {
+            Err(invalid) => {
+                tracing::warn!(
+                    code = invalid.code,
+                    "client sent an invalid line: {}",
+                    invalid.message
+                );
+                vec![Output::ToClient(conn, invalid.to_error_message())]
+            }
+            Ok(Message::Request { id, method, raw }) => self.client_request(conn, id, method, raw),
+            Ok(Message::Notification { method, raw }) => {
+                if method == wire::DISCONNECT_METHOD {
+                    tracing::info!(conn, "client disconnected; the agent keeps running");
+                    let mut out = self.detach(conn);
+                    out.push(Output::CloseClient(conn));
+                    out
+                } else {
+                    vec![Output::ToAgent(Value::Object(raw))]
+                }
+            }
+            Ok(Message::Response { id, raw }) => {
+                let key = wire::id_key(&id);
+                match self.agent_requests.get(&key) {
+                    Some(request) if request.conn == conn => {
+                        self.agent_requests.remove(&key);
+                        vec![Output::ToAgent(Value::Object(raw))]
+                    }
+                    _ => {
+                        tracing::warn!(%id, "client answered a request the agent did not send it; dropped");
+                        Vec::new()
+                    }
+                }
+            }
+        }
+    }
+
+    /// One line from the agent's stdout.
+    pub fn agent_line(&mut self, line: &str) -> Vec<Output> {
+        if line.trim().is_empty() {
+            return Vec::new();
+        }
+        match wire::parse_line(line) {
+            Err(invalid) => {
+                tracing::warn!(
+                    "agent wrote a line that is not JSON-RPC ({}); ignored",
+                    invalid.message
+                );
+                Vec::new()
+            }
+            Ok(Message::Response { id, raw }) => self.agent_response(id, raw),
+            Ok(Message::Request { id, method, raw }) => self.agent_request(id, method, raw),
+            Ok(Message::Notification { method, raw }) => self.agent_notification(method, raw),
+        }
+    }
+
+    /// The agent process is gone: tell subscribers, fail what is still open, keep the turn
+    /// text recorded so far.
+    pub fn agent_exited(&mut self, code: Option<i32>, signal: Option<i32>) -> Vec<Output> {
+        let mut out = vec![Output::Event(Event::AgentExited { code, signal })];
+        let session_ids: Vec<String> = self.sessions.keys().cloned().collect();
+        for session_id in session_ids {
+            out.extend(self.flush_agent_text(&session_id));
+        }
+        let message = "agentctl: the agent exited before answering";
+        if let InitState::Waiting { clients, .. } = &mut self.init {
+            for (conn, id) in std::mem::take(clients) {
+                out.push(Output::ToClient(
+                    conn,
+                    wire::error_message(id, wire::INTERNAL_ERROR, message),
+                ));
+            }
+        }
+        for (_, pending) in self.pending.drain() {
+            if Some(pending.conn) == self.client {
+                out.push(Output::ToClient(
+                    pending.conn,
+                    wire::error_message(pending.client_id, wire::INTERNAL_ERROR, message),
+                ));
+            }
+        }
+        self.agent_requests.clear();
+        if let Some(conn) = self.client.take() {
+            out.push(Output::CloseClient(conn));
+        }
+        out
+    }
+
+    fn alloc_id(&mut self) -> u64 {
+        self.next_agent_id += 1;
+        self.next_agent_id
+    }
+
+    fn history_session(&self, session_id: &str) -> String {
+        self.config
+            .session_name
+            .clone()
+            .unwrap_or_else(|| session_id.to_owned())
+    }
+
+    /// Forgets `conn` as the client; answers the agent's requests it left open.
+    fn detach(&mut self, conn: ConnId) -> Vec<Output> {
+        if self.client == Some(conn) {
+            self.client = None;
+        }
+        if let InitState::Waiting { clients, .. } = &mut self.init {
+            clients.retain(|(waiting, _)| *waiting != conn);
+        }
+        let orphaned: Vec<String> = self
+            .agent_requests
+            .iter()
+            .filter(|(_, request)| request.conn == conn)
+            .map(|(key, _)| key.clone())
+            .collect();
+        orphaned
+            .into_iter()
+            .filter_map(|key| self.agent_requests.remove(&key))
+            .map(|request| {
+                tracing::info!(method = %request.method, "client left with an agent request open; answering with the default");
+                Output::ToAgent(default_answer(request.id, &request.method))
+            })
+            .collect()
+    }
+
+    fn client_request(
+        &mut self,
+        conn: ConnId,
+        id: Value,
+        method: String,
+        mut raw: Map<String, Value>,
+    ) -> Vec<Output> {
+        if method == "initialize" {
+            return match &mut self.init {
+                InitState::Ready(result) => vec![Output::ToClient(
+                    conn,
+                    wire::result_message(id, result.clone()),
+                )],
+                InitState::Failed { code, message } => vec![Output::ToClient(
+                    conn,
+                    wire::error_message(id, *code, message),
+                )],
+                InitState::Waiting { clients, .. } => {
+                    clients.push((conn, id));
+                    Vec::new()
+                }
+                InitState::NotStarted => {
+                    self.init = InitState::Waiting {
+                        agent_id: 0,
+                        clients: vec![(conn, id)],
+                    };
+                    Vec::new()
+                }
+            };
+        }
+        let agent_id = self.alloc_id();
+        raw.insert("id".into(), json!(agent_id));
+        let session_id = raw
+            .get("params")
+            .and_then(|p| p.get("sessionId"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        tracing::debug!(%method, %id, agent_id, "client request forwarded");
+        let mut out = Vec::new();
+        match (method.as_str(), &session_id) {
+            ("session/prompt", Some(session_id)) => {
+                out.push(Output::Event(Event::PromptStarted {
+                    session_id: session_id.clone(),
+                }));
+                let history_session = self.history_session(session_id);
+                let text = prompt_text(raw.get("params"));
+                // Text left over from outside a turn belongs before this prompt.
+                out.extend(self.flush_agent_text(session_id));
+                let inject = self.config.history_injection
+                    && self.inject_next_prompt_of.as_deref() == Some(session_id.as_str());
+                if inject {
+                    self.inject_next_prompt_of = None;
+                    out.push(Output::InjectHistoryThenSend {
+                        history_session: history_session.clone(),
+                        message: Value::Object(raw),
+                    });
+                } else {
+                    out.push(Output::ToAgent(Value::Object(raw)));
+                }
+                // Recorded after the injection read: the current request is not history yet.
+                if !text.is_empty() {
+                    out.push(Output::Record {
+                        history_session,
+                        entry: HistoryEntry::UserMessage {
+                            text,
+                            timestamp: None,
+                        },
+                    });
+                }
+            }
+            ("session/load", Some(session_id)) => {
+                self.sessions.entry(session_id.clone()).or_default().loading += 1;
+                out.push(Output::ToAgent(Value::Object(raw)));
+            }
+            _ => out.push(Output::ToAgent(Value::Object(raw))),
+        }
+        self.pending.insert(
+            agent_id,
+            Pending {
+                conn,
+                client_id: id,
+                method,
+                session_id,
+            },
+        );
+        out
+    }
+
+    fn agent_response(&mut self, id: Value, mut raw: Map<String, Value>) -> Vec<Output> {
+        let Some(agent_id) = id.as_u64() else {
+            tracing::warn!(%id, "agent answered an id agentctl never sent; dropped");
+            return Vec::new();
+        };
+        if let InitState::Waiting {
+            agent_id: init_id,
+            clients,
+        } = &mut self.init
+            && *init_id == agent_id
+        {
+            let clients = std::mem::take(clients);
+            return self.initialize_answered(&raw, clients);
+        }
+        let Some(pending) = self.pending.remove(&agent_id) else {
+            tracing::warn!(agent_id, "agent answered an unknown request id; dropped");
+            return Vec::new();
+        };
+        let result = raw.get("result");
+        let error = raw.get("error");
+        let mut out = Vec::new();
+        match pending.method.as_str() {
+            "session/new" => {
+                if let Some(session_id) = result
+                    .and_then(|r| r.get("sessionId"))
+                    .and_then(Value::as_str)
+                {
+                    self.current_session = Some(session_id.to_owned());
+                    out.push(Output::Event(Event::SessionCreated {
+                        session_id: session_id.to_owned(),
+                        method: pending.method.clone(),
+                    }));
+                    // A fresh agent session: the next prompt carries the recorded history.
+                    self.inject_next_prompt_of =
+                        self.config.history_injection.then(|| session_id.to_owned());
+                }
+            }
+            "session/load" | "session/resume" => {
+                if pending.method == "session/load"
+                    && let Some(recording) = pending
+                        .session_id
+                        .as_ref()
+                        .and_then(|s| self.sessions.get_mut(s))
+                {
+                    recording.loading = recording.loading.saturating_sub(1);
+                }
+                if let (Some(_), Some(session_id)) = (result, &pending.session_id) {
+                    self.current_session = Some(session_id.clone());
+                    out.push(Output::Event(Event::SessionCreated {
+                        session_id: session_id.clone(),
+                        method: pending.method.clone(),
+                    }));
+                    // The agent remembers this session itself: nothing to inject.
+                    self.inject_next_prompt_of = None;
+                }
+            }
+            "session/prompt" => {
+                if let Some(session_id) = &pending.session_id {
+                    out.extend(self.flush_agent_text(session_id));
+                    let outcome = match (result, error) {
+                        (Some(result), _) => PromptOutcome::Stopped(
+                            result.get("stopReason").cloned().unwrap_or(Value::Null),
+                        ),
+                        (None, error) => PromptOutcome::Failed {
+                            code: error
+                                .and_then(|e| e.get("code"))
+                                .and_then(Value::as_i64)
+                                .unwrap_or(wire::INTERNAL_ERROR),
+                            message: error
+                                .and_then(|e| e.get("message"))
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_owned(),
+                        },
+                    };
+                    out.push(Output::Event(Event::PromptFinished {
+                        session_id: session_id.clone(),
+                        outcome,
+                    }));
+                }
+            }
+            _ => {}
+        }
+        if self.client == Some(pending.conn) {
+            raw.insert("id".into(), pending.client_id);
+            out.push(Output::ToClient(pending.conn, Value::Object(raw)));
+        } else {
+            tracing::debug!(method = %pending.method, "response for a departed client dropped");
+        }
+        out
+    }
+
+    fn initialize_answered(
+        &mut self,
+        raw: &Map<String, Value>,
+        clients: Vec<(ConnId, Value)>,
+    ) -> Vec<Output> {
+        let mut out = Vec::new();
+        if let Some(result) = raw.get("result") {
+            tracing::info!("agent initialized; its response is cached for every client");
+            self.init = InitState::Ready(result.clone());
+            for (conn, id) in clients {
+                out.push(Output::ToClient(
+                    conn,
+                    wire::result_message(id, result.clone()),
+                ));
+            }
+        } else {
+            let error = raw.get("error");
+            let code = error
+                .and_then(|e| e.get("code"))
+                .and_then(Value::as_i64)
+                .unwrap_or(wire::INTERNAL_ERROR);
+            let message = error
+                .and_then(|e| e.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            for (conn, id) in clients {
+                out.push(Output::ToClient(
+                    conn,
+                    wire::error_message(id, code, &message),
+                ));
+            }
+            self.init = InitState::Failed {
+                code,
+                message: message.clone(),
+            };
+            out.push(Output::InitializeFailed { code, message });
+        }
+        out
+    }
+
+    fn agent_request(&mut self, id: Value, method: String, raw: Map<String, Value>) -> Vec<Output> {
+        match self.client {
+            Some(conn) => {
+                self.agent_requests
+                    .insert(wire::id_key(&id), AgentRequest { conn, id, method });
+                vec![Output::ToClient(conn, Value::Object(raw))]
+            }
+            None => {
+                tracing::info!(%method, "agent request with no client connected; answering with the default");
+                vec![Output::ToAgent(default_answer(id, &method))]
+            }
+        }
+    }
+
+    fn agent_notification(&mut self, method: String, raw: Map<String, Value>) -> Vec<Output> {
+        let mut out = Vec::new();
+        if method == "session/update"
+            && let Some(params) = raw.get("params")
+        {
+            out.extend(self.record_update(params));
+        }
+        if let Some(conn) = self.client {
+            out.push(Output::ToClient(conn, Value::Object(raw)));
+        }
+        out
+    }
+
+    /// What a `session/update` adds to the history. Updates of a session being loaded are the
+    /// agent replaying its transcript: already recorded, so skipped (no duplicates).
+    fn record_update(&mut self, params: &Value) -> Vec<Output> {
+        let (Some(session_id), Some(update)) = (
+            params.get("sessionId").and_then(Value::as_str),
+            params.get("update"),
+        ) else {
+            return Vec::new();
+        };
+        let history_session = self.history_session(session_id);
+        let kind = update.get("sessionUpdate").and_then(Value::as_str);
+        if self
+            .sessions
+            .get(session_id)
+            .is_some_and(|recording| recording.loading > 0)
+        {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        match kind {
+            Some("agent_message_chunk") => {
+                if update.pointer("/content/type").and_then(Value::as_str) == Some("text")
+                    && let Some(text) = update.pointer("/content/text").and_then(Value::as_str)
+                {
+                    self.sessions
+                        .entry(session_id.to_owned())
+                        .or_default()
+                        .agent_text
+                        .push_str(text);
+                }
+            }
+            Some("tool_call") => {
+                // Keep the order the user saw: what the agent said, then the tool it called.
+                out.extend(self.flush_agent_text(session_id));
+                let tool_call_id = str_field(update, "toolCallId").unwrap_or_default();
+                let name = str_field(update, "title")
+                    .or_else(|| str_field(update, "kind"))
+                    .unwrap_or("tool")
+                    .to_owned();
+                out.push(Output::Record {
+                    history_session: history_session.clone(),
+                    entry: HistoryEntry::ToolCall {
+                        name: name.clone(),
+                        input: update.get("rawInput").cloned().unwrap_or(Value::Null),
+                        timestamp: None,
+                    },
+                });
+                let recording = self.sessions.entry(session_id.to_owned()).or_default();
+                recording.tools.insert(
+                    tool_call_id.to_owned(),
+                    ToolRecord {
+                        name,
+                        result_recorded: false,
+                    },
+                );
+                out.extend(record_tool_result(
+                    recording,
+                    tool_call_id,
+                    update,
+                    &history_session,
+                ));
+            }
+            Some("tool_call_update") => {
+                let tool_call_id = str_field(update, "toolCallId").unwrap_or_default();
+                let recording = self.sessions.entry(session_id.to_owned()).or_default();
+                let tool = recording
+                    .tools
+                    .entry(tool_call_id.to_owned())
+                    .or_insert_with(|| ToolRecord {
+                        name: "tool".into(),
+                        result_recorded: false,
+                    });
+                if let Some(title) = str_field(update, "title") {
+                    tool.name = title.to_owned();
+                }
+                out.extend(record_tool_result(
+                    recording,
+                    tool_call_id,
+                    update,
+                    &history_session,
+                ));
+            }
+            _ => {}
+        }
+        out
+    }
+
+    /// Writes the turn's pending agent text, if any, as one `agent_message`.
+    fn flush_agent_text(&mut self, session_id: &str) -> Option<Output> {
+        let text = std::mem::take(&mut self.sessions.get_mut(session_id)?.agent_text);
+        if text.trim().is_empty() {
+            return None;
+        }
+        Some(Output::Record {
+            history_session: self.history_session(session_id),
+            entry: HistoryEntry::AgentMessage {
+                text,
+                timestamp: None,
+            },
+        })
+    }
+}
+
+/// A `tool_result` once the tool call reached a final status (`completed`, or `failed` marked
+/// as such), at most once per tool call.
+fn record_tool_result(
+    recording: &mut SessionRecording,
+    tool_call_id: &str,
+    update: &Value,
+    history_session: &str,
+) -> Option<Output> {
+    let status = str_field(update, "status")?;
+    if status != "completed" && status != "failed" {
+        return None;
+    }
+    let tool = recording.tools.get_mut(tool_call_id)?;
+    if tool.result_recorded {
+        return None;
+    }
+    tool.result_recorded = true;
+    let mut output = tool_output(update);
+    if status == "failed" {
+        output.insert_str(0, "[failed] ");
+    }
+    Some(Output::Record {
+        history_session: history_session.to_owned(),
+        entry: HistoryEntry::ToolResult {
+            name: tool.name.clone(),
+            output,
+            timestamp: None,
+        },
+    })
+}
+
+/// The readable result of a tool call: the text of its `content` (what the user saw), else its
+/// `rawOutput`.
+fn tool_output(update: &Value) -> String {
+    let texts: Vec<String> = update
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| match str_field(item, "type") {
+                    Some("content") => item
+                        .pointer("/content/text")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned),
+                    Some("diff") => str_field(item, "path").map(|path| format!("diff of {path}")),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !texts.is_empty() {
+        return texts.join("\n");
+    }
+    match update.get("rawOutput") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn str_field<'a>(value: &'a Value, field: &str) -> Option<&'a str> {
+    value.get(field).and_then(Value::as_str)
+}
+
+/// The text blocks of a `session/prompt`'s `prompt`, joined by newlines.
+pub fn prompt_text(params: Option<&Value>) -> String {
+    params
+        .and_then(|p| p.get("prompt"))
+        .and_then(Value::as_array)
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|block| str_field(block, "type") == Some("text"))
+                .filter_map(|block| str_field(block, "text"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// Wraps the prompt of a `session/prompt` message in the resume context, once (DESIGN §3).
+/// The text blocks become one text block holding the context; other blocks (images,
+/// resources) follow unchanged. Returns whether the message changed: with no history, or an
+/// already wrapped prompt, it is left alone.
+pub fn inject_history(message: &mut Value, entries: &[HistoryEntry]) -> bool {
+    let text = prompt_text(message.get("params"));
+    let wrapped = wrap_prompt_once(&text, entries, &ContextLimits::default());
+    if wrapped == text {
+        return false;
+    }
+    let Some(blocks) = message
+        .pointer_mut("/params/prompt")
+        .and_then(Value::as_array_mut)
+    else {
+        return false;
+    };
+    let mut rebuilt = vec![json!({"type": "text", "text": wrapped})];
+    rebuilt.extend(
+        blocks
+            .drain(..)
+            .filter(|block| str_field(block, "type") != Some("text")),
+    );
+    *blocks = rebuilt;
+    true
+}
+
+/// agentctl's answer to an agent request no client can take: deny permission (the safe
+/// choice: nothing runs unattended that the agent asked a human about) and refuse the rest.
+pub fn default_answer(id: Value, method: &str) -> Value {
+    if method == "session/request_permission" {
+        wire::result_message(id, json!({"outcome": {"outcome": "cancelled"}}))
+    } else {
+        wire::error_message(
+            id,
+            wire::METHOD_NOT_FOUND,
+            &format!("agentctl: no ACP client is connected to handle {method}"),
+        )
+    }
+}
+
+/// The `initialize` params agentctl sends: protocol v1, and no client capabilities, since no
+/// client may be connected to serve `fs/*` or `terminal/*` when the agent asks.
+fn initialize_params() -> Value {
+    use agent_client_protocol::schema::ProtocolVersion;
+    use agent_client_protocol::v1::schema::{Implementation, InitializeRequest};
+    let request = InitializeRequest::new(ProtocolVersion::V1)
+        .client_info(Implementation::new("agentctl", env!("CARGO_PKG_VERSION")));
+    serde_json::to_value(request).unwrap_or_else(|error| {
+        tracing::error!(%error, "cannot encode initialize params; sending the minimum");
+        json!({"protocolVersion": 1})
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn line(value: Value) -> String {
+        value.to_string()
+    }
+
+    fn ready_hub(config: HubConfig) -> Hub {
+        let mut hub = Hub::new(config);
+        let out = hub.start();
+        assert_eq!(out.len(), 1);
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1,"agentCapabilities":{"loadSession":true}}})));
+        assert_eq!(out, vec![]);
+        hub
+    }
+
+    fn to_agent(out: &[Output]) -> Vec<Value> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::ToAgent(v) => Some(v.clone()),
+                Output::InjectHistoryThenSend { message, .. } => Some(message.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn to_client(out: &[Output]) -> Vec<(ConnId, Value)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::ToClient(c, v) => Some((*c, v.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn events(out: &[Output]) -> Vec<Event> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Event(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn records(out: &[Output]) -> Vec<(String, HistoryEntry)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Record {
+                    history_session,
+                    entry,
+                } => Some((history_session.clone(), entry.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn start_sends_initialize_without_client_capabilities() {
+        let mut hub = Hub::new(HubConfig::default());
+        let sent = to_agent(&hub.start());
+        assert_eq!(sent[0]["method"], "initialize");
+        assert_eq!(sent[0]["params"]["protocolVersion"], 1);
+        assert_eq!(sent[0]["params"]["clientInfo"]["name"], "agentctl");
+        assert_eq!(
+            sent[0]["params"]["clientCapabilities"]["fs"]["readTextFile"],
+            false
+        );
+        assert!(hub.initializing());
+    }
+
+    #[test]
+    fn initialize_is_answered_from_the_cache_never_resent() {
+        let mut hub = Hub::new(HubConfig::default());
+        hub.start();
+        assert_eq!(hub.attach(7, false), Ok(vec![]));
+        // Before the agent answered: queued.
+        let out = hub.client_line(
+            7,
+            &line(json!({"jsonrpc":"2.0","id":"a","method":"initialize","params":{}})),
+        );
+        assert_eq!(out, vec![]);
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":1,"result":{"protocolVersion":1}}),
+        ));
+        assert_eq!(
+            to_client(&out),
+            vec![(
+                7,
+                json!({"jsonrpc":"2.0","id":"a","result":{"protocolVersion":1}})
+            )]
+        );
+        // After: straight from the cache, as often as asked, nothing reaches the agent.
+        for id in [json!(1), json!(1), json!("x")] {
+            let out = hub.client_line(
+                7,
+                &line(json!({"jsonrpc":"2.0","id":id,"method":"initialize"})),
+            );
+            assert_eq!(to_agent(&out), Vec::<Value>::new());
+            assert_eq!(
+                to_client(&out),
+                vec![(
+                    7,
+                    json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":1}})
+                )]
+            );
+        }
+        assert!(!hub.initializing());
+    }
+
+    #[test]
+    fn initialize_error_stops_serve() {
+        let mut hub = Hub::new(HubConfig::default());
+        hub.start();
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"boom"}}),
+        ));
+        assert_eq!(
+            out,
+            vec![Output::InitializeFailed {
+                code: -32603,
+                message: "boom".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn ids_are_rewritten_and_late_responses_dropped() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        let out = hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}})));
+        let sent = to_agent(&out);
+        assert_eq!(
+            sent[0]["id"], 2,
+            "agent-side id comes from agentctl's counter"
+        );
+        assert_eq!(
+            sent[0]["params"]["cwd"], "/w",
+            "params are forwarded untouched"
+        );
+        // The client leaves before the answer.
+        let out = hub.client_line(
+            1,
+            &line(json!({"jsonrpc":"2.0","method":"_kandev/disconnect"})),
+        );
+        assert_eq!(out, vec![Output::CloseClient(1)]);
+        assert_eq!(hub.attach(2, false), Ok(vec![]));
+        // The new client reuses id 1; the agent gets a different id.
+        let out = hub.client_line(2, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"s","cwd":"/w","mcpServers":[]}})));
+        assert_eq!(to_agent(&out)[0]["id"], 3);
+        // The late answer to client 1 is dropped but still produces the event.
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":"s-old"}}),
+        ));
+        assert_eq!(to_client(&out), vec![]);
+        assert_eq!(
+            events(&out),
+            vec![Event::SessionCreated {
+                session_id: "s-old".into(),
+                method: "session/new".into()
+            }]
+        );
+        // Client 2's answer comes back under its own id.
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":3,"result":{}})));
+        assert_eq!(
+            to_client(&out),
+            vec![(2, json!({"jsonrpc":"2.0","id":1,"result":{}}))]
+        );
+        assert_eq!(
+            events(&out),
+            vec![Event::SessionCreated {
+                session_id: "s".into(),
+                method: "session/load".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn one_client_at_a_time_unless_takeover() {
+        let mut hub = ready_hub(HubConfig::default());
+        assert_eq!(hub.attach(1, false), Ok(vec![]));
+        assert_eq!(hub.attach(2, false), Err(Busy));
+        // A stale line from a refused connection is ignored.
+        assert_eq!(
+            hub.client_line(2, &line(json!({"jsonrpc":"2.0","id":1,"method":"x"}))),
+            vec![]
+        );
+        assert_eq!(hub.attach(3, true), Ok(vec![Output::CloseClient(1)]));
+        assert_eq!(hub.client(), Some(3));
+        assert_eq!(hub.client_closed(1), vec![]);
+        assert_eq!(hub.client_closed(3), vec![Output::CloseClient(3)]);
+        assert_eq!(hub.attach(4, false), Ok(vec![]));
+    }
+
+    #[test]
+    fn invalid_client_lines_get_errors_and_change_nothing() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        let rows = [
+            ("garbage", json!(null), wire::PARSE_ERROR),
+            ("[]", json!(null), wire::INVALID_REQUEST),
+            (r#"{"id":4,"method":"x"}"#, json!(4), wire::INVALID_REQUEST),
+        ];
+        for (text, id, code) in rows {
+            let out = hub.client_line(1, text);
+            let replies = to_client(&out);
+            assert_eq!(replies.len(), 1, "{text}");
+            assert_eq!(replies[0].1["id"], id, "{text}");
+            assert_eq!(replies[0].1["error"]["code"], code, "{text}");
+            assert_eq!(to_agent(&out), Vec::<Value>::new());
+        }
+        assert_eq!(hub.client(), Some(1));
+    }
+
+    #[test]
+    fn agent_requests_go_to_the_client_or_get_safe_defaults() {
+        let mut hub = ready_hub(HubConfig::default());
+        let permission = json!({"jsonrpc":"2.0","id":"p1","method":"session/request_permission","params":{"sessionId":"s"}});
+        let read = json!({"jsonrpc":"2.0","id":9,"method":"fs/read_text_file","params":{}});
+        // Nobody connected: agentctl answers.
+        let out = hub.agent_line(&line(permission.clone()));
+        assert_eq!(
+            to_agent(&out),
+            vec![json!({"jsonrpc":"2.0","id":"p1","result":{"outcome":{"outcome":"cancelled"}}})]
+        );
+        let out = hub.agent_line(&line(read.clone()));
+        assert_eq!(to_agent(&out)[0]["error"]["code"], wire::METHOD_NOT_FOUND);
+        // Connected: forwarded as is, and the client's answer goes back.
+        hub.attach(1, false).ok();
+        let out = hub.agent_line(&line(permission.clone()));
+        assert_eq!(to_client(&out), vec![(1, permission)]);
+        let answer = json!({"jsonrpc":"2.0","id":"p1","result":{"outcome":{"outcome":"selected","optionId":"allow"}}});
+        assert_eq!(
+            to_agent(&hub.client_line(1, &line(answer.clone()))),
+            vec![answer.clone()]
+        );
+        // A second answer to the same request is dropped.
+        assert_eq!(hub.client_line(1, &line(answer)), vec![]);
+        // A client leaving with a request open: agentctl answers for it.
+        hub.agent_line(&line(read));
+        let out = hub.client_closed(1);
+        assert_eq!(to_agent(&out)[0]["id"], 9);
+        assert_eq!(to_agent(&out)[0]["error"]["code"], wire::METHOD_NOT_FOUND);
+    }
+
+    #[test]
+    fn notifications_flow_both_ways() {
+        let mut hub = ready_hub(HubConfig::default());
+        let update = json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"plan","entries":[]}}});
+        assert_eq!(to_client(&hub.agent_line(&line(update.clone()))), vec![]);
+        hub.attach(1, false).ok();
+        assert_eq!(
+            to_client(&hub.agent_line(&line(update.clone()))),
+            vec![(1, update)]
+        );
+        let cancel = json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}});
+        assert_eq!(
+            to_agent(&hub.client_line(1, &line(cancel.clone()))),
+            vec![cancel]
+        );
+        // Junk from the agent is ignored.
+        assert_eq!(hub.agent_line("npm WARN something"), vec![]);
+    }
+
+    fn chunk(session: &str, text: &str) -> String {
+        line(
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,
+            "update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":text}}}}),
+        )
+    }
+
+    fn prompt(id: u64, session: &str, text: &str) -> String {
+        line(
+            json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":session,
+            "prompt":[{"type":"text","text":text}]}}),
+        )
+    }
+
+    #[test]
+    fn prompt_turn_events_and_history() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        let out = hub.client_line(1, &prompt(5, "s1", "fix the bug"));
+        assert_eq!(
+            events(&out),
+            vec![Event::PromptStarted {
+                session_id: "s1".into()
+            }]
+        );
+        assert_eq!(
+            records(&out),
+            vec![(
+                "s1".into(),
+                HistoryEntry::UserMessage {
+                    text: "fix the bug".into(),
+                    timestamp: None
+                }
+            )]
+        );
+        let mut recorded = Vec::new();
+        recorded.extend(records(&hub.agent_line(&chunk("s1", "Looking "))));
+        recorded.extend(records(&hub.agent_line(&chunk("s1", "at it."))));
+        let tool = |update: Value| {
+            line(
+                json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":update}}),
+            )
+        };
+        recorded.extend(records(&hub.agent_line(&tool(json!({"sessionUpdate":"tool_call","toolCallId":"t1","title":"Read a.rs","kind":"read","status":"pending","rawInput":{"path":"a.rs"}})))));
+        recorded.extend(records(&hub.agent_line(&tool(
+            json!({"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"in_progress"}),
+        ))));
+        recorded.extend(records(&hub.agent_line(&tool(json!({"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","content":[{"type":"content","content":{"type":"text","text":"fn a() {}"}}]})))));
+        recorded.extend(records(&hub.agent_line(&tool(
+            json!({"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed"}),
+        ))));
+        recorded.extend(records(&hub.agent_line(&tool(json!({"sessionUpdate":"tool_call","toolCallId":"t2","title":"ls","status":"failed","rawOutput":"denied"})))));
+        recorded.extend(records(&hub.agent_line(&chunk("s1", "Done."))));
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":2,"result":{"stopReason":"end_turn"}}),
+        ));
+        recorded.extend(records(&out));
+        assert_eq!(
+            events(&out),
+            vec![Event::PromptFinished {
+                session_id: "s1".into(),
+                outcome: PromptOutcome::Stopped(json!("end_turn"))
+            }]
+        );
+        assert_eq!(
+            to_client(&out),
+            vec![(
+                1,
+                json!({"jsonrpc":"2.0","id":5,"result":{"stopReason":"end_turn"}})
+            )]
+        );
+        let entries: Vec<HistoryEntry> = recorded.into_iter().map(|(_, e)| e).collect();
+        assert_eq!(
+            entries,
+            vec![
+                HistoryEntry::AgentMessage {
+                    text: "Looking at it.".into(),
+                    timestamp: None
+                },
+                HistoryEntry::ToolCall {
+                    name: "Read a.rs".into(),
+                    input: json!({"path":"a.rs"}),
+                    timestamp: None
+                },
+                HistoryEntry::ToolResult {
+                    name: "Read a.rs".into(),
+                    output: "fn a() {}".into(),
+                    timestamp: None
+                },
+                HistoryEntry::ToolCall {
+                    name: "ls".into(),
+                    input: Value::Null,
+                    timestamp: None
+                },
+                HistoryEntry::ToolResult {
+                    name: "ls".into(),
+                    output: "[failed] denied".into(),
+                    timestamp: None
+                },
+                HistoryEntry::AgentMessage {
+                    text: "Done.".into(),
+                    timestamp: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn snapshot_tracks_the_session_and_open_prompts() {
+        let mut hub = ready_hub(HubConfig::default());
+        let snapshot = |hub: &Hub| hub.snapshot().to_json("T");
+        assert_eq!(
+            snapshot(&hub),
+            json!({"event":"snapshot","sessionId":null,"promptActive":false,"timestamp":"T"})
+        );
+        hub.attach(1, false).ok();
+        new_session(&mut hub, 1, 1, "s");
+        hub.client_line(1, &prompt(2, "s", "x"));
+        hub.client_closed(1);
+        // The client left, the agent is still working on its prompt.
+        assert_eq!(
+            snapshot(&hub),
+            json!({"event":"snapshot","sessionId":"s","promptActive":true,"timestamp":"T"})
+        );
+        let prompt_id = hub.next_agent_id;
+        hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":prompt_id,"result":{"stopReason":"end_turn"}}),
+        ));
+        assert_eq!(snapshot(&hub)["promptActive"], false);
+    }
+
+    #[test]
+    fn failed_prompt_reports_the_error() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        hub.client_line(1, &prompt(1, "s", "x"));
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":2,"error":{"code":-32000,"message":"auth required"}}),
+        ));
+        assert_eq!(
+            events(&out),
+            vec![Event::PromptFinished {
+                session_id: "s".into(),
+                outcome: PromptOutcome::Failed {
+                    code: -32000,
+                    message: "auth required".into()
+                }
+            }]
+        );
+        let json = events(&out)[0].to_json("T");
+        assert_eq!(
+            json,
+            json!({"event":"prompt_finished","sessionId":"s","error":{"code":-32000,"message":"auth required"},"timestamp":"T"})
+        );
+    }
+
+    #[test]
+    fn load_replay_is_not_recorded_again() {
+        let mut hub = ready_hub(HubConfig {
+            session_name: Some("ts-1".into()),
+            history_injection: false,
+        });
+        hub.attach(1, false).ok();
+        hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"s","cwd":"/","mcpServers":[]}})));
+        let out = hub.agent_line(&chunk("s", "replayed answer"));
+        assert_eq!(
+            to_client(&out).len(),
+            1,
+            "the replay still reaches the client"
+        );
+        hub.agent_line(&line(json!({"jsonrpc":"2.0","id":2,"result":{}})));
+        hub.client_line(1, &prompt(2, "s", "new question"));
+        hub.agent_line(&chunk("s", "new answer"));
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}),
+        ));
+        assert_eq!(
+            records(&out),
+            vec![(
+                "ts-1".into(),
+                HistoryEntry::AgentMessage {
+                    text: "new answer".into(),
+                    timestamp: None
+                }
+            )]
+        );
+    }
+
+    fn new_session(hub: &mut Hub, conn: ConnId, client_id: u64, session: &str) {
+        let out = hub.client_line(conn, &line(json!({"jsonrpc":"2.0","id":client_id,"method":"session/new","params":{"cwd":"/","mcpServers":[]}})));
+        let agent_id = to_agent(&out)[0]["id"].clone();
+        hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":agent_id,"result":{"sessionId":session}}),
+        ));
+    }
+
+    fn is_injection(out: &[Output]) -> bool {
+        out.iter()
+            .any(|o| matches!(o, Output::InjectHistoryThenSend { .. }))
+    }
+
+    #[test]
+    fn history_injection_only_for_the_first_prompt_after_a_fresh_new() {
+        let config = HubConfig {
+            session_name: Some("ts-1".into()),
+            history_injection: true,
+        };
+        let mut hub = ready_hub(config.clone());
+        hub.attach(1, false).ok();
+        new_session(&mut hub, 1, 1, "s");
+        let out = hub.client_line(1, &prompt(2, "s", "continue"));
+        assert!(is_injection(&out));
+        // The injection read comes before the current prompt is recorded.
+        let inject_at = out
+            .iter()
+            .position(|o| matches!(o, Output::InjectHistoryThenSend { .. }));
+        let record_at = out.iter().position(|o| matches!(o, Output::Record { .. }));
+        assert!(inject_at < record_at);
+        assert!(!is_injection(&hub.client_line(1, &prompt(3, "s", "more"))));
+        // After a resume there is nothing to inject.
+        new_session(&mut hub, 1, 4, "s2");
+        hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":5,"method":"session/resume","params":{"sessionId":"s2","cwd":"/"}})));
+        let resume_agent_id = hub.next_agent_id;
+        hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":resume_agent_id,"result":{}}),
+        ));
+        assert!(!is_injection(&hub.client_line(1, &prompt(6, "s2", "go"))));
+        // Profiles without injection never inject.
+        let mut plain = ready_hub(HubConfig {
+            history_injection: false,
+            ..config
+        });
+        plain.attach(1, false).ok();
+        new_session(&mut plain, 1, 1, "s");
+        assert!(!is_injection(&plain.client_line(1, &prompt(2, "s", "x"))));
+    }
+
+    #[test]
+    fn inject_history_wraps_text_once_and_keeps_other_blocks() {
+        let history = [HistoryEntry::UserMessage {
+            text: "earlier".into(),
+            timestamp: None,
+        }];
+        let mut message = json!({"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s",
+            "prompt":[{"type":"text","text":"next"},{"type":"image","data":"AA==","mimeType":"image/png"}]}});
+        assert!(inject_history(&mut message, &history));
+        let blocks = message["params"]["prompt"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(blocks.len(), 2);
+        let text = blocks[0]["text"].as_str().unwrap_or_default();
+        assert!(text.starts_with(crate::history::RESUME_CONTEXT_HEADER));
+        assert!(text.contains("[USER]: earlier"));
+        assert!(text.contains("=== CURRENT REQUEST ===\nnext\n"));
+        assert_eq!(blocks[1]["type"], "image");
+        // Never twice.
+        let before = message.clone();
+        assert!(!inject_history(&mut message, &history));
+        assert_eq!(message, before);
+        // No history: untouched.
+        let mut plain = json!({"params":{"prompt":[{"type":"text","text":"x"}]}});
+        assert!(!inject_history(&mut plain, &[]));
+    }
+
+    #[test]
+    fn agent_exit_fails_open_requests_and_closes_the_client() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        hub.client_line(1, &prompt(42, "s", "x"));
+        hub.agent_line(&chunk("s", "partial"));
+        let out = hub.agent_exited(Some(3), None);
+        assert_eq!(
+            events(&out),
+            vec![Event::AgentExited {
+                code: Some(3),
+                signal: None
+            }]
+        );
+        assert_eq!(records(&out).len(), 1, "partial turn text is kept");
+        let replies = to_client(&out);
+        assert_eq!(replies[0].1["id"], 42);
+        assert_eq!(replies[0].1["error"]["code"], wire::INTERNAL_ERROR);
+        assert_eq!(out.last(), Some(&Output::CloseClient(1)));
+        assert_eq!(
+            Event::AgentExited {
+                code: None,
+                signal: Some(9)
+            }
+            .to_json("T"),
+            json!({"event":"agent_exited","code":null,"signal":9,"timestamp":"T"})
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! JSON-RPC 2.0 lines as agentctl sees them: one JSON message per line, classified into
+//! request / notification / response, or rejected with the error the spec prescribes.
+//!
+//! agentctl forwards messages it does not understand, so it keeps each message as a raw JSON
+//! object (every field the agent or client sent survives) and only reads the few fields it
+//! needs: `id`, `method`, `params`.
+
+use serde_json::{Map, Value, json};
+
+pub const JSONRPC_VERSION: &str = "2.0";
+/// Invalid JSON was received.
+pub const PARSE_ERROR: i64 = -32700;
+/// The JSON sent is not a valid JSON-RPC request object.
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INTERNAL_ERROR: i64 = -32603;
+/// agentctl's own code: another ACP client is connected.
+pub const BUSY: i64 = -32001;
+/// The message a busy agentctl sends before closing the connection.
+pub const BUSY_MESSAGE: &str = "agentctl busy: another client is connected";
+/// Client → agentctl notification: "I am done; keep the agent running".
+pub const DISCONNECT_METHOD: &str = "_kandev/disconnect";
+
+/// One well-formed JSON-RPC message. `raw` is the whole object, for forwarding.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Request {
+        id: Value,
+        method: String,
+        raw: Map<String, Value>,
+    },
+    Notification {
+        method: String,
+        raw: Map<String, Value>,
+    },
+    Response {
+        id: Value,
+        raw: Map<String, Value>,
+    },
+}
+
+/// Why a line is not a usable JSON-RPC message, as the error to send back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invalid {
+    pub code: i64,
+    pub message: String,
+    /// The offending message's id when it could be read, else `null` (as the spec demands).
+    pub id: Value,
+}
+
+impl Invalid {
+    pub fn to_error_message(&self) -> Value {
+        error_message(self.id.clone(), self.code, &self.message)
+    }
+}
+
+/// Classifies one line. Only objects with `"jsonrpc":"2.0"` are accepted; batches (arrays)
+/// are rejected as invalid requests because ACP never uses them.
+pub fn parse_line(line: &str) -> Result<Message, Invalid> {
+    let value: Value = serde_json::from_str(line).map_err(|error| Invalid {
+        code: PARSE_ERROR,
+        message: format!("Parse error: {error}"),
+        id: Value::Null,
+    })?;
+    let Value::Object(raw) = value else {
+        return Err(invalid(
+            Value::Null,
+            "expected one JSON-RPC object per line",
+        ));
+    };
+    let id = match raw.get("id") {
+        None => None,
+        Some(id @ (Value::Null | Value::String(_) | Value::Number(_))) => Some(id.clone()),
+        Some(_) => {
+            return Err(invalid(
+                Value::Null,
+                "`id` must be a string, a number or null",
+            ));
+        }
+    };
+    let reply_id = id.clone().unwrap_or(Value::Null);
+    if raw.get("jsonrpc").and_then(Value::as_str) != Some(JSONRPC_VERSION) {
+        return Err(invalid(reply_id, "`jsonrpc` must be \"2.0\""));
+    }
+    match (raw.get("method"), id) {
+        (Some(Value::String(method)), Some(id)) => Ok(Message::Request {
+            id,
+            method: method.clone(),
+            raw,
+        }),
+        (Some(Value::String(method)), None) => Ok(Message::Notification {
+            method: method.clone(),
+            raw,
+        }),
+        (Some(_), _) => Err(invalid(reply_id, "`method` must be a string")),
+        (None, Some(id)) if raw.contains_key("result") || raw.contains_key("error") => {
+            Ok(Message::Response { id, raw })
+        }
+        (None, _) => Err(invalid(
+            reply_id,
+            "neither a request (`method`) nor a response (`result` or `error`)",
+        )),
+    }
+}
+
+fn invalid(id: Value, detail: &str) -> Invalid {
+    Invalid {
+        code: INVALID_REQUEST,
+        message: format!("Invalid Request: {detail}"),
+        id,
+    }
+}
+
+/// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…}}`
+pub fn error_message(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": JSONRPC_VERSION, "id": id, "error": {"code": code, "message": message}})
+}
+
+/// `{"jsonrpc":"2.0","id":…,"result":…}`
+pub fn result_message(id: Value, result: Value) -> Value {
+    json!({"jsonrpc": JSONRPC_VERSION, "id": id, "result": result})
+}
+
+/// `{"jsonrpc":"2.0","id":…,"method":…,"params":…}`
+pub fn request_message(id: Value, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": JSONRPC_VERSION, "id": id, "method": method, "params": params})
+}
+
+/// The busy error line, byte for byte as documented for `agentctl serve` (a literal, so the
+/// key order does not depend on serde_json's map features).
+pub const BUSY_LINE: &str = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"agentctl busy: another client is connected"}}"#;
+
+/// The busy error as a value.
+pub fn busy_message() -> Value {
+    error_message(Value::Null, BUSY, BUSY_MESSAGE)
+}
+
+/// Whether `value` is agentctl's busy error (how `agentctl connect` recognises it).
+pub fn is_busy_error(value: &Value) -> bool {
+    value.get("id") == Some(&Value::Null)
+        && value.pointer("/error/code").and_then(Value::as_i64) == Some(BUSY)
+}
+
+/// Whether `line` is the `_kandev/disconnect` notification.
+pub fn is_disconnect(line: &str) -> bool {
+    matches!(parse_line(line), Ok(Message::Notification { method, .. }) if method == DISCONNECT_METHOD)
+}
+
+/// A stable map key for a JSON-RPC id (`1` and `"1"` stay distinct).
+pub fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    /// Ok(kind) or Err((code, reply id)).
+    type Expected = Result<&'static str, (i64, Value)>;
+
+    #[test]
+    fn classification_table() {
+        #[rustfmt::skip]
+        let rows: Vec<(&str, Expected)> = vec![
+            (r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#, Ok("request")),
+            (r#"{"jsonrpc":"2.0","id":"a","method":"x"}"#, Ok("request")),
+            (r#"{"jsonrpc":"2.0","id":null,"method":"x"}"#, Ok("request")),
+            (r#"{"jsonrpc":"2.0","method":"session/cancel","params":{}}"#, Ok("notification")),
+            (r#"{"jsonrpc":"2.0","id":3,"result":null}"#, Ok("response")),
+            (r#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"m"}}"#, Ok("response")),
+            ("not json", Err((PARSE_ERROR, Value::Null))),
+            ("{\"jsonrpc\":\"2.0\",", Err((PARSE_ERROR, Value::Null))),
+            ("", Err((PARSE_ERROR, Value::Null))),
+            ("[1,2]", Err((INVALID_REQUEST, Value::Null))),
+            ("42", Err((INVALID_REQUEST, Value::Null))),
+            (r#"{"id":7,"method":"x"}"#, Err((INVALID_REQUEST, json!(7)))),
+            (r#"{"jsonrpc":"1.0","id":"q","method":"x"}"#, Err((INVALID_REQUEST, json!("q")))),
+            (r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#, Err((INVALID_REQUEST, Value::Null))),
+            (r#"{"jsonrpc":"2.0","id":2,"method":5}"#, Err((INVALID_REQUEST, json!(2)))),
+            (r#"{"jsonrpc":"2.0","id":2}"#, Err((INVALID_REQUEST, json!(2)))),
+            (r#"{"jsonrpc":"2.0","result":1}"#, Err((INVALID_REQUEST, Value::Null))),
+            (r#"{"hello":"world"}"#, Err((INVALID_REQUEST, Value::Null))),
+        ];
+        for (line, expected) in rows {
+            let got = parse_line(line).map(|m| match m {
+                Message::Request { .. } => "request",
+                Message::Notification { .. } => "notification",
+                Message::Response { .. } => "response",
+            });
+            let got = got.map_err(|e| (e.code, e.id));
+            assert_eq!(got, expected, "{line}");
+        }
+    }
+
+    #[test]
+    fn busy_line_is_exact_and_recognised() {
+        let parsed: Value = serde_json::from_str(BUSY_LINE).unwrap_or_default();
+        assert_eq!(parsed, busy_message());
+        assert!(is_busy_error(&busy_message()));
+        assert!(!is_busy_error(&error_message(json!(1), BUSY, "x")));
+    }
+
+    #[test]
+    fn disconnect_detection() {
+        assert!(is_disconnect(
+            r#"{"jsonrpc":"2.0","method":"_kandev/disconnect"}"#
+        ));
+        assert!(is_disconnect(
+            r#"{"jsonrpc":"2.0","method":"_kandev/disconnect","params":{}}"#
+        ));
+        assert!(!is_disconnect(
+            r#"{"jsonrpc":"2.0","id":1,"method":"_kandev/disconnect"}"#
+        ));
+        assert!(!is_disconnect("garbage"));
+    }
+}

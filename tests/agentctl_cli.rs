@@ -1,0 +1,230 @@
+//! `agentctl` command-line behaviour around the bridge: clear failures, CLI-flag resume
+//! launches, graceful stop, and the one-shot `restore` report.
+
+mod agentctl_support;
+
+use std::process::{Command, Stdio};
+
+use agentctl_support::*;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(AGENTCTL)
+        .args(args)
+        .env_remove("KANDEV_AGENTCTL_SOCKET")
+        .env_remove("KANDEV_WORKSPACE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn connect_and_events_fail_clearly_without_a_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("none.sock");
+    for command in ["connect", "events"] {
+        let (code, stdout, stderr) = run(&[command, "--socket", &path_str(&socket)]);
+        assert_eq!(code, 1, "{command}: {stderr}");
+        assert_eq!(stdout, "", "stdout is protocol only");
+        assert!(
+            stderr.contains("no agentctl is serving"),
+            "{command}: {stderr}"
+        );
+    }
+    let (code, _, stderr) = run(&["connect"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("KANDEV_AGENTCTL_SOCKET"), "{stderr}");
+}
+
+#[test]
+fn serve_rejects_a_socket_path_too_long_for_unix_sockets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let long = dir.path().join("x".repeat(110));
+    let (code, _, stderr) = run(&[
+        "serve",
+        "--workspace",
+        &path_str(dir.path()),
+        "--socket",
+        &path_str(&long),
+        "--",
+        TEST_AGENT,
+    ]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("shorter than 108 bytes"), "{stderr}");
+}
+
+#[test]
+fn serve_fails_clearly_when_the_agent_cannot_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, _, stderr) = run(&[
+        "serve",
+        "--workspace",
+        &path_str(dir.path()),
+        "--socket",
+        &path_str(&dir.path().join("s.sock")),
+        "--",
+        "/nonexistent/agent-binary",
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("cannot start the agent `/nonexistent/agent-binary`"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["serve", "--workspace", "/tmp", "--profile", "nope"]);
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("unknown agent profile \"nope\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("claude-code"), "{stderr}");
+}
+
+#[test]
+fn a_cli_resume_profile_is_launched_with_its_resume_command() {
+    // A profile that restores by command-line flags: no nativeSessionResume, a cliResume.
+    // The test agent stands in; its `--new-session-id` shows which argv was used.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let profiles = dir.path().join("profiles.yaml");
+    let agent = serde_json::to_string(TEST_AGENT).expect("json string");
+    std::fs::write(
+        &profiles,
+        format!(
+            "profiles:\n  flags-agent:\n    launch: [{agent}, --new-session-id, plain]\n    \
+             nativeSessionResume: false\n    historyContextInjection: true\n    \
+             cliResume: [{agent}, --new-session-id, 'resumed-{{token}}']\n"
+        ),
+    )
+    .expect("profiles");
+    let profiles = path_str(&profiles);
+    let agent_log = dir.path().join("unused.log");
+    let serve = Serve::start_in(
+        dir,
+        &[
+            "--profile",
+            "flags-agent",
+            "--profiles-file",
+            &profiles,
+            "--resume-token",
+            "abc",
+        ],
+        &[],
+        agent_log,
+    );
+    let mut client = serve.connect();
+    let created = client.request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    assert_eq!(created["result"]["sessionId"], "resumed-abc");
+}
+
+#[test]
+fn sigterm_stops_the_agent_and_exits_zero() {
+    let mut serve = Serve::start(&[], &[]);
+    let mut client = serve.connect();
+    client.request(json!(1), "initialize", initialize_params());
+    let agent = serve.agent_pids();
+    assert_eq!(agent.len(), 1);
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(serve.child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let status = wait_exit(&mut serve.child, WAIT, "serve after SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", agent[0])).exists()
+            || std::fs::read_to_string(format!("/proc/{}/stat", agent[0]))
+                .is_ok_and(|stat| stat.contains(" Z ")),
+        "the agent is gone"
+    );
+    assert!(wait_exit(&mut client.child, WAIT, "connect").success());
+}
+
+fn restore(args: &[&str]) -> (i32, Value) {
+    let (code, stdout, stderr) = run(args);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "exactly one JSON object on stdout: {stdout:?} (stderr: {stderr})"
+    );
+    let report = serde_json::from_str(lines[0]).expect("report is JSON");
+    (code, report)
+}
+
+#[test]
+fn restore_prints_one_report_and_exits_by_outcome() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cwd = path_str(dir.path());
+    let base = ["restore", "--cwd", cwd.as_str(), "--timeout", "20"];
+
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain([
+            "--token",
+            "saved-1",
+            "--",
+            TEST_AGENT,
+            "--known-session",
+            "saved-1",
+        ])
+        .collect();
+    let (code, report) = restore(&args);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "restored");
+    assert_eq!(report["method"], "session/resume");
+    assert_eq!(report["sessionId"], "saved-1");
+    assert!(report["capabilities"].is_object(), "{report}");
+
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--token", "-", "--", TEST_AGENT])
+        .collect();
+    let (code, report) = restore(&args);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "fresh");
+    assert_eq!(report["method"], "session/new");
+
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain([
+            "--token",
+            "saved-1",
+            "--",
+            TEST_AGENT,
+            "--on-resume",
+            "error:-32000",
+        ])
+        .collect();
+    let (code, report) = restore(&args);
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["outcome"], "failed");
+    assert_eq!(report["sessionId"], "saved-1", "the token is kept");
+
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--token", "saved-1", "--", "/nonexistent/agent"])
+        .collect();
+    let (code, report) = restore(&args);
+    assert_eq!(code, 1);
+    assert_eq!(report["outcome"], "failed");
+    assert!(
+        report["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("/nonexistent/agent")),
+        "{report}"
+    );
+}

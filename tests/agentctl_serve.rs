@@ -1,0 +1,452 @@
+//! `agentctl serve` + `connect` + `events` as real processes over a unix socket, with
+//! `kandev-test-agent` as the agent: the bridge survives clients coming and going, one client
+//! at a time, initialize from the cache, events, history and history injection, and the pod
+//! dying with its agent.
+
+mod agentctl_support;
+
+use agentctl_support::*;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+#[test]
+fn clients_come_and_go_while_the_agent_keeps_running() {
+    let serve = Serve::start(&[], &["--known-session", "test-session-1"]);
+    let cwd = serve.workspace.clone();
+
+    let mut first = serve.connect();
+    let init = first.request(json!(0), "initialize", initialize_params());
+    assert_eq!(
+        init["result"]["agentInfo"]["name"], "kandev-test-agent",
+        "{init}"
+    );
+    let created = first.request(json!(1), "session/new", new_session_params(&cwd));
+    assert_eq!(created["result"]["sessionId"], "test-session-1");
+    let prompted = first.request(
+        json!(2),
+        "session/prompt",
+        prompt_params("test-session-1", "hello"),
+    );
+    assert_eq!(prompted["result"]["stopReason"], "end_turn");
+    assert_eq!(agent_chunks(&first.seen), vec!["echo: hello".to_owned()]);
+    let agent_before = serve.agent_pids();
+    assert_eq!(agent_before.len(), 1, "one agent process");
+    // stdin stays open (kwok never closes it): the disconnect notification alone ends connect.
+    assert!(first.disconnect().success());
+
+    let mut second = serve.connect();
+    // Same ids as the first client: agentctl rewrites them, nothing collides.
+    let again = second.request(json!(0), "initialize", initialize_params());
+    assert_eq!(again["result"], init["result"], "answered from the cache");
+    let resumed = second.request(
+        json!(1),
+        "session/resume",
+        json!({"sessionId": "test-session-1", "cwd": cwd}),
+    );
+    assert_eq!(resumed["result"], json!({}), "{resumed}");
+    // The agent still counts sessions from before: it is the same process.
+    let created = second.request(json!(2), "session/new", new_session_params(&cwd));
+    assert_eq!(created["result"]["sessionId"], "test-session-2");
+    assert_eq!(
+        serve.agent_pids(),
+        agent_before,
+        "the agent was never restarted"
+    );
+    assert!(second.disconnect().success());
+
+    let log = serve.agent_log();
+    let initializes = log.iter().filter(|l| l.as_str() == "initialize").count();
+    assert_eq!(
+        initializes, 1,
+        "only agentctl's own initialize reached the agent: {log:?}"
+    );
+    assert!(
+        log.contains(&"session/resume test-session-1".to_owned()),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_second_client_is_refused_busy_without_hanging() {
+    let serve = Serve::start(&[], &[]);
+    let mut first = serve.connect();
+    first.request(json!(1), "initialize", initialize_params());
+
+    let mut second = serve.connect();
+    let refusal = second.next();
+    assert_eq!(
+        refusal,
+        json!({"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"agentctl busy: another client is connected"}})
+    );
+    let status = wait_exit(&mut second.child, WAIT, "a refused connect");
+    assert!(!status.success());
+    let stderr = second.stderr_text();
+    assert!(stderr.contains("is busy"), "{stderr}");
+
+    // The first client is unaffected.
+    let created = first.request(
+        json!(2),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    assert_eq!(created["result"]["sessionId"], "test-session-1");
+
+    // --takeover replaces a client whose exec stream died without closing its socket.
+    let mut third = Client::spawn(&serve.socket, &["--takeover"]);
+    let init = third.request(json!(1), "initialize", initialize_params());
+    assert!(init.get("result").is_some(), "{init}");
+    let status = wait_exit(&mut first.child, WAIT, "the replaced connect");
+    assert!(status.success());
+}
+
+#[test]
+fn invalid_lines_get_json_rpc_errors_and_everything_stays_up() {
+    let mut serve = Serve::start(&[], &[]);
+    let mut client = serve.connect();
+    client.send_raw("this is not json");
+    let error = client.next();
+    assert_eq!(error["id"], Value::Null);
+    assert_eq!(error["error"]["code"], -32700);
+    client.send_raw(r#"{"hello":"world"}"#);
+    assert_eq!(client.next()["error"]["code"], -32600);
+    client.send_raw(r#"{"jsonrpc":"2.0","id":"x","method":7}"#);
+    let error = client.next();
+    assert_eq!(
+        (error["id"].clone(), error["error"]["code"].clone()),
+        (json!("x"), json!(-32600))
+    );
+
+    let init = client.request(json!(1), "initialize", initialize_params());
+    assert!(init.get("result").is_some());
+    let created = client.request(
+        json!(2),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    assert_eq!(created["result"]["sessionId"], "test-session-1");
+    assert!(serve.is_running());
+    let log = serve.agent_log();
+    assert!(
+        !log.iter().any(|l| l == "unparseable" || l == "invalid"),
+        "garbage never reaches the agent: {log:?}"
+    );
+}
+
+#[test]
+fn events_follow_sessions_and_prompts() {
+    let serve = Serve::start(&[], &["--known-session", "test-session-1"]);
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.request(json!(1), "initialize", initialize_params());
+    client.request(
+        json!(2),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    client.request(
+        json!(3),
+        "session/prompt",
+        prompt_params("test-session-1", "hi"),
+    );
+    client.request(
+        json!(4),
+        "session/load",
+        json!({"sessionId": "test-session-1", "cwd": serve.workspace, "mcpServers": []}),
+    );
+
+    let snapshot = events.next();
+    assert_eq!(snapshot["event"], "snapshot", "{snapshot}");
+    assert_eq!(
+        (
+            snapshot["sessionId"].clone(),
+            snapshot["promptActive"].clone()
+        ),
+        (Value::Null, json!(false))
+    );
+    let created = events.next();
+    assert_eq!(created["event"], "session_created");
+    assert_eq!(created["sessionId"], "test-session-1");
+    assert_eq!(created["method"], "session/new");
+    assert!(
+        created["timestamp"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{created}"
+    );
+    let started = events.next();
+    assert_eq!(
+        (started["event"].clone(), started["sessionId"].clone()),
+        (json!("prompt_started"), json!("test-session-1"))
+    );
+    let finished = events.next();
+    assert_eq!(finished["event"], "prompt_finished");
+    assert_eq!(finished["stopReason"], "end_turn");
+    let loaded = events.next();
+    assert_eq!(
+        (loaded["event"].clone(), loaded["method"].clone()),
+        (json!("session_created"), json!("session/load"))
+    );
+
+    // A subscriber arriving late starts from the current state.
+    let late = serve.events();
+    let snapshot = late.next();
+    assert_eq!(snapshot["event"], "snapshot");
+    assert_eq!(snapshot["sessionId"], "test-session-1");
+    assert_eq!(snapshot["promptActive"], false);
+}
+
+#[test]
+fn a_failed_prompt_is_reported_with_its_error() {
+    let serve = Serve::start(
+        &[],
+        &["--on-prompt", "error:-32000:Authentication required"],
+    );
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    let answer = client.request(
+        json!(2),
+        "session/prompt",
+        prompt_params("test-session-1", "x"),
+    );
+    assert_eq!(answer["error"]["code"], -32000);
+    let finished = events.until("prompt_finished");
+    assert_eq!(
+        finished["error"],
+        json!({"code": -32000, "message": "Authentication required"})
+    );
+    assert!(finished.get("stopReason").is_none());
+}
+
+#[test]
+fn late_answers_for_a_departed_client_are_dropped() {
+    let serve = Serve::start(
+        &[],
+        &["--on-prompt", "hang", "--known-session", "test-session-1"],
+    );
+    let mut first = serve.connect();
+    first.request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    first.send(&json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":prompt_params("test-session-1","long job")}));
+    serve.wait_agent_log("the prompt", |l| {
+        l.iter().any(|l| l == "session/prompt test-session-1")
+    });
+    let snapshot = serve.events().next();
+    assert_eq!(snapshot["promptActive"], true, "{snapshot}");
+    assert!(first.disconnect().success());
+
+    let mut second = serve.connect();
+    // The cancel makes the agent answer the first client's prompt now…
+    second.send(
+        &json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"test-session-1"}}),
+    );
+    // …and that late answer must not reach the second client under the id 2 it reuses.
+    let resumed = second.request(
+        json!(2),
+        "session/resume",
+        json!({"sessionId":"test-session-1","cwd":serve.workspace}),
+    );
+    assert_eq!(
+        resumed["result"],
+        json!({}),
+        "got someone else's answer: {resumed}"
+    );
+    assert!(
+        second.seen.iter().all(|m| m.get("method").is_some()),
+        "{:?}",
+        second.seen
+    );
+}
+
+#[test]
+fn agent_requests_go_to_the_client_or_get_safe_defaults() {
+    // --chatter: before each answer the agent also sends a garbage line, an unknown
+    // notification, a permission request and an fs request.
+    let serve = Serve::start(&[], &["--chatter"]);
+    // agentctl's own initialize triggers chatter while (most likely) nobody is connected; in
+    // any case both requests end up answered by agentctl with the defaults.
+    let log = serve.wait_agent_log("answers to agent-1 and agent-2", |l| {
+        l.iter().any(|l| l.starts_with("response agent-1"))
+            && l.iter().any(|l| l.starts_with("response agent-2"))
+    });
+    assert!(
+        log.contains(&r#"response agent-1 ok {"outcome":{"outcome":"cancelled"}}"#.to_owned()),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&"response agent-2 error -32601".to_owned()),
+        "{log:?}"
+    );
+
+    let mut client = serve.connect();
+    client.send(&json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":new_session_params(&serve.workspace)}));
+    let mut permission = None;
+    let mut read = None;
+    while permission.is_none() || read.is_none() {
+        let message = client.next();
+        match message["method"].as_str() {
+            Some("session/request_permission") => permission = Some(message),
+            Some("fs/read_text_file") => read = Some(message),
+            _ => client.seen.push(message),
+        }
+    }
+    let (permission, read) = (permission.unwrap_or_default(), read.unwrap_or_default());
+    assert_eq!(permission["id"], "agent-3");
+    client.send(&json!({"jsonrpc":"2.0","id":permission["id"],"result":{"outcome":{"outcome":"selected","optionId":"allow"}}}));
+    serve.wait_agent_log("the client's answer", |l| {
+        l.iter()
+            .any(|l| l.starts_with("response agent-3 ok") && l.contains("selected"))
+    });
+    // The client leaves with the fs request unanswered: agentctl answers it.
+    assert_eq!(read["id"], "agent-4");
+    assert!(client.disconnect().success());
+    serve.wait_agent_log("the default for agent-4", |l| {
+        l.contains(&"response agent-4 error -32601".to_owned())
+    });
+}
+
+#[test]
+fn history_is_recorded_under_the_session_name() {
+    let serve = Serve::start(&["--session-name", "ts-1"], &[]);
+    let mut client = serve.connect();
+    client.request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    client.request(
+        json!(2),
+        "session/prompt",
+        prompt_params("test-session-1", "fix the bug"),
+    );
+    let history = serve.history("ts-1", 2);
+    let kinds: Vec<(Value, Value)> = history
+        .iter()
+        .map(|e| (e["type"].clone(), e["text"].clone()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (json!("user_message"), json!("fix the bug")),
+            (json!("agent_message"), json!("echo: fix the bug")),
+        ]
+    );
+    assert!(history.iter().all(|e| e["timestamp"].as_str().is_some()));
+}
+
+#[test]
+fn history_is_injected_into_the_first_prompt_after_a_fresh_start_only() {
+    // A previous pod recorded this history; the new agent starts fresh.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sessions = dir.path().join("ws/.kandev/sessions");
+    std::fs::create_dir_all(&sessions).expect("sessions dir");
+    std::fs::write(
+        sessions.join("ts-1.jsonl"),
+        concat!(
+            r#"{"type":"user_message","text":"earlier question"}"#,
+            "\n",
+            r#"{"type":"agent_message","text":"earlier answer"}"#,
+            "\n",
+        ),
+    )
+    .expect("history");
+    let agent_log = dir.path().join("agent.log");
+    let command = vec![TEST_AGENT.to_owned(), "--log".into(), path_str(&agent_log)];
+    // The auggie profile has historyContextInjection; the command after `--` replaces its launch.
+    let serve = Serve::start_in(
+        dir,
+        &["--profile", "auggie", "--session-name", "ts-1"],
+        &command,
+        agent_log,
+    );
+
+    let mut client = serve.connect();
+    client.request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    client.request(
+        json!(2),
+        "session/prompt",
+        prompt_params("test-session-1", "next step"),
+    );
+    // The test agent echoes the prompt text it received.
+    let echoed = agent_chunks(&client.seen);
+    assert_eq!(echoed.len(), 1);
+    let received = echoed[0].strip_prefix("echo: ").unwrap_or_default();
+    assert!(
+        received.starts_with("RESUME CONTEXT FOR CONTINUING TASK"),
+        "{received}"
+    );
+    assert!(
+        received.contains("[USER]: earlier question\n[ASSISTANT]: earlier answer"),
+        "{received}"
+    );
+    assert!(
+        received.contains("=== CURRENT REQUEST ===\nnext step\n"),
+        "{received}"
+    );
+    assert_eq!(
+        received
+            .matches("RESUME CONTEXT FOR CONTINUING TASK")
+            .count(),
+        1,
+        "wrapped once"
+    );
+
+    client.seen.clear();
+    client.request(
+        json!(3),
+        "session/prompt",
+        prompt_params("test-session-1", "and then"),
+    );
+    assert_eq!(
+        agent_chunks(&client.seen),
+        vec!["echo: and then".to_owned()],
+        "only the first prompt"
+    );
+
+    // The history keeps what the user typed, not the wrapped context.
+    let history = serve.history("ts-1", 6);
+    let users: Vec<&str> = history
+        .iter()
+        .filter(|e| e["type"] == "user_message")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    assert_eq!(users, vec!["earlier question", "next step", "and then"]);
+}
+
+#[test]
+fn the_pod_dies_with_its_agent() {
+    let mut serve = Serve::start(&[], &["--on-prompt", "crash"]);
+    let mut events = serve.events();
+    let mut client = serve.connect();
+    client.request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    let answer = client.request(
+        json!(2),
+        "session/prompt",
+        prompt_params("test-session-1", "boom"),
+    );
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    let exited = events.until("agent_exited");
+    assert_eq!(exited["code"], 3);
+    assert!(exited["timestamp"].is_string());
+    let status = wait_exit(&mut serve.child, WAIT, "serve after the agent exited");
+    assert!(!status.success());
+    // Clients see the socket close and exit on their own.
+    assert!(wait_exit(&mut client.child, WAIT, "connect").success());
+    assert!(wait_exit(&mut events.child, WAIT, "events").success());
+    assert!(!serve.socket.exists(), "the socket is removed");
+}

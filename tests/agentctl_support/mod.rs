@@ -1,0 +1,422 @@
+//! Helpers shared by the `agentctl_*` tests: run `agentctl serve` over a unix socket in a temp
+//! dir, drive `agentctl connect` / `agentctl events` as real processes with piped stdio, and
+//! read what `kandev-test-agent` logged. Plain threads and std processes: what is under test is
+//! the binaries, not an async client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
+pub const TEST_AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
+/// Generous: the machine is shared with other builds.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Lines of a child's stdout (or stderr), read by a thread.
+pub fn line_reader(source: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(source).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a child to exit, killing it (and failing) after `timeout`.
+pub fn wait_exit(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                panic!("{what} did not exit within {timeout:?}");
+            }
+        }
+    }
+}
+
+/// One `agentctl serve` with `kandev-test-agent` (or another command) in a temp workspace.
+pub struct Serve {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub workspace: PathBuf,
+    pub socket: PathBuf,
+    pub agent_log: PathBuf,
+    pub stderr: Receiver<String>,
+}
+
+impl Serve {
+    /// `agentctl serve --workspace W --socket S <serve_args> -- kandev-test-agent --log L <agent_args>`
+    pub fn start(serve_args: &[&str], agent_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let agent_log = dir.path().join("agent.log");
+        let mut command = vec![TEST_AGENT.to_owned(), "--log".into(), path_str(&agent_log)];
+        command.extend(agent_args.iter().map(|a| (*a).to_owned()));
+        Self::start_in(dir, serve_args, &command, agent_log)
+    }
+
+    /// Like [`Serve::start`] with an arbitrary agent command (empty: none after `--`).
+    pub fn start_in(
+        dir: tempfile::TempDir,
+        serve_args: &[&str],
+        command: &[String],
+        agent_log: PathBuf,
+    ) -> Self {
+        Self::start_with_env(dir, serve_args, command, agent_log, &[])
+    }
+
+    /// Like [`Serve::start_in`], with extra environment for serve (inherited by the agent).
+    pub fn start_with_env(
+        dir: tempfile::TempDir,
+        serve_args: &[&str],
+        command: &[String],
+        agent_log: PathBuf,
+        env: &[(&str, &Path)],
+    ) -> Self {
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir_all(&workspace).expect("workspace");
+        let socket = dir.path().join("a.sock");
+        let mut cmd = Command::new(AGENTCTL);
+        cmd.arg("serve")
+            .arg("--workspace")
+            .arg(&workspace)
+            .arg("--socket")
+            .arg(&socket)
+            .args(serve_args);
+        if !command.is_empty() {
+            cmd.arg("--").args(command);
+        }
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .env_remove("KANDEV_AGENTCTL_SOCKET")
+            .env_remove("KANDEV_SESSION_NAME")
+            .env_remove("KANDEV_WORKSPACE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn agentctl serve");
+        let stderr = line_reader(child.stderr.take().expect("stderr"));
+        let serve = Self {
+            child,
+            dir,
+            workspace,
+            socket,
+            agent_log,
+            stderr,
+        };
+        serve.wait_for_socket();
+        serve
+    }
+
+    fn wait_for_socket(&self) {
+        let deadline = Instant::now() + WAIT;
+        while !self.socket.exists() {
+            assert!(Instant::now() < deadline, "serve never created its socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn connect(&self) -> Client {
+        Client::spawn(&self.socket, &[])
+    }
+
+    /// An `agentctl events` subscriber, returned once serve has registered it (so no event
+    /// after this call can be missed).
+    pub fn events(&self) -> Events {
+        let events = Events::spawn(&self.socket);
+        self.wait_stderr("events subscriber connected");
+        events
+    }
+
+    /// Waits for a line containing `needle` in serve's log (stderr), consuming lines up to it.
+    pub fn wait_stderr(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("serve never logged {needle:?}"),
+            }
+        }
+    }
+
+    /// Lines the test agent logged: `<method> [<sessionId>]`, `response <id> …`.
+    pub fn agent_log(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.agent_log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Polls the agent log until `predicate` holds.
+    pub fn wait_agent_log(&self, what: &str, predicate: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let lines = self.agent_log();
+            if predicate(&lines) {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent log never showed {what}: {lines:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The pids of serve's child processes (the agent), from /proc.
+    pub fn agent_pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        let tasks = format!("/proc/{}/task", self.child.id());
+        for task in std::fs::read_dir(tasks).into_iter().flatten().flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        pids.sort_unstable();
+        pids
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn history_path(&self, name: &str) -> PathBuf {
+        self.workspace
+            .join(".kandev/sessions")
+            .join(format!("{name}.jsonl"))
+    }
+
+    /// The history file's entries (waits for it to hold at least `min` lines).
+    pub fn history(&self, name: &str, min: usize) -> Vec<Value> {
+        let path = self.history_path(name);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let entries: Vec<Value> = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect();
+            if entries.len() >= min {
+                return entries;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "history {name} has {entries:?}, want {min}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops serve (SIGKILL takes the agent down with it only through kill_on_drop, so use
+    /// SIGTERM via `kill`).
+    pub fn stop(&mut self) {
+        if self.is_running() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.child.id().to_string())
+                .status();
+            let deadline = Instant::now() + WAIT;
+            while self.is_running() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn path_str(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A spawned `agentctl connect` whose stdin stays open (like kwok's exec).
+pub struct Client {
+    pub child: Child,
+    stdin: Option<ChildStdin>,
+    pub lines: Receiver<String>,
+    pub stderr: Receiver<String>,
+    /// Messages that arrived while waiting for something else.
+    pub seen: Vec<Value>,
+}
+
+impl Client {
+    pub fn spawn(socket: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(AGENTCTL)
+            .arg("connect")
+            .arg("--socket")
+            .arg(socket)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn agentctl connect");
+        let lines = line_reader(child.stdout.take().expect("stdout"));
+        let stderr = line_reader(child.stderr.take().expect("stderr"));
+        Self {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stderr,
+            seen: Vec::new(),
+        }
+    }
+
+    pub fn send_raw(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").expect("write to connect");
+        stdin.flush().expect("flush");
+    }
+
+    pub fn send(&mut self, message: &Value) {
+        self.send_raw(&message.to_string());
+    }
+
+    /// The next line from agentctl, as JSON (every line must be JSON).
+    pub fn next(&mut self) -> Value {
+        match self.lines.recv_timeout(WAIT) {
+            Ok(line) => serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("connect printed a non-JSON line {line:?}: {e}")),
+            Err(RecvTimeoutError::Timeout) => panic!("no line from connect within {WAIT:?}"),
+            Err(RecvTimeoutError::Disconnected) => panic!("connect's stdout closed"),
+        }
+    }
+
+    /// Sends a request and returns its response, keeping everything else in `seen`.
+    pub fn request(&mut self, id: Value, method: &str, params: Value) -> Value {
+        self.send(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
+        self.response(&id)
+    }
+
+    /// Waits for the response with `id`.
+    pub fn response(&mut self, id: &Value) -> Value {
+        loop {
+            let message = self.next();
+            if message.get("method").is_none() && message.get("id") == Some(id) {
+                return message;
+            }
+            self.seen.push(message);
+        }
+    }
+
+    /// Sends `_kandev/disconnect` (stdin stays open) and waits for connect to exit.
+    pub fn disconnect(mut self) -> ExitStatus {
+        self.send_raw(r#"{"jsonrpc":"2.0","method":"_kandev/disconnect"}"#);
+        wait_exit(
+            &mut self.child,
+            WAIT,
+            "agentctl connect after _kandev/disconnect",
+        )
+    }
+
+    /// Everything connect wrote to stderr; call after it exited (reads to EOF).
+    pub fn stderr_text(&self) -> String {
+        self.stderr.iter().collect::<Vec<_>>().join("\n")
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A spawned `agentctl events`.
+pub struct Events {
+    pub child: Child,
+    pub lines: Receiver<String>,
+}
+
+impl Events {
+    pub fn spawn(socket: &Path) -> Self {
+        let mut child = Command::new(AGENTCTL)
+            .arg("events")
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn agentctl events");
+        let lines = line_reader(child.stdout.take().expect("stdout"));
+        Self { child, lines }
+    }
+
+    /// The next event (JSON).
+    pub fn next(&self) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|e| panic!("no event within {WAIT:?}: {e}"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("event {line:?} is not JSON: {e}"))
+    }
+
+    /// Reads events until one named `name` arrives; returns it.
+    pub fn until(&self, name: &str) -> Value {
+        loop {
+            let event = self.next();
+            if event["event"] == name {
+                return event;
+            }
+        }
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn initialize_params() -> Value {
+    json!({"protocolVersion": 1, "clientCapabilities": {}})
+}
+
+pub fn new_session_params(cwd: &Path) -> Value {
+    json!({"cwd": cwd, "mcpServers": []})
+}
+
+pub fn prompt_params(session: &str, text: &str) -> Value {
+    json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]})
+}
+
+/// The texts of `agent_message_chunk` updates among `messages`.
+pub fn agent_chunks(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .filter(|m| m["method"] == "session/update")
+        .filter(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|m| m["params"]["update"]["content"]["text"].as_str())
+        .map(str::to_owned)
+        .collect()
+}

@@ -1,0 +1,702 @@
+//! Protocol tier (DESIGN §6, tier 2) against `kandev-test-agent`, our scriptable ACP agent:
+//! the restore error-path matrix of DESIGN §3 "ACP restore selection", run as real processes
+//! over stdio. Each test asserts the outcome AND, through the agent's `--log`, which methods
+//! were really called — above all that a failure which keeps the token never sent
+//! `session/new`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent_client_protocol::v1::schema::StopReason;
+use kandev_operator::acp::{
+    AcpError, AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
+    SpawnOptions, restore_with_local_agent,
+};
+use kandev_operator::resume::{FreshReason, RestoreErrorClass, RestoreFailure, RestoreMethod};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
+const TOKEN: &str = "saved-session-1";
+
+/// Short enough to keep hang tests quick, long enough for a loaded machine to start a process.
+fn timeouts() -> AcpTimeouts {
+    AcpTimeouts {
+        initialize: Duration::from_secs(20),
+        session: Duration::from_secs(3),
+        prompt: Some(Duration::from_secs(20)),
+    }
+}
+
+struct Run {
+    _dir: tempfile::TempDir,
+    log: PathBuf,
+    cwd: PathBuf,
+}
+
+impl Run {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cwd = dir.path().join("work");
+        std::fs::create_dir(&cwd).expect("cwd");
+        Self {
+            log: dir.path().join("calls.log"),
+            cwd,
+            _dir: dir,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Vec<String> {
+        let mut cmd = vec![AGENT.to_owned()];
+        cmd.extend(args.iter().map(|a| (*a).to_owned()));
+        cmd.extend(["--log".to_owned(), self.log.display().to_string()]);
+        cmd
+    }
+
+    fn spawn(&self, args: &[&str]) -> LocalAgent {
+        let options = SpawnOptions {
+            stderr: AgentStderr::Inherit,
+            ..SpawnOptions::default()
+        };
+        let mut agent = LocalAgent::spawn(&self.command(args), &options).expect("spawn");
+        agent.client_mut().set_timeouts(timeouts());
+        agent
+    }
+
+    /// Every line the agent logged.
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The ACP methods the agent received, with their session id when there was one.
+    fn calls(&self) -> Vec<String> {
+        self.log_lines()
+            .into_iter()
+            .filter(|l| l.starts_with("initialize") || l.starts_with("session/"))
+            .collect()
+    }
+
+    /// Restores `token` with the profile's native resume on and no fresh start requested.
+    async fn restore(&self, args: &[&str], token: Option<&str>) -> RestoreOutcome {
+        self.restore_with(args, token, true, false).await
+    }
+
+    async fn restore_with(
+        &self,
+        args: &[&str],
+        token: Option<&str>,
+        native: bool,
+        fresh: bool,
+    ) -> RestoreOutcome {
+        let mut agent = self.spawn(args);
+        let outcome = agent
+            .client_mut()
+            .restore(token, &self.cwd, native, fresh, timeouts())
+            .await;
+        agent
+            .shutdown(Duration::from_secs(2))
+            .await
+            .expect("shutdown");
+        outcome
+    }
+}
+
+fn calls(list: &[&str]) -> Vec<String> {
+    list.iter().map(|c| (*c).to_owned()).collect()
+}
+
+fn assert_failed_keeping_token(
+    outcome: &RestoreOutcome,
+    method: RestoreMethod,
+    class: RestoreErrorClass,
+) {
+    match outcome {
+        RestoreOutcome::Failed {
+            method: tried,
+            class: got,
+            token_kept,
+            session_id,
+            reason,
+        } => {
+            assert_eq!(*tried, Some(method), "{outcome:?}");
+            assert_eq!(*got, class, "{outcome:?}");
+            assert!(*token_kept, "{outcome:?}");
+            assert_eq!(session_id.as_deref(), Some(TOKEN), "{outcome:?}");
+            assert!(reason.starts_with(class.as_str()), "{reason}");
+        }
+        other => panic!("expected a failure keeping the token, got {other:?}"),
+    }
+}
+
+fn fresh(session_id: &str, why: FreshReason) -> RestoreOutcome {
+    RestoreOutcome::Fresh {
+        session_id: session_id.to_owned(),
+        why,
+    }
+}
+
+// ---- Fallbacks that DESIGN §3 allows ----------------------------------------------------
+
+#[tokio::test]
+async fn resume_ok_restores_the_same_id_without_load_or_new() {
+    let run = Run::new();
+    let outcome = run.restore(&["--known-session", TOKEN], Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        RestoreOutcome::Restored {
+            method: RestoreMethod::Resume,
+            session_id: TOKEN.into()
+        }
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&["initialize", "session/resume saved-session-1"])
+    );
+}
+
+#[tokio::test]
+async fn method_not_found_on_resume_with_load_advertised_loads_the_same_id() {
+    let run = Run::new();
+    let args = ["--on-resume", "error:-32601", "--known-session", TOKEN];
+    let outcome = run.restore(&args, Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        RestoreOutcome::Restored {
+            method: RestoreMethod::Load,
+            session_id: TOKEN.into()
+        }
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&[
+            "initialize",
+            "session/resume saved-session-1",
+            "session/load saved-session-1"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn method_not_found_on_resume_and_load_falls_back_to_new_dropping_the_token() {
+    let run = Run::new();
+    let args = ["--on-resume", "error:-32601", "--on-load", "error:-32601"];
+    let outcome = run.restore(&args, Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        fresh("test-session-1", FreshReason::MethodNotFound)
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&[
+            "initialize",
+            "session/resume saved-session-1",
+            "session/load saved-session-1",
+            "session/new"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn method_not_found_on_resume_without_load_falls_back_to_new() {
+    let run = Run::new();
+    let args = ["--advertise", "resume", "--on-resume", "error:-32601"];
+    let outcome = run.restore(&args, Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        fresh("test-session-1", FreshReason::MethodNotFound)
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&[
+            "initialize",
+            "session/resume saved-session-1",
+            "session/new"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn unknown_session_on_resume_falls_back_to_new_without_trying_load() {
+    let run = Run::new();
+    // No --known-session: resume answers -32002 "Resource not found", like claude-agent-acp.
+    let outcome = run.restore(&[], Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        fresh("test-session-1", FreshReason::UnknownSession)
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&[
+            "initialize",
+            "session/resume saved-session-1",
+            "session/new"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn unknown_session_on_load_falls_back_to_new() {
+    let run = Run::new();
+    let outcome = run.restore(&["--advertise", "load"], Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        fresh("test-session-1", FreshReason::UnknownSession)
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&["initialize", "session/load saved-session-1", "session/new"])
+    );
+}
+
+#[tokio::test]
+async fn load_only_agent_is_loaded_and_replays_to_subscribers() {
+    let run = Run::new();
+    let mut agent = run.spawn(&[
+        "--advertise",
+        "load",
+        "--known-session",
+        TOKEN,
+        "--replay",
+        "3",
+    ]);
+    let mut updates = agent.client().subscribe_updates();
+    let outcome = agent
+        .client_mut()
+        .restore(Some(TOKEN), &run.cwd, true, false, timeouts())
+        .await;
+    assert_eq!(
+        outcome,
+        RestoreOutcome::Restored {
+            method: RestoreMethod::Load,
+            session_id: TOKEN.into()
+        }
+    );
+    let mut texts = Vec::new();
+    while let Ok(update) = updates.try_recv() {
+        assert_eq!(update.session_id, TOKEN);
+        texts.push(update.text().expect("text chunk").to_owned());
+    }
+    assert_eq!(
+        texts,
+        [
+            "replayed message 0",
+            "replayed message 1",
+            "replayed message 2"
+        ]
+    );
+    agent
+        .shutdown(Duration::from_secs(2))
+        .await
+        .expect("shutdown");
+}
+
+#[tokio::test]
+async fn neither_resume_nor_load_advertised_is_explicitly_unsupported_so_new() {
+    let run = Run::new();
+    let outcome = run.restore(&["--advertise", "none"], Some(TOKEN)).await;
+    assert_eq!(
+        outcome,
+        fresh("test-session-1", FreshReason::RestoreUnsupportedByAgent)
+    );
+    assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
+}
+
+#[tokio::test]
+async fn no_token_fresh_request_and_profile_without_native_resume_go_straight_to_new() {
+    let rows: [(Option<&str>, bool, bool, FreshReason); 3] = [
+        (None, true, false, FreshReason::NoResumeToken),
+        (Some("   "), true, false, FreshReason::NoResumeToken),
+        (
+            Some(TOKEN),
+            false,
+            false,
+            FreshReason::ProfileHasNoNativeResume,
+        ),
+    ];
+    for (token, native, fresh_requested, why) in rows {
+        let run = Run::new();
+        let outcome = run
+            .restore_with(&["--known-session", TOKEN], token, native, fresh_requested)
+            .await;
+        assert_eq!(outcome, fresh("test-session-1", why), "{token:?} {native}");
+        assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
+    }
+    // An explicit fresh start ignores a perfectly good token.
+    let run = Run::new();
+    let outcome = run
+        .restore_with(&["--known-session", TOKEN], Some(TOKEN), true, true)
+        .await;
+    assert_eq!(outcome, fresh("test-session-1", FreshReason::NoResumeToken));
+    assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
+}
+
+// ---- Failures that keep the token (never a session/new) ---------------------------------
+
+#[tokio::test]
+async fn json_rpc_errors_that_are_not_conclusive_keep_the_token() {
+    let rows = [
+        ("error:-32000", RestoreErrorClass::AuthRequired),
+        ("error:-32603", RestoreErrorClass::Internal),
+        ("error:-32602", RestoreErrorClass::InvalidParams),
+        ("error:-32800", RestoreErrorClass::Cancelled),
+        ("error:-32099:custom", RestoreErrorClass::Other(-32099)),
+    ];
+    for (behavior, class) in rows {
+        let run = Run::new();
+        let args = ["--on-resume", behavior, "--known-session", TOKEN];
+        let outcome = run.restore(&args, Some(TOKEN)).await;
+        assert_failed_keeping_token(&outcome, RestoreMethod::Resume, class);
+        // Neither session/load nor session/new: only -32601 may move on to load.
+        assert_eq!(
+            run.calls(),
+            calls(&["initialize", "session/resume saved-session-1"]),
+            "{behavior}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn auth_required_on_load_after_method_not_found_keeps_the_token() {
+    let run = Run::new();
+    let args = ["--on-resume", "error:-32601", "--on-load", "error:-32000"];
+    let outcome = run.restore(&args, Some(TOKEN)).await;
+    assert_failed_keeping_token(
+        &outcome,
+        RestoreMethod::Load,
+        RestoreErrorClass::AuthRequired,
+    );
+    let RestoreOutcome::Failed { reason, .. } = &outcome else {
+        unreachable!()
+    };
+    assert!(reason.contains("after: session/resume"), "{reason}");
+    assert!(!run.calls().iter().any(|c| c.starts_with("session/new")));
+}
+
+#[tokio::test]
+async fn a_hang_past_the_timeout_keeps_the_token() {
+    let run = Run::new();
+    let outcome = run.restore(&["--on-resume", "hang"], Some(TOKEN)).await;
+    assert_failed_keeping_token(&outcome, RestoreMethod::Resume, RestoreErrorClass::Timeout);
+    assert_eq!(
+        run.calls(),
+        calls(&["initialize", "session/resume saved-session-1"])
+    );
+}
+
+#[tokio::test]
+async fn garbage_instead_of_an_answer_keeps_the_token() {
+    let run = Run::new();
+    let mut agent = run.spawn(&["--on-resume", "garbage"]);
+    let outcome = agent
+        .client_mut()
+        .restore(Some(TOKEN), &run.cwd, true, false, timeouts())
+        .await;
+    // Garbage lines are skipped, so no answer ever comes: a timeout.
+    assert_failed_keeping_token(&outcome, RestoreMethod::Resume, RestoreErrorClass::Timeout);
+    assert_eq!(agent.client().garbage_lines(), 3);
+    agent
+        .shutdown(Duration::from_secs(2))
+        .await
+        .expect("shutdown");
+    assert_eq!(
+        run.calls(),
+        calls(&["initialize", "session/resume saved-session-1"])
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_answer_keeps_the_token() {
+    let run = Run::new();
+    let outcome = run
+        .restore(&["--on-resume", "malformed"], Some(TOKEN))
+        .await;
+    assert_failed_keeping_token(
+        &outcome,
+        RestoreMethod::Resume,
+        RestoreErrorClass::Malformed,
+    );
+    assert_eq!(
+        run.calls(),
+        calls(&["initialize", "session/resume saved-session-1"])
+    );
+}
+
+#[tokio::test]
+async fn a_crash_mid_restore_keeps_the_token() {
+    let rows = [
+        (&["--on-resume", "crash"][..], RestoreMethod::Resume),
+        (
+            &["--on-resume", "error:-32601", "--on-load", "crash"][..],
+            RestoreMethod::Load,
+        ),
+    ];
+    for (args, tried) in rows {
+        let run = Run::new();
+        let outcome = run.restore(args, Some(TOKEN)).await;
+        assert_failed_keeping_token(&outcome, tried, RestoreErrorClass::Transport);
+        assert!(run.log_lines().contains(&"crash".to_owned()));
+        assert!(!run.calls().iter().any(|c| c.starts_with("session/new")));
+    }
+}
+
+#[tokio::test]
+async fn a_crash_during_initialize_keeps_the_token() {
+    let run = Run::new();
+    let outcome = run
+        .restore(&["--on-initialize", "crash"], Some(TOKEN))
+        .await;
+    match &outcome {
+        RestoreOutcome::Failed {
+            method: None,
+            class: RestoreErrorClass::Transport,
+            token_kept: true,
+            session_id: Some(id),
+            ..
+        } if id == TOKEN => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(outcome.method_name(), "initialize");
+    assert_eq!(run.calls(), calls(&["initialize"]));
+}
+
+#[tokio::test]
+async fn an_unsupported_protocol_version_keeps_the_token() {
+    let run = Run::new();
+    let outcome = run.restore(&["--protocol-version", "2"], Some(TOKEN)).await;
+    assert!(
+        matches!(
+            outcome,
+            RestoreOutcome::Failed {
+                method: None,
+                class: RestoreErrorClass::Malformed,
+                token_kept: true,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(run.calls(), calls(&["initialize"]));
+}
+
+#[tokio::test]
+async fn a_failing_fallback_new_reports_the_token_as_dropped() {
+    let run = Run::new();
+    // resume: -32002 proves the token useless; then session/new fails too.
+    let outcome = run
+        .restore(&["--on-new", "error:-32603"], Some(TOKEN))
+        .await;
+    match &outcome {
+        RestoreOutcome::Failed {
+            method: Some(RestoreMethod::New),
+            class: RestoreErrorClass::Internal,
+            token_kept: false,
+            session_id: None,
+            reason,
+        } => assert!(reason.contains("after: session/resume"), "{reason}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(
+        run.calls(),
+        calls(&[
+            "initialize",
+            "session/resume saved-session-1",
+            "session/new"
+        ])
+    );
+    // A failing session/new on an explicit fresh start keeps the (ignored) token.
+    let run = Run::new();
+    let outcome = run
+        .restore_with(&["--on-new", "hang"], Some(TOKEN), true, true)
+        .await;
+    assert_failed_keeping_token(&outcome, RestoreMethod::New, RestoreErrorClass::Timeout);
+}
+
+// ---- The client copes with what real agents send ----------------------------------------
+
+#[tokio::test]
+async fn chatter_from_the_agent_is_answered_or_ignored() {
+    let run = Run::new();
+    let mut agent = run.spawn(&["--chatter", "--known-session", TOKEN]);
+    let outcome = agent
+        .client_mut()
+        .restore(Some(TOKEN), &run.cwd, true, false, timeouts())
+        .await;
+    assert!(
+        matches!(outcome, RestoreOutcome::Restored { .. }),
+        "{outcome:?}"
+    );
+    // One garbage line per request (initialize, resume).
+    assert_eq!(agent.client().garbage_lines(), 2);
+    agent
+        .shutdown(Duration::from_secs(2))
+        .await
+        .expect("shutdown");
+    let log = run.log_lines();
+    // The permission request is cancelled, the fs request refused with -32601.
+    assert!(
+        log.contains(&r#"response agent-1 ok {"outcome":{"outcome":"cancelled"}}"#.to_owned()),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&"response agent-2 error -32601".to_owned()),
+        "{log:?}"
+    );
+    assert!(
+        log.contains(&"response agent-4 error -32601".to_owned()),
+        "{log:?}"
+    );
+}
+
+#[tokio::test]
+async fn prompt_streams_updates_and_cancel_ends_a_hanging_turn() {
+    let run = Run::new();
+    let mut agent = run.spawn(&[]);
+    agent.client_mut().initialize().await.expect("initialize");
+    let session = agent.client().new_session(&run.cwd).await.expect("new");
+    let mut updates = agent.client().subscribe_updates();
+    let stop = agent
+        .client()
+        .prompt(&session, "hello")
+        .await
+        .expect("prompt");
+    assert_eq!(stop, StopReason::EndTurn);
+    let update = updates.recv().await.expect("update");
+    assert_eq!(update.text(), Some("echo: hello"));
+    agent
+        .shutdown(Duration::from_secs(2))
+        .await
+        .expect("shutdown");
+
+    let run = Run::new();
+    let mut agent = run.spawn(&["--on-prompt", "hang"]);
+    agent.client_mut().initialize().await.expect("initialize");
+    let session = agent.client().new_session(&run.cwd).await.expect("new");
+    let (stop, ()) = tokio::join!(agent.client().prompt(&session, "long task"), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        agent.client().cancel(&session).await.expect("cancel");
+    });
+    assert_eq!(stop.expect("prompt"), StopReason::Cancelled);
+    agent
+        .shutdown(Duration::from_secs(2))
+        .await
+        .expect("shutdown");
+    assert_eq!(
+        run.calls(),
+        calls(&[
+            "initialize",
+            "session/new",
+            "session/prompt test-session-1",
+            "session/cancel test-session-1"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn calls_after_the_agent_exits_fail_as_transport_closed() {
+    let run = Run::new();
+    let mut agent = run.spawn(&["--on-new", "crash"]);
+    agent.client_mut().initialize().await.expect("initialize");
+    let error = agent
+        .client()
+        .new_session(&run.cwd)
+        .await
+        .expect_err("crashed");
+    assert_eq!(error.failure(), Some(&RestoreFailure::TransportClosed));
+    let error = agent
+        .client()
+        .resume_session(TOKEN, &run.cwd)
+        .await
+        .expect_err("closed");
+    assert_eq!(error.failure(), Some(&RestoreFailure::TransportClosed));
+    assert!(agent.client().is_closed());
+}
+
+// ---- restore_with_local_agent (the core of `agentctl restore`) ---------------------------
+
+fn options() -> RestoreOptions {
+    RestoreOptions {
+        timeouts: timeouts(),
+        ..RestoreOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn local_restore_reports_restored_fresh_and_failed() {
+    let run = Run::new();
+    let cmd = run.command(&["--known-session", TOKEN]);
+    let report = restore_with_local_agent(&cmd, Some(TOKEN), &run.cwd, options())
+        .await
+        .expect("report");
+    assert!(report.succeeded());
+    assert_eq!(
+        serde_json::to_value(&report).expect("json"),
+        json!({"method": "session/resume", "sessionId": TOKEN, "outcome": "restored",
+            "reason": "restored", "capabilities": {"protocolVersion": 1, "loadSession": true,
+            "sessionResume": true, "agentName": "kandev-test-agent",
+            "agentVersion": env!("CARGO_PKG_VERSION")}})
+    );
+
+    let cmd = run.command(&["--new-session-id", "brand-new"]);
+    let report = restore_with_local_agent(&cmd, Some("unknown"), &run.cwd, options())
+        .await
+        .expect("report");
+    assert_eq!(
+        (
+            report.method.as_str(),
+            report.session_id.as_deref(),
+            report.outcome
+        ),
+        ("session/new", Some("brand-new"), OutcomeKind::Fresh)
+    );
+    assert_eq!(report.reason, "unknown_session");
+
+    let cmd = run.command(&["--on-resume", "error:-32000"]);
+    let report = restore_with_local_agent(&cmd, Some(TOKEN), &run.cwd, options())
+        .await
+        .expect("report");
+    assert!(!report.succeeded());
+    assert_eq!(
+        (
+            report.method.as_str(),
+            report.session_id.as_deref(),
+            report.outcome
+        ),
+        ("session/resume", Some(TOKEN), OutcomeKind::Failed)
+    );
+    assert!(
+        report
+            .reason
+            .starts_with("auth_required: session/resume answered JSON-RPC error -32000"),
+        "{}",
+        report.reason
+    );
+}
+
+#[tokio::test]
+async fn local_restore_accepts_a_relative_cwd() {
+    let run = Run::new();
+    let cmd = run.command(&[]);
+    let report = restore_with_local_agent(&cmd, None, Path::new("."), options())
+        .await
+        .expect("report");
+    assert_eq!(report.outcome, OutcomeKind::Fresh);
+    assert_eq!(report.reason, "no_resume_token");
+}
+
+#[tokio::test]
+async fn local_restore_errors_only_when_it_cannot_start() {
+    let run = Run::new();
+    let error = restore_with_local_agent(&[], Some(TOKEN), &run.cwd, options())
+        .await
+        .expect_err("empty");
+    assert!(matches!(error, AcpError::EmptyCommand));
+    let missing = vec!["/nonexistent/kandev-agent".to_owned()];
+    let error = restore_with_local_agent(&missing, Some(TOKEN), &run.cwd, options())
+        .await
+        .expect_err("missing");
+    assert!(matches!(error, AcpError::Spawn { .. }), "{error}");
+}
