@@ -1,0 +1,400 @@
+#!/usr/bin/env bash
+# The e2e cluster: a real kube-apiserver/controller-manager/scheduler/etcd plus kwok, all local
+# binaries started by `kwokctl --runtime binary` (nothing downloaded, no Docker). See e2e/README.md.
+#
+# Usage: e2e/cluster.sh up|down|env|status
+#   up      build missing binaries (e2e/bin.sh), create the cluster if it is not already healthy,
+#           add one Ready kwok node, wait for the default ServiceAccount, start the harness if
+#           KANDEV_HARNESS_BIN is set; prints KUBECONFIG=<path> as its last line.
+#   down    stop the harness, delete the cluster, kill any leftover process started from the
+#           cluster directory, remove the directory. Safe when nothing is up.
+#   env     print `export KUBECONFIG=...`
+#   status  print what runs; exit 0 only when the cluster answers and the node is Ready.
+#
+# Environment: KANDEV_CLUSTER (default kandev-e2e), KANDEV_CACHE (default ~/.cache/kandev-operator),
+#   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set),
+#   CARGO_TARGET_DIR (its debug/ dir is put first on PATH of kwok and the harness).
+# Every file lives in $KANDEV_CACHE/clusters/<name>/:
+#   kubeconfig, kwok/ (KWOK_WORKDIR: kwokctl config, component logs, pids, etcd data, pki),
+#   harness/ (the harness's local volumes and pod dirs), harness.pid, harness.log.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+name="${KANDEV_CLUSTER:-kandev-e2e}"
+cache="${KANDEV_CACHE:-$HOME/.cache/kandev-operator}"
+dir="$cache/clusters/$name"
+kubeconfig="$dir/kubeconfig"
+export KWOK_WORKDIR="$dir/kwok"
+kwok_config="$KWOK_WORKDIR/kwok.yaml"
+harness_pidfile="$dir/harness.pid"
+harness_log="$dir/harness.log"
+node="kwok-node-0"
+# Annotation set by the harness once a pod's process runs and its kwok Exec exists
+# (must match PID_ANNOTATION in e2e/harness/supervisor.rs).
+harness_annotation="e2e.kandev.dev/harness-pid"
+
+log() { printf '[cluster.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+bin="$("$here/bin.sh" --print)"
+target_dir="${CARGO_TARGET_DIR:-$repo/target}"
+# Our kubectl first (Debian's is 1.20); target/debug first of all so that kwok's exec and the
+# harness find kandev-e2e-harness, kandev-operator and friends, even if built after `up`.
+export PATH="$target_dir/debug:$bin:$PATH"
+
+kctl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+
+healthy() {
+  [[ -f "$kubeconfig" && -x "$bin/kubectl" ]] || return 1
+  kctl get --raw /readyz >/dev/null 2>&1 || return 1
+  [[ "$(kctl get node "$node" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == "True" ]]
+}
+
+harness_running() {
+  [[ -f "$harness_pidfile" ]] && kill -0 "$(cat "$harness_pidfile")" 2>/dev/null
+}
+
+# kwok stages. Same behaviour as kwokctl's defaults (node-fast, pod-fast), with two changes:
+#  * nodes report InternalIP = kwok's --node-ip (127.0.0.1), which the API server dials for exec;
+#  * a pod labelled kandev.dev/managed=true only becomes Running once the harness has annotated
+#    it (process started, Exec in place), so Running means "exec reaches the process".
+# Terminal pods are never moved back to Running (pod-ready only matches Pending pods).
+write_kwok_config() {
+  local node_conditions pod_running
+  node_conditions='
+      {{ $now := Now }}
+      conditions:
+      {{ range NodeConditions }}
+      - type: {{ .type | Quote }}
+        status: {{ .status | Quote }}
+        reason: {{ .reason | Quote }}
+        message: {{ .message | Quote }}
+        lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $now | Quote }}
+      {{ end }}'
+  pod_running='
+      {{ $now := Now }}
+      conditions:
+      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: true
+        started: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      phase: Running
+      startTime: {{ $now | Quote }}'
+  mkdir -p "$KWOK_WORKDIR"
+  cat >"$kwok_config" <<EOF
+# Written by e2e/cluster.sh; read by kwokctl (stages are passed on to kwok-controller).
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kandev-node-initialize
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+  next:
+    statusTemplate: |
+$node_conditions
+      addresses:
+      - {type: InternalIP, address: {{ NodeIP | Quote }}}
+      - {type: Hostname, address: {{ .metadata.name | Quote }}}
+      daemonEndpoints:
+        kubeletEndpoint:
+          Port: {{ NodePort }}
+      allocatable: {cpu: "64", memory: 256Gi, pods: "1000"}
+      capacity: {cpu: "64", memory: 256Gi, pods: "1000"}
+      nodeInfo:
+        architecture: amd64
+        operatingSystem: linux
+        bootID: ""
+        machineID: ""
+        systemUUID: ""
+        osImage: kandev-e2e
+        kernelVersion: {{ printf "kwok-%s" Version | Quote }}
+        containerRuntimeVersion: {{ printf "kwok-%s" Version | Quote }}
+        kubeletVersion: {{ printf "kwok-%s" Version | Quote }}
+        kubeProxyVersion: {{ printf "kwok-%s" Version | Quote }}
+      phase: Running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kandev-node-heartbeat
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: '.status.phase', operator: In, values: [Running]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: In, values: ['True']}
+  delay: {durationMilliseconds: 20000, jitterDurationMilliseconds: 25000}
+  next:
+    statusTemplate: |
+$node_conditions
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kandev-pod-ready
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+    - {key: '.metadata.labels["kandev.dev/managed"]', operator: NotIn, values: ['true']}
+  next:
+    statusTemplate: |
+$pod_running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kandev-pod-ready-managed
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+    - {key: '.metadata.labels["kandev.dev/managed"]', operator: In, values: ['true']}
+    - {key: '.metadata.annotations["$harness_annotation"]', operator: Exists}
+  next:
+    statusTemplate: |
+$pod_running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kandev-pod-delete
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: Exists}
+  next:
+    delete: true
+EOF
+}
+
+start_harness() {
+  [[ -n "${KANDEV_HARNESS_BIN:-}" ]] || return 0
+  if harness_running; then
+    if [[ "$KANDEV_HARNESS_BIN" -nt "$harness_pidfile" ]]; then
+      log "harness binary rebuilt since the harness started: restarting it"
+      stop_harness
+    else
+      log "harness already running (pid $(cat "$harness_pidfile"))"
+      return 0
+    fi
+  fi
+  [[ -x "$KANDEV_HARNESS_BIN" ]] || die "KANDEV_HARNESS_BIN=$KANDEV_HARNESS_BIN is not an executable"
+  mkdir -p "$dir/harness"
+  log "starting harness $KANDEV_HARNESS_BIN (log: $harness_log)"
+  # Own session: a Ctrl-C in the caller's terminal must not kill it behind `down`'s back.
+  # (Not a process-group leader here, so setsid execs in place and $! is the harness's pid.)
+  (cd "$dir/harness" && exec setsid "$KANDEV_HARNESS_BIN" run --kubeconfig "$kubeconfig" \
+    --state-dir "$dir/harness" </dev/null >>"$harness_log" 2>&1) &
+  echo $! >"$harness_pidfile"
+  local i
+  for i in $(seq 1 100); do
+    harness_running || { tail -n 20 "$harness_log" >&2; die "harness exited at start"; }
+    grep -q "harness watching pods" "$harness_log" 2>/dev/null && break
+    sleep 0.1
+  done
+  log "harness running (pid $(cat "$harness_pidfile"))"
+}
+
+stop_harness() {
+  harness_running || { rm -f "$harness_pidfile"; return 0; }
+  local pid i
+  pid="$(cat "$harness_pidfile")"
+  log "stopping harness (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$harness_pidfile"
+}
+
+# Pids of processes that belong to this cluster: started from (cwd), or naming (command line), the
+# cluster directory. Excludes this script, its ancestors and its descendants (the scan itself).
+ppid_of() { awk '{print $4}' "/proc/$1/stat" 2>/dev/null || echo 1; }
+cluster_pids() {
+  local self_chain=" $$ " p=$$ pid cwd q mine
+  while [[ "$p" -gt 1 ]]; do
+    p="$(ppid_of "$p")"
+    self_chain+="$p "
+  done
+  for d in /proc/[0-9]*; do
+    pid="${d#/proc/}"
+    [[ "$self_chain" == *" $pid "* ]] && continue
+    cwd="$(readlink "$d/cwd" 2>/dev/null || true)"
+    if [[ "$cwd" == "$dir" || "$cwd" == "$dir/"* ]] || tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -qF "$dir/"; then
+      q="$pid" mine=0
+      while [[ "$q" -gt 1 ]]; do
+        [[ "$q" == "$$" ]] && { mine=1; break; }
+        q="$(ppid_of "$q")"
+      done
+      [[ $mine == 1 ]] || echo "$pid"
+    fi
+  done
+}
+
+cmd_down() {
+  # Everything kwokctl started, to wait for below (their pidfiles vanish with the delete).
+  local known="" f
+  for f in "$KWOK_WORKDIR/clusters/$name/pids/"*.pid; do
+    [[ -f "$f" ]] && known+=" $(cat "$f")"
+  done
+  [[ -f "$harness_pidfile" ]] && known+=" $(cat "$harness_pidfile")"
+  stop_harness
+  if [[ -d "$KWOK_WORKDIR/clusters/$name" && -x "$bin/kwokctl" ]]; then
+    log "deleting kwok cluster $name"
+    "$bin/kwokctl" --name "$name" --config "$kwok_config" delete cluster --kubeconfig "$kubeconfig" >&2 ||
+      log "kwokctl delete failed; killing what is left"
+  fi
+  local pids i
+  pids="$(cluster_pids)"
+  if [[ -n "$pids" ]]; then
+    log "killing leftover processes: $(echo $pids)"
+    # shellcheck disable=SC2086
+    kill -TERM $pids 2>/dev/null || true
+    for i in $(seq 1 50); do [[ -z "$(cluster_pids)" ]] && break; sleep 0.1; done
+    pids="$(cluster_pids)"
+    # shellcheck disable=SC2086
+    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
+    sleep 0.2
+  fi
+  pids="$(cluster_pids)"
+  [[ -z "$pids" ]] || die "processes survived: $(echo $pids)"
+  # kwokctl's components are orphans once kwokctl exits: PID 1 reaps them, here only lazily.
+  # Wait (a bit) until they are gone from the process table, zombies included.
+  local p left
+  for i in $(seq 1 150); do
+    left=""
+    for p in $known; do [[ -e "/proc/$p" ]] && left+=" $p"; done
+    [[ -z "$left" ]] && break
+    sleep 0.1
+  done
+  [[ -z "$left" ]] || log "note: exited processes not yet reaped by PID 1 (zombies):$left"
+  rm -rf "$dir"
+  log "cluster $name is down; no process left"
+}
+
+cmd_up() {
+  local start=$SECONDS
+  bin="$("$here/bin.sh" | tail -n 1)"
+  if healthy; then
+    log "cluster $name already up and healthy"
+  else
+    if [[ -d "$dir" ]]; then
+      log "cluster $name exists but is not healthy: recreating"
+      cmd_down
+    fi
+    mkdir -p "$dir"
+    write_kwok_config
+    log "creating cluster $name (kwokctl --runtime binary, local binaries from $bin)"
+    # Every component from $bin: a path that is not a URL is used from disk (symlinked into the
+    # kwok workdir), so nothing is downloaded. KWOK_KUBECTL_BINARY too, for kwokctl's own kubectl.
+    KWOK_KUBECTL_BINARY="$bin/kubectl" "$bin/kwokctl" --name "$name" --config "$kwok_config" \
+      create cluster --runtime binary \
+      --kubeconfig "$kubeconfig" \
+      --etcd-binary "$bin/etcd" \
+      --kube-apiserver-binary "$bin/kube-apiserver" \
+      --kube-controller-manager-binary "$bin/kube-controller-manager" \
+      --kube-scheduler-binary "$bin/kube-scheduler" \
+      --kwok-controller-binary "$bin/kwok" \
+      --enable-crds Exec,ClusterExec,Logs,ClusterLogs \
+      --extra-args kwok-controller=node-ip=127.0.0.1 \
+      --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
+      --wait 3m >&2 || die "kwokctl create cluster failed (logs: $KWOK_WORKDIR/clusters/$name/logs)"
+    if [[ -d "$KWOK_WORKDIR/cache" ]] && find "$KWOK_WORKDIR/cache" -path '*http*' | grep -q .; then
+      die "kwokctl downloaded something: $(find "$KWOK_WORKDIR/cache" -path '*http*' | head -3)"
+    fi
+    log "cluster created in $((SECONDS - start))s; adding node $node"
+    kctl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: $node
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    type: kwok
+    kubernetes.io/arch: amd64
+    kubernetes.io/os: linux
+    kubernetes.io/hostname: $node
+    kubernetes.io/role: agent
+    node-role.kubernetes.io/agent: ""
+EOF
+    # The default StorageClass; the harness provisions its PVs (local directories), see
+    # e2e/harness/provisioner.rs. Without a harness, PVCs stay Pending.
+    kctl apply -f - >/dev/null <<EOF
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: kandev-e2e
+  annotations:
+    storageclass.kubernetes.io/is-default-class: "true"
+provisioner: e2e.kandev.dev/harness
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+EOF
+    kctl wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null || die "node $node not Ready"
+    log "node $node Ready; waiting for the default ServiceAccount"
+  fi
+  local i
+  for i in $(seq 1 120); do
+    kctl get serviceaccount default -n default >/dev/null 2>&1 && break
+    [[ $i == 120 ]] && die "no default ServiceAccount after 60s (is kube-controller-manager up?)"
+    sleep 0.5
+  done
+  start_harness
+  log "cluster $name ready in $((SECONDS - start))s"
+  echo "KUBECONFIG=$kubeconfig"
+}
+
+cmd_status() {
+  local ok=0
+  echo "cluster:    $name ($dir)"
+  if [[ -d "$KWOK_WORKDIR/clusters/$name" ]]; then
+    "$bin/kwokctl" --name "$name" --config "$kwok_config" get components 2>/dev/null || true
+  else
+    echo "not created"
+    ok=1
+  fi
+  if healthy; then
+    echo "apiserver:  $(kctl version -o json 2>/dev/null | grep -o '"gitVersion": *"[^"]*"' | tail -n 1)"
+    echo "node:       $node Ready"
+  else
+    echo "apiserver/node: not healthy"
+    ok=1
+  fi
+  if harness_running; then echo "harness:    pid $(cat "$harness_pidfile")"; else echo "harness:    not running"; fi
+  echo "KUBECONFIG=$kubeconfig"
+  return $ok
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  env) echo "export KUBECONFIG=$kubeconfig" ;;
+  status) cmd_status ;;
+  *) echo "usage: $0 up|down|env|status" >&2; exit 2 ;;
+esac

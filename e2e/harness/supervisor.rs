@@ -1,0 +1,561 @@
+//! `run`: watches the managed pods and plays their containers with local processes.
+//!
+//! Life of a pod, as the harness sees it:
+//! 1. scheduled (`spec.nodeName` set), not terminal, no process yet: start the process, create the
+//!    pod's kwok `Exec` and `Logs`, wait until an exec through the API server reaches the pod's
+//!    environment (kwok's informer lags), then annotate the pod with the pid. The kwok stages installed
+//!    by `e2e/cluster.sh` only mark a managed pod Running once that annotation exists, so
+//!    "Running" means "the process is up and `exec` reaches it" — as with a real kubelet.
+//! 2. deleted (or given a deletionTimestamp, or turned terminal by someone else): delete the
+//!    `Exec`, SIGTERM the process group and every process exec'd into the pod (found by the pod
+//!    UID in its environment), SIGKILL them after the grace period.
+//! 3. the process exits on its own: the container died. Delete the `Exec` (exec now fails as it
+//!    would into a dead container), kill what is left of its process group and patch the pod
+//!    status to `Failed` (`Succeeded` for exit 0 with restartPolicy Never) with a terminated
+//!    container state. kwok's stages never move a terminal pod back to Running; the harness
+//!    checks that and deletes the pod if the status did not stick.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim, Pod,
+    PodCondition,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use crate::kwok;
+use crate::plan::{self, LaunchPlan};
+use crate::process;
+use crate::provisioner;
+
+/// Annotation the harness puts on a pod once its process runs and its `Exec` exists.
+pub const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub state_dir: PathBuf,
+    pub label_selector: String,
+    /// Upper bound of the SIGTERM→SIGKILL grace period (the pod's own period is used if shorter).
+    pub max_grace: Duration,
+    /// How long after marking a pod terminal the harness checks that kwok left it terminal.
+    pub verify_delay: Duration,
+}
+
+struct Exited {
+    uid: String,
+    pid: u32,
+    status: std::io::Result<ExitStatus>,
+}
+
+struct Tracked {
+    plan: LaunchPlan,
+    pid: u32,
+    started_at: Timestamp,
+    stopping: bool,
+}
+
+struct Supervisor {
+    client: Client,
+    opts: Options,
+    tracked: HashMap<String, Tracked>,
+    /// Pods whose process already ended on its own: never restarted (no kubelet restarts here).
+    finished: HashSet<String>,
+    /// Uids seen since the last watch (re)start, to stop processes of pods gone meanwhile.
+    seen: Option<HashSet<String>>,
+    exits: mpsc::UnboundedSender<Exited>,
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("?")
+    )
+}
+
+fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed") | Some("Succeeded")
+    )
+}
+
+fn grace_of(pod: &Pod, max: Duration) -> Duration {
+    let secs = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
+        .unwrap_or(30)
+        .max(0);
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0)).min(max)
+}
+
+/// Exit code as a container runtime reports it: 128+signal for a killed process.
+fn exit_code(status: &ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(255)
+}
+
+/// Runs the harness until SIGTERM/SIGINT; then stops every process it started.
+pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
+    std::fs::create_dir_all(&opts.state_dir)?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let pods: Api<Pod> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&opts.label_selector);
+    let mut events = watcher::watcher(pods, config).default_backoff().boxed();
+    let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let mut claim_events = watcher::watcher(claims, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    info!(state_dir = %opts.state_dir.display(), selector = %opts.label_selector, "harness watching pods");
+    let mut sup = Supervisor {
+        client,
+        opts,
+        tracked: HashMap::new(),
+        finished: HashSet::new(),
+        seen: None,
+        exits: tx,
+    };
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                Some(Ok(event)) => sup.on_event(event).await,
+                Some(Err(e)) => warn!(error = %e, "pod watch error (retrying with backoff)"),
+                None => {
+                    error!("pod watch ended");
+                    break;
+                }
+            },
+            event = claim_events.next() => match event {
+                Some(Ok(event)) => provisioner::on_event(&sup.client, &sup.opts.state_dir, event).await,
+                Some(Err(e)) => warn!(error = %e, "PVC watch error (retrying with backoff)"),
+                None => {
+                    error!("PVC watch ended");
+                    break;
+                }
+            },
+            Some(exited) = rx.recv() => sup.on_exit(exited).await,
+            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
+        }
+    }
+    sup.shutdown(&mut rx).await;
+    Ok(())
+}
+
+impl Supervisor {
+    async fn on_event(&mut self, event: Event<Pod>) {
+        match event {
+            Event::Init => self.seen = Some(HashSet::new()),
+            Event::InitApply(pod) => {
+                if let (Some(seen), Some(uid)) = (self.seen.as_mut(), pod.metadata.uid.clone()) {
+                    seen.insert(uid);
+                }
+                self.on_pod(pod).await;
+            }
+            Event::InitDone => {
+                let seen = self.seen.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .tracked
+                    .keys()
+                    .filter(|u| !seen.contains(*u))
+                    .cloned()
+                    .collect();
+                for uid in gone {
+                    info!(%uid, "pod disappeared while the watch was down");
+                    self.stop(&uid, self.opts.max_grace).await;
+                }
+            }
+            Event::Apply(pod) => self.on_pod(pod).await,
+            Event::Delete(pod) => {
+                let Some(uid) = pod.metadata.uid.clone() else {
+                    return;
+                };
+                info!(pod = %pod_key(&pod), %uid, "pod deleted");
+                self.finished.remove(&uid);
+                if self.tracked.contains_key(&uid) {
+                    self.stop(&uid, grace_of(&pod, self.opts.max_grace)).await;
+                }
+            }
+        }
+    }
+
+    async fn on_pod(&mut self, pod: Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let key = pod_key(&pod);
+        if pod.metadata.deletion_timestamp.is_some() || is_terminal(&pod) {
+            if self.tracked.get(&uid).is_some_and(|t| !t.stopping) {
+                info!(pod = %key, %uid, terminating = pod.metadata.deletion_timestamp.is_some(), "pod is going away");
+                self.stop(&uid, grace_of(&pod, self.opts.max_grace)).await;
+            }
+            return;
+        }
+        let scheduled = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty());
+        if !scheduled || self.tracked.contains_key(&uid) || self.finished.contains(&uid) {
+            return;
+        }
+        self.start(pod).await;
+    }
+
+    async fn start(&mut self, pod: Pod) {
+        let key = pod_key(&pod);
+        let plan = match plan::plan(&pod, &self.opts.state_dir) {
+            Ok(plan) => plan,
+            Err(e) => {
+                error!(pod = %key, error = %e, "cannot play this pod");
+                return;
+            }
+        };
+        // The environment of `exec` is kwok-controller's plus these; give it the harness's PATH
+        // so exec'd commands see the same PATH as the pod's process.
+        let mut exec_env = Vec::new();
+        if let Ok(path) = std::env::var("PATH") {
+            exec_env.push(("PATH".to_string(), path));
+        }
+        exec_env.extend(plan.env.iter().cloned());
+
+        let child = match process::spawn(&plan) {
+            Ok(child) => child,
+            Err(e) => {
+                // Like a runtime that cannot start the container: the pod fails.
+                error!(pod = %key, program = %plan.program, error = %e, "cannot start the local process");
+                self.finished.insert(plan.uid.clone());
+                let msg = format!("kandev-e2e-harness: cannot start {:?}: {e}", plan.program);
+                self.mark_terminal(&plan, Timestamp::now(), 128, "StartError", &msg)
+                    .await;
+                return;
+            }
+        };
+        let Some(pid) = child.id() else {
+            error!(pod = %key, "started process has no pid");
+            return;
+        };
+        info!(pod = %key, uid = %plan.uid, pid, program = %plan.program, args = ?plan.args,
+              workdir = %plan.workdir.display(), "started local process");
+        if let Err(e) = std::fs::write(plan.pod_dir.join("pid"), pid.to_string()) {
+            warn!(pod = %key, error = %e, "cannot write pid file");
+        }
+        let tx = self.exits.clone();
+        let uid = plan.uid.clone();
+        tokio::spawn(async move {
+            let mut child = child;
+            let status = child.wait().await;
+            let _ = tx.send(Exited { uid, pid, status });
+        });
+        self.tracked.insert(
+            plan.uid.clone(),
+            Tracked {
+                plan: plan.clone(),
+                pid,
+                started_at: Timestamp::now(),
+                stopping: false,
+            },
+        );
+
+        if let Err(e) = kwok::apply_exec(&self.client, &plan, &exec_env).await {
+            error!(pod = %key, error = %e, "cannot create the kwok Exec; stopping the process");
+            self.stop(&plan.uid, Duration::ZERO).await;
+            return;
+        }
+        if let Err(e) = kwok::apply_logs(&self.client, &plan).await {
+            warn!(pod = %key, error = %e, "cannot create the kwok Logs (kubectl logs will not work)");
+        }
+        // kwok reads Exec objects through an informer: wait until an exec through the API server
+        // really reaches this pod's environment, so that "Running" implies "exec works".
+        match kwok::wait_exec_ready(&self.client, &plan, Duration::from_secs(20)).await {
+            Ok(tries) => debug!(pod = %key, tries, "exec reaches the pod"),
+            Err(e) => {
+                warn!(pod = %key, error = %e, "exec does not reach the pod yet; marking it Running anyway")
+            }
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &plan.namespace);
+        let patch = json!({"metadata": {"annotations": {PID_ANNOTATION: pid.to_string()}}});
+        match pods
+            .patch(&plan.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => info!(pod = %key, pid, "created Exec and Logs, annotated pod"),
+            Err(e) => {
+                warn!(pod = %key, error = %e, "cannot annotate the pod (kwok will not mark it Running)")
+            }
+        }
+    }
+
+    /// Stops the process of pod `uid`: Exec and Logs first, then SIGTERM, SIGKILL after `grace`.
+    async fn stop(&mut self, uid: &str, grace: Duration) {
+        let Some(t) = self.tracked.get_mut(uid) else {
+            return;
+        };
+        if t.stopping {
+            return;
+        }
+        t.stopping = true;
+        let (pid, plan) = (t.pid, t.plan.clone());
+        let key = format!("{}/{}", plan.namespace, plan.name);
+        self.delete_kwok_objects(&plan).await;
+        info!(pod = %key, %uid, pid, grace_s = grace.as_secs(), "stopping local process (SIGTERM)");
+        if !process::signal_group(pid, libc::SIGTERM) {
+            debug!(pod = %key, pid, "process group already gone");
+        }
+        let uid = uid.to_string();
+        for p in process::pids_with_env(plan::ENV_POD_UID, &uid) {
+            info!(pod = %key, pid = p, "stopping a process exec'd into the pod (SIGTERM)");
+            process::signal_pid(p, libc::SIGTERM);
+        }
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            if process::group_alive(pid) {
+                warn!(pod = %key, pid, "still alive after the grace period: SIGKILL");
+                process::signal_group(pid, libc::SIGKILL);
+            }
+            for p in process::pids_with_env(plan::ENV_POD_UID, &uid) {
+                warn!(pod = %key, pid = p, "exec'd process still alive after the grace period: SIGKILL");
+                process::signal_pid(p, libc::SIGKILL);
+            }
+        });
+    }
+
+    async fn delete_kwok_objects(&self, plan: &LaunchPlan) {
+        for kind in ["Exec", "Logs"] {
+            if let Err(e) = kwok::delete(&self.client, kind, &plan.namespace, &plan.name).await {
+                warn!(pod = %format!("{}/{}", plan.namespace, plan.name), kind, error = %e, "cannot delete kwok object");
+            }
+        }
+    }
+
+    async fn on_exit(&mut self, exited: Exited) {
+        let Some(t) = self.tracked.remove(&exited.uid) else {
+            return;
+        };
+        let key = format!("{}/{}", t.plan.namespace, t.plan.name);
+        // Whatever the leader left behind in its container goes with it, exec'd processes included.
+        process::signal_group(exited.pid, libc::SIGKILL);
+        for p in process::pids_with_env(plan::ENV_POD_UID, &exited.uid) {
+            info!(pod = %key, pid = p, "killing a process left in the dead container (SIGKILL)");
+            process::signal_pid(p, libc::SIGKILL);
+        }
+        let status = match exited.status {
+            Ok(status) => status,
+            Err(e) => {
+                error!(pod = %key, error = %e, "waiting for the process failed");
+                return;
+            }
+        };
+        if t.stopping {
+            info!(pod = %key, pid = exited.pid, %status, "local process stopped");
+            return;
+        }
+        let code = exit_code(&status);
+        warn!(pod = %key, pid = exited.pid, %status, "local process exited on its own: the pod is lost");
+        self.finished.insert(exited.uid.clone());
+        self.delete_kwok_objects(&t.plan).await;
+        let reason = if code == 0 { "Completed" } else { "Error" };
+        let msg = format!(
+            "kandev-e2e-harness: local process {} exited ({status})",
+            exited.pid
+        );
+        self.mark_terminal(&t.plan, t.started_at, code, reason, &msg)
+            .await;
+    }
+
+    /// Makes the pod look like one whose container died: phase Failed (Succeeded for exit 0 with
+    /// restartPolicy Never), the container terminated, Ready false. Deletes the pod if that fails
+    /// or does not stick.
+    async fn mark_terminal(
+        &self,
+        plan: &LaunchPlan,
+        started_at: Timestamp,
+        code: i32,
+        reason: &str,
+        msg: &str,
+    ) {
+        let key = format!("{}/{}", plan.namespace, plan.name);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &plan.namespace);
+        let pod = match pods.get_opt(&plan.name).await {
+            Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(plan.uid.as_str()) => pod,
+            Ok(_) => return, // already gone (or replaced by a pod of the same name)
+            Err(e) => {
+                error!(pod = %key, error = %e, "cannot read the pod to mark it terminal");
+                return;
+            }
+        };
+        let phase = if code == 0 && plan.restart_policy == "Never" {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
+        let status = terminal_status(&pod, plan, phase, started_at, code, reason, msg);
+        let patch = Patch::Merge(json!({ "status": status }));
+        match pods
+            .patch_status(&plan.name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => info!(pod = %key, phase, exit_code = code, "marked the pod terminal"),
+            Err(e) => {
+                warn!(pod = %key, error = %e, "cannot patch the pod status; deleting the pod instead");
+                delete_pod(&pods, &plan.name, &plan.uid).await;
+                return;
+            }
+        }
+        let (name, uid, delay) = (plan.name.clone(), plan.uid.clone(), self.opts.verify_delay);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Ok(Some(pod)) = pods.get_opt(&name).await
+                && pod.metadata.uid.as_deref() == Some(uid.as_str())
+                && !is_terminal(&pod)
+            {
+                warn!(pod = %key, "the terminal status did not stick; deleting the pod instead");
+                delete_pod(&pods, &name, &uid).await;
+            }
+        });
+    }
+
+    async fn shutdown(&mut self, rx: &mut mpsc::UnboundedReceiver<Exited>) {
+        let pids: Vec<(String, u32)> = self
+            .tracked
+            .iter()
+            .map(|(u, t)| (u.clone(), t.pid))
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        info!(count = pids.len(), "stopping all local processes");
+        for (_, pid) in &pids {
+            process::signal_group(*pid, libc::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !self.tracked.is_empty() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(exited)) => {
+                    self.tracked.remove(&exited.uid);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        for (_, pid) in &pids {
+            if process::group_alive(*pid) {
+                process::signal_group(*pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+async fn delete_pod(pods: &Api<Pod>, name: &str, uid: &str) {
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    if let Err(e) = pods.delete(name, &dp).await {
+        warn!(pod = name, error = %e, "cannot delete the pod");
+    }
+}
+
+/// The pod status after its (only played) container terminated.
+fn terminal_status(
+    pod: &Pod,
+    plan: &LaunchPlan,
+    phase: &str,
+    started_at: Timestamp,
+    code: i32,
+    reason: &str,
+    msg: &str,
+) -> serde_json::Value {
+    let now = Time(Timestamp::now());
+    let mut status = pod.status.clone().unwrap_or_default();
+    status.phase = Some(phase.to_string());
+    status.message = Some(msg.to_string());
+    let cond_reason = if phase == "Failed" {
+        "PodFailed"
+    } else {
+        "PodCompleted"
+    };
+    let mut conditions = status.conditions.take().unwrap_or_default();
+    for t in ["Ready", "ContainersReady"] {
+        match conditions.iter_mut().find(|c| c.type_ == t) {
+            Some(c) => {
+                if c.status != "False" {
+                    c.last_transition_time = Some(now.clone());
+                }
+                c.status = "False".into();
+                c.reason = Some(cond_reason.into());
+            }
+            None => conditions.push(PodCondition {
+                type_: t.into(),
+                status: "False".into(),
+                reason: Some(cond_reason.into()),
+                last_transition_time: Some(now.clone()),
+                ..PodCondition::default()
+            }),
+        }
+    }
+    status.conditions = Some(conditions);
+    let terminated = ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: code,
+            reason: Some(reason.into()),
+            message: Some(msg.into()),
+            started_at: Some(Time(started_at)),
+            finished_at: Some(now),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    };
+    let mut statuses = status.container_statuses.take().unwrap_or_default();
+    match statuses.iter_mut().find(|c| c.name == plan.container) {
+        Some(c) => {
+            c.state = Some(terminated);
+            c.ready = false;
+            c.started = Some(false);
+        }
+        None => {
+            let image = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            statuses.push(ContainerStatus {
+                name: plan.container.clone(),
+                image,
+                state: Some(terminated),
+                ..ContainerStatus::default()
+            })
+        }
+    }
+    status.container_statuses = Some(statuses);
+    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": phase }))
+}

@@ -1,0 +1,891 @@
+//! End-to-end tests against the real control plane + kwok + `kandev-e2e-harness` (e2e/README.md).
+//!
+//! Every test is `#[ignore]`d so plain `cargo test` skips them; `bash e2e/test.sh` (or `make e2e`)
+//! runs them with `-- --ignored --test-threads=1` and KUBECONFIG set. Run that way without a
+//! reachable cluster they FAIL: they never skip silently.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, AttachParams, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::wait::{Condition, await_condition, conditions};
+use kube::{Client, Config};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const NS: &str = "default";
+const NODE: &str = "kwok-node-0";
+const HARNESS: &str = "kandev-e2e-harness";
+const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
+const WAIT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+/// A client for $KUBECONFIG; panics (fails the test) if it is unset or the cluster does not answer.
+async fn client() -> Client {
+    let path = std::env::var_os("KUBECONFIG")
+        .filter(|p| !p.is_empty())
+        .expect("KUBECONFIG is not set: run the e2e tests with `bash e2e/test.sh` (or `make e2e`)");
+    let first = std::env::split_paths(&path)
+        .next()
+        .expect("KUBECONFIG has a path");
+    let kubeconfig = Kubeconfig::read_from(&first)
+        .unwrap_or_else(|e| panic!("cannot read KUBECONFIG {}: {e}", first.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("invalid kubeconfig");
+    let client = Client::try_from(config).expect("cannot build a client");
+    let version = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "cluster of KUBECONFIG {} does not answer within 10s",
+                first.display()
+            )
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "cluster of KUBECONFIG {} is unreachable: {e}",
+                first.display()
+            )
+        });
+    assert_eq!(version.major, "1", "unexpected server version {version:?}");
+    client
+}
+
+/// A name no other test (or earlier run) uses.
+fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() % 100_000_000)
+        .unwrap_or(0);
+    format!("{prefix}-{millis}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Runs `body`, then `cleanup` even if `body` panicked, then re-raises the panic.
+async fn with_cleanup<B, C>(body: B, cleanup: C)
+where
+    B: Future<Output = ()>,
+    C: Future<Output = ()>,
+{
+    let result = AssertUnwindSafe(body).catch_unwind().await;
+    cleanup.await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn wait_for<K, C>(api: &Api<K>, name: &str, what: &str, cond: C) -> Option<K>
+where
+    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+    C: Condition<K>,
+{
+    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(obj)) => obj,
+        Ok(Err(e)) => panic!("watching {name} for {what}: {e}"),
+        Err(_) => {
+            let now = api.get_opt(name).await.ok().flatten();
+            panic!("timed out after {WAIT:?} waiting for {name} to be {what}; now: {now:#?}")
+        }
+    }
+}
+
+/// A pod the harness plays: its container runs `kandev-e2e-harness <args>` locally, with an
+/// emptyDir mounted at /run/kandev as working directory.
+fn managed_pod(name: &str, args: &[&str]) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"kandev.dev/managed": "true", "app.kubernetes.io/part-of": "kandev-e2e"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "main",
+                "image": "kandev.dev/e2e-not-pulled:0",
+                "command": [HARNESS],
+                "args": args,
+                "workingDir": "/run/kandev",
+                "env": [{"name": "E2E_MARKER", "value": name}],
+                "volumeMounts": [{"name": "run", "mountPath": "/run/kandev"}],
+            }],
+            "volumes": [{"name": "run", "emptyDir": {}}],
+        }
+    }))
+    .expect("valid pod")
+}
+
+fn pods(client: &Client) -> Api<Pod> {
+    Api::namespaced(client.clone(), NS)
+}
+
+async fn delete_pod_quietly(client: &Client, name: &str) {
+    let _ = pods(client).delete(name, &DeleteParams::default()).await;
+}
+
+/// Running, on the kwok node, and played by the harness (pid annotation present).
+fn is_played() -> impl Condition<Pod> {
+    |pod: Option<&Pod>| {
+        pod.is_some_and(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && p.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(PID_ANNOTATION))
+        })
+    }
+}
+
+fn is_lost() -> impl Condition<Pod> {
+    |pod: Option<&Pod>| {
+        pod.is_none_or(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+    }
+}
+
+/// Creates a managed pod and waits until the harness plays it; returns the pod and the local pid.
+async fn start_played_pod(client: &Client, name: &str, args: &[&str]) -> (Pod, u32) {
+    let api = pods(client);
+    api.create(&PostParams::default(), &managed_pod(name, args))
+        .await
+        .expect("create pod");
+    let pod = wait_for(&api, name, "Running and played by the harness", is_played())
+        .await
+        .expect("pod exists");
+    let pid = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PID_ANNOTATION))
+        .and_then(|p| p.parse::<u32>().ok())
+        .expect("numeric pid annotation");
+    (pod, pid)
+}
+
+fn proc_path(pid: u32, what: &str) -> PathBuf {
+    Path::new("/proc").join(pid.to_string()).join(what)
+}
+
+/// True while `pid` is a live (not zombie) process on this machine.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(proc_path(pid, "stat")) {
+        // Field 3, after the parenthesised command name, is the state.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+async fn wait_dead(pid: u32, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    !alive(pid)
+}
+
+fn environ(pid: u32) -> BTreeMap<String, String> {
+    let raw = std::fs::read(proc_path(pid, "environ")).unwrap_or_default();
+    raw.split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+fn cwd(pid: u32) -> PathBuf {
+    std::fs::read_link(proc_path(pid, "cwd")).unwrap_or_else(|e| panic!("cwd of pid {pid}: {e}"))
+}
+
+fn uid_of(pod: &Pod) -> String {
+    pod.metadata.uid.clone().expect("pod uid")
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) a managed pod runs on the kwok node, played by a local process
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn managed_pod_runs_on_the_kwok_node_as_a_local_process() {
+    let client = client().await;
+    let name = unique("e2e-run");
+    with_cleanup(
+        async {
+            let (pod, pid) = start_played_pod(&client, &name, &["idle"]).await;
+            let spec = pod.spec.as_ref().expect("spec");
+            assert_eq!(spec.node_name.as_deref(), Some(NODE));
+            let status = pod.status.as_ref().expect("status");
+            let container = &status
+                .container_statuses
+                .as_ref()
+                .expect("container statuses")[0];
+            assert!(container.ready, "container not ready: {container:?}");
+            assert!(
+                container
+                    .state
+                    .as_ref()
+                    .and_then(|s| s.running.as_ref())
+                    .is_some()
+            );
+
+            assert!(alive(pid), "local process {pid} is not running");
+            let cmdline = std::fs::read(proc_path(pid, "cmdline")).expect("cmdline");
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into())
+                .collect();
+            assert!(args[0].ends_with(HARNESS), "unexpected argv {args:?}");
+            assert_eq!(args[1..].to_vec(), vec!["idle".to_string()]);
+            let env = environ(pid);
+            assert_eq!(env.get("KANDEV_POD_NAME"), Some(&name));
+            assert_eq!(
+                env.get("KANDEV_POD_NAMESPACE").map(String::as_str),
+                Some(NS)
+            );
+            assert_eq!(env.get("KANDEV_POD_UID"), Some(&uid_of(&pod)));
+            assert_eq!(env.get("E2E_MARKER"), Some(&name));
+            // workingDir /run/kandev is the emptyDir volume, mapped to a per-pod local directory.
+            let wd = cwd(pid);
+            assert!(
+                wd.ends_with(Path::new(&uid_of(&pod)).join("volumes/run")),
+                "cwd {}",
+                wd.display()
+            );
+        },
+        delete_pod_quietly(&client, &name),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) exec through the API server reaches a local process next to the pod's process
+
+/// Reads one line with a deadline, as JSON.
+async fn read_json<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Lines<R>) -> Value {
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("no answer within 20s")
+        .expect("reading exec stdout")
+        .expect("exec stdout closed early");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("answer {line:?} is not JSON: {e}"))
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
+    let client = client().await;
+    let name = unique("e2e-exec");
+    with_cleanup(
+        async {
+            let (pod, idle_pid) = start_played_pod(&client, &name, &["idle"]).await;
+            let uid = uid_of(&pod);
+            let ap = AttachParams::default()
+                .stdin(true)
+                .stdout(true)
+                .stderr(false);
+            let mut attached = pods(&client)
+                .exec(&name, [HARNESS, "ndjson-echo"], &ap)
+                .await
+                .expect("exec through the API server");
+            let mut stdin = attached.stdin().expect("stdin");
+            let mut lines = BufReader::new(attached.stdout().expect("stdout")).lines();
+            let status = attached.take_status().expect("status channel");
+
+            let mut echo_pid = None;
+            for i in 1..=5u64 {
+                let msg =
+                    json!({"i": i, "text": format!("hello {i}"), "nested": {"list": [i, i * 2]}});
+                stdin
+                    .write_all(format!("{msg}\n").as_bytes())
+                    .await
+                    .expect("write");
+                stdin.flush().await.expect("flush");
+                let answer = read_json(&mut lines).await;
+                assert_eq!(answer["echo"], msg);
+                assert_eq!(answer["seq"], json!(i));
+                assert_eq!(answer["pod"], json!(name));
+                // Only the harness's Exec object puts the pod UID into the exec'd process's env.
+                assert_eq!(answer["podUid"], json!(uid));
+                let pid =
+                    u32::try_from(answer["pid"].as_u64().expect("pid")).expect("pid fits u32");
+                assert_ne!(
+                    pid,
+                    std::process::id(),
+                    "the echo ran in the test process?!"
+                );
+                assert_ne!(pid, idle_pid, "the echo is the pod's main process?!");
+                assert_eq!(
+                    *echo_pid.get_or_insert(pid),
+                    pid,
+                    "one process answers the whole conversation"
+                );
+            }
+            let echo_pid = echo_pid.expect("echo pid");
+
+            // The exec'd process runs on this machine next to the pod's process: same working
+            // directory (the pod's emptyDir) and the pod's environment.
+            assert!(
+                alive(echo_pid),
+                "exec'd process {echo_pid} not found on this machine"
+            );
+            assert_eq!(cwd(echo_pid), cwd(idle_pid));
+            let env = environ(echo_pid);
+            assert_eq!(env.get("KANDEV_POD_UID"), Some(&uid));
+            assert_eq!(env.get("E2E_MARKER"), Some(&name));
+
+            // End the conversation explicitly: kwok never closes the exec'd process's stdin.
+            stdin
+                .write_all(b"{\"bye\":true}\n")
+                .await
+                .expect("write bye");
+            stdin.flush().await.expect("flush");
+            assert_eq!(read_json(&mut lines).await, json!({"bye": true}));
+            let status = tokio::time::timeout(Duration::from_secs(20), status)
+                .await
+                .expect("exec status within 20s");
+            assert_eq!(status.and_then(|s| s.status).as_deref(), Some("Success"));
+            assert!(
+                wait_dead(echo_pid, Duration::from_secs(10)).await,
+                "exec'd process {echo_pid} still running"
+            );
+            drop(stdin);
+            let _ = attached.join().await;
+            assert!(
+                alive(idle_pid),
+                "the pod's own process must be untouched by the exec"
+            );
+        },
+        delete_pod_quietly(&client, &name),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c) deleting the pod kills its local process
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn deleting_the_pod_kills_its_local_process() {
+    let client = client().await;
+    let name = unique("e2e-del");
+    with_cleanup(
+        async {
+            let (pod, pid) = start_played_pod(&client, &name, &["idle"]).await;
+            assert!(alive(pid));
+            // An exec session abandoned without {"bye":true}: kwok never closes the exec'd
+            // process's stdin, so only the pod's death may end it (as in a real container).
+            let ap = AttachParams::default()
+                .stdin(true)
+                .stdout(true)
+                .stderr(false);
+            let mut attached = pods(&client)
+                .exec(&name, [HARNESS, "ndjson-echo"], &ap)
+                .await
+                .expect("exec");
+            let mut stdin = attached.stdin().expect("stdin");
+            let mut lines = BufReader::new(attached.stdout().expect("stdout")).lines();
+            stdin.write_all(b"{\"hello\":1}\n").await.expect("write");
+            stdin.flush().await.expect("flush");
+            let answer = read_json(&mut lines).await;
+            let echo_pid = u32::try_from(answer["pid"].as_u64().expect("pid")).expect("u32");
+            attached.abort();
+            drop((stdin, lines, attached));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(
+                alive(echo_pid),
+                "the abandoned exec'd process {echo_pid} should linger until the pod dies"
+            );
+
+            let api = pods(&client);
+            api.delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete pod");
+            let uid = uid_of(&pod);
+            wait_for(&api, &name, "deleted", conditions::is_deleted(&uid)).await;
+            assert!(
+                wait_dead(pid, Duration::from_secs(15)).await,
+                "local process {pid} survived its pod"
+            );
+            assert!(
+                wait_dead(echo_pid, Duration::from_secs(15)).await,
+                "exec'd process {echo_pid} survived its pod"
+            );
+            // Its kwok Exec went with it: nothing keeps serving exec for a pod that is gone.
+            let execs: Api<DynamicObject> = Api::namespaced_with(
+                client.clone(),
+                NS,
+                &ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk("kwok.x-k8s.io", "v1alpha1", "Exec"),
+                    "execs",
+                ),
+            );
+            let mut gone = false;
+            for _ in 0..100 {
+                if execs.get_opt(&name).await.expect("get exec").is_none() {
+                    gone = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(gone, "Exec {name} still exists");
+        },
+        delete_pod_quietly(&client, &name),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) the local process dying makes the pod look lost
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn killing_the_local_process_makes_the_pod_look_lost() {
+    let client = client().await;
+    let name = unique("e2e-lost");
+    with_cleanup(
+        async {
+            let (_pod, pid) = start_played_pod(&client, &name, &["idle"]).await;
+            let killed = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()
+                .expect("kill");
+            assert!(killed.success());
+            assert!(wait_dead(pid, Duration::from_secs(10)).await);
+            let api = pods(&client);
+            let pod = wait_for(&api, &name, "lost (Failed or gone)", is_lost()).await;
+            if let Some(pod) = pod {
+                let status = pod.status.as_ref().expect("status");
+                let state = status
+                    .container_statuses
+                    .as_ref()
+                    .expect("container statuses")[0]
+                    .state
+                    .clone()
+                    .expect("container state");
+                let terminated = state.terminated.expect("container terminated");
+                assert_eq!(
+                    terminated.exit_code,
+                    128 + 9,
+                    "SIGKILL shows as exit code 137"
+                );
+                assert!(state.running.is_none());
+                // kwok must not bring it back to Running.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let later = api.get_opt(&name).await.expect("get pod");
+                let phase = later
+                    .as_ref()
+                    .and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.phase.clone());
+                assert!(
+                    later.is_none() || phase.as_deref() == Some("Failed"),
+                    "pod came back: {phase:?}"
+                );
+            }
+        },
+        delete_pod_quietly(&client, &name),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (g) `kubectl logs` / the log API show what the pod's process printed
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn pod_logs_show_the_local_process_output() {
+    let client = client().await;
+    let name = unique("e2e-logs");
+    with_cleanup(
+        async {
+            let mut pod = managed_pod(&name, &[]);
+            let container = &mut pod.spec.as_mut().expect("spec").containers[0];
+            container.command = Some(vec!["sh".into(), "-c".into()]);
+            container.args = Some(vec![
+                "echo \"hello from $KANDEV_POD_NAME\"; echo oops >&2; exec kandev-e2e-harness idle"
+                    .into(),
+            ]);
+            let api = pods(&client);
+            api.create(&PostParams::default(), &pod)
+                .await
+                .expect("create pod");
+            wait_for(&api, &name, "played", is_played()).await;
+            let mut logs = String::new();
+            for _ in 0..50 {
+                logs = api
+                    .logs(&name, &Default::default())
+                    .await
+                    .expect("pod logs");
+                if logs.contains("oops") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(
+                logs.contains(&format!("hello from {name}\n")),
+                "logs: {logs:?}"
+            );
+            assert!(
+                logs.contains("oops\n"),
+                "stderr missing from logs: {logs:?}"
+            );
+        },
+        delete_pod_quietly(&client, &name),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (f) a PVC is provisioned by the harness and its content outlives the pod, like a real PVC
+
+/// Runs a command in the pod through the API server and returns its stdout (no stdin).
+async fn exec_output(client: &Client, pod: &str, command: &[&str]) -> String {
+    let ap = AttachParams::default().stdout(true).stderr(false);
+    let mut attached = pods(client)
+        .exec(pod, command.to_vec(), &ap)
+        .await
+        .expect("exec");
+    let mut out = String::new();
+    let mut stdout = attached.stdout().expect("stdout");
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out),
+    )
+    .await
+    .expect("exec output within 20s")
+    .expect("read exec output");
+    let status = attached.take_status().expect("status").await;
+    assert_eq!(
+        status.and_then(|s| s.status).as_deref(),
+        Some("Success"),
+        "exec {command:?}: {out}"
+    );
+    out
+}
+
+fn pod_with_claim(name: &str, claim: &str) -> Pod {
+    let mut pod = managed_pod(name, &["idle"]);
+    let spec = pod.spec.as_mut().expect("spec");
+    spec.containers[0].working_dir = Some("/workspace".into());
+    spec.containers[0]
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(
+            serde_json::from_value(json!({"name": "ws", "mountPath": "/workspace"}))
+                .expect("mount"),
+        );
+    spec.volumes.get_or_insert_with(Vec::new).push(
+        serde_json::from_value(
+            json!({"name": "ws", "persistentVolumeClaim": {"claimName": claim}}),
+        )
+        .expect("volume"),
+    );
+    pod
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
+    let client = client().await;
+    let claim = unique("e2e-claim");
+    let (first, second) = (unique("e2e-pvc-a"), unique("e2e-pvc-b"));
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), NS);
+    with_cleanup(
+        async {
+            let pvc = serde_json::from_value(json!({
+                "metadata": {"name": claim},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+            }))
+            .expect("pvc");
+            claims.create(&PostParams::default(), &pvc).await.expect("create pvc");
+            wait_for(&claims, &claim, "Bound", |c: Option<&k8s_openapi::api::core::v1::PersistentVolumeClaim>| {
+                c.and_then(|c| c.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound")
+            })
+            .await;
+
+            let api = pods(&client);
+            api.create(&PostParams::default(), &pod_with_claim(&first, &claim)).await.expect("create pod a");
+            wait_for(&api, &first, "played", is_played()).await;
+            let wrote = exec_output(&client, &first, &["sh", "-c", "echo \"written by $KANDEV_POD_NAME\" > marker && pwd"]).await;
+            assert!(wrote.trim_end().ends_with(&format!("volumes/{NS}/{claim}")), "workdir {wrote:?}");
+            api.delete(&first, &DeleteParams::default()).await.expect("delete pod a");
+            let uid = api.get_opt(&first).await.ok().flatten().and_then(|p| p.metadata.uid).unwrap_or_default();
+            wait_for(&api, &first, "deleted", conditions::is_deleted(&uid)).await;
+
+            api.create(&PostParams::default(), &pod_with_claim(&second, &claim)).await.expect("create pod b");
+            wait_for(&api, &second, "played", is_played()).await;
+            let read = exec_output(&client, &second, &["cat", "marker"]).await;
+            assert_eq!(read.trim_end(), format!("written by {first}"));
+        },
+        async {
+            delete_pod_quietly(&client, &first).await;
+            delete_pod_quietly(&client, &second).await;
+            let _ = claims.delete(&claim, &DeleteParams::default()).await;
+        },
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (e) the CRDs: installable, printer columns, CEL validation messages
+
+fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn read_crd(file: &str) -> CustomResourceDefinition {
+    let path = repo_path(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()))
+}
+
+async fn install_crd(client: &Client, file: &str) -> CustomResourceDefinition {
+    let crd = read_crd(file);
+    let name = crd.metadata.name.clone().expect("crd name");
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply("kandev-e2e-tests").force();
+    api.patch(&name, &params, &Patch::Apply(&crd))
+        .await
+        .unwrap_or_else(|e| panic!("apply {file}: {e}"));
+    wait_for(&api, &name, "Established", conditions::is_crd_established()).await;
+    crd
+}
+
+fn storage_version(crd: &CustomResourceDefinition) -> &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion{
+    crd.spec
+        .versions
+        .iter()
+        .find(|v| v.storage)
+        .expect("a storage version")
+}
+
+fn dynamic_api(client: &Client, crd: &CustomResourceDefinition) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(
+        &crd.spec.group,
+        &storage_version(crd).name,
+        &crd.spec.names.kind,
+    );
+    Api::namespaced_with(
+        client.clone(),
+        NS,
+        &ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural),
+    )
+}
+
+/// The kubectl built for the e2e cluster (e2e/bin.sh), not whatever is first on PATH.
+fn kubectl() -> std::process::Command {
+    let script = repo_path("e2e/bin.sh");
+    let bin = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("--print")
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("kubectl"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    std::process::Command::new(bin)
+}
+
+fn valid_task_session(name: &str) -> Value {
+    json!({
+        "apiVersion": "kandev.dev/v1alpha1",
+        "kind": "TaskSession",
+        "metadata": {"name": name},
+        "spec": {
+            "taskId": format!("task-{name}"),
+            "agent": "claude-code",
+            "taskDescription": "e2e: printer columns and validation",
+            "workspace": {"template": {"size": "1Gi"}},
+        }
+    })
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn task_session_crd_installs_prints_columns_and_validates() {
+    let client = client().await;
+    let crd = install_crd(&client, "crds/tasksessions.kandev.dev.yaml").await;
+    let api = dynamic_api(&client, &crd);
+    let name = unique("e2e-ts");
+    let bad = unique("e2e-ts-bad");
+    with_cleanup(
+        async {
+            let obj: DynamicObject = serde_json::from_value(valid_task_session(&name)).expect("ts");
+            api.create(&PostParams::default(), &obj)
+                .await
+                .expect("a valid TaskSession is accepted");
+
+            // `kubectl get ts` shows the CRD's printer columns (priority 0) after NAME.
+            let version = storage_version(&crd);
+            let columns: Vec<String> = version
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .filter(|c| c.priority.unwrap_or(0) == 0)
+                .map(|c| c.name.to_uppercase())
+                .collect();
+            for want in ["STATE", "TASK", "NEEDSRESUME", "AGENT", "AGE"] {
+                assert!(
+                    columns.iter().any(|c| c == want),
+                    "CRD lacks printer column {want}: {columns:?}"
+                );
+            }
+            let out = kubectl()
+                .args([
+                    "--kubeconfig",
+                    &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
+                ])
+                .args(["get", "ts", &name, "-n", NS])
+                .output()
+                .expect("run kubectl");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "kubectl get ts failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let mut rows = stdout.lines();
+            let header: Vec<&str> = rows.next().expect("header").split_whitespace().collect();
+            let mut want = vec!["NAME".to_string()];
+            want.extend(columns.iter().cloned());
+            assert_eq!(header, want.iter().map(String::as_str).collect::<Vec<_>>());
+            let row = rows.next().expect("one row");
+            assert!(row.starts_with(&name), "row {row:?}");
+            assert!(
+                row.contains("claude-code"),
+                "AGENT column missing from {row:?}"
+            );
+
+            // An agent name breaking the CEL rule is refused with that rule's message.
+            let rule = spec_field_rules(&crd, "agent")
+                .into_iter()
+                .find(|r| r["rule"].as_str().is_some_and(|r| !r.contains("oldSelf")))
+                .expect("spec.agent has a non-transition x-kubernetes-validations rule");
+            let message = rule["message"].as_str().expect("rule message").to_string();
+            let mut invalid = valid_task_session(&bad);
+            invalid["spec"]["agent"] = json!("Not_A_Profile!");
+            let obj: DynamicObject = serde_json::from_value(invalid).expect("ts");
+            match api.create(&PostParams::default(), &obj).await {
+                Ok(_) => panic!("an invalid agent name was accepted"),
+                Err(kube::Error::Api(e)) => {
+                    assert_eq!(e.code, 422, "{e:?}");
+                    assert!(
+                        e.message.contains(&message),
+                        "error {:?} lacks the rule's message {message:?}",
+                        e.message
+                    );
+                }
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+            // The workspace rule (exactly one of claimName / template) as well.
+            let ws_rule = crd_rules_mentioning(&crd, "claimName")
+                .into_iter()
+                .find(|r| {
+                    r["rule"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("template") && !r.contains("oldSelf"))
+                })
+                .expect("a workspace rule on claimName/template");
+            let ws_message = ws_rule["message"].as_str().expect("message").to_string();
+            let mut invalid = valid_task_session(&bad);
+            invalid["spec"]["workspace"] = json!({"claimName": "x", "template": {"size": "1Gi"}});
+            let obj: DynamicObject = serde_json::from_value(invalid).expect("ts");
+            let err = api
+                .create(&PostParams::default(), &obj)
+                .await
+                .expect_err("both claimName and template");
+            assert!(
+                err.to_string().contains(&ws_message),
+                "error {err} lacks {ws_message:?}"
+            );
+        },
+        async {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+            let _ = api.delete(&bad, &DeleteParams::default()).await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn executor_running_crd_installs_and_is_served() {
+    let client = client().await;
+    let crd = install_crd(&client, "crds/executorrunnings.kandev.dev.yaml").await;
+    let api = dynamic_api(&client, &crd);
+    // Served and listable; `kubectl get` knows it by its plural and every short name.
+    api.list(&Default::default())
+        .await
+        .expect("list ExecutorRunnings");
+    let mut names = vec![crd.spec.names.plural.clone()];
+    names.extend(crd.spec.names.short_names.clone().unwrap_or_default());
+    for n in names {
+        let out = kubectl()
+            .args([
+                "--kubeconfig",
+                &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
+            ])
+            .args(["get", &n, "-n", NS])
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl get {n}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The `x-kubernetes-validations` rules of `spec.<field>` in the storage version's schema.
+fn spec_field_rules(crd: &CustomResourceDefinition, field: &str) -> Vec<Value> {
+    let schema = serde_json::to_value(&storage_version(crd).schema).expect("schema json");
+    schema["openAPIV3Schema"]["properties"]["spec"]["properties"][field]["x-kubernetes-validations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Every `x-kubernetes-validations` rule in the CRD whose rule text mentions `needle`.
+fn crd_rules_mentioning(crd: &CustomResourceDefinition, needle: &str) -> Vec<Value> {
+    fn walk(v: &Value, needle: &str, out: &mut Vec<Value>) {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::Array(rules)) = map.get("x-kubernetes-validations") {
+                    out.extend(
+                        rules
+                            .iter()
+                            .filter(|r| r["rule"].as_str().is_some_and(|t| t.contains(needle)))
+                            .cloned(),
+                    );
+                }
+                map.values().for_each(|c| walk(c, needle, out));
+            }
+            Value::Array(items) => items.iter().for_each(|c| walk(c, needle, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &serde_json::to_value(&storage_version(crd).schema).expect("schema json"),
+        needle,
+        &mut out,
+    );
+    out
+}
