@@ -22,10 +22,10 @@ use crate::resume::{
     select_restore_method,
 };
 
-use super::AcpError;
 use super::outcome::RestoreOutcome;
 use super::rpc::RpcConnection;
 use super::updates::SessionUpdateEvent;
+use super::{AcpError, DISCONNECT_METHOD};
 
 /// Per-call deadlines. Every restore step has one because an agent that never answers must not
 /// hold a resume forever (and a timeout keeps the token, so a slow agent loses nothing).
@@ -255,6 +255,40 @@ impl AcpClient {
             .instrument(tracing::info_span!("acp.session.prompt", session_id))
             .await?;
         Ok(response.stop_reason)
+    }
+
+    /// Starts a `session/prompt` turn without waiting for it to end: the request is queued and
+    /// its answer will be dropped. Used by the operator, which follows the turn through
+    /// `agentctl events` rather than holding an exec stream open for hours.
+    pub fn start_prompt(&self, session_id: &str, text: &str) -> Result<(), AcpError> {
+        let request = PromptRequest::new(
+            session_id.to_owned(),
+            vec![ContentBlock::from(text.to_owned())],
+        );
+        let params = encode(method::SESSION_PROMPT, &request)?;
+        self.rpc
+            .send_detached(method::SESSION_PROMPT, params)
+            .map_err(|failure| AcpError::Call {
+                method: method::SESSION_PROMPT,
+                failure,
+            })
+    }
+
+    /// Tells `agentctl connect` to end this client's connection (`_kandev/disconnect`), then
+    /// waits up to `grace` for the stream to close, so everything queued before it reached the
+    /// agent. The agent keeps running. Stdin EOF never arrives through kwok, hence the message.
+    pub async fn disconnect(&self, grace: Duration) {
+        if self
+            .rpc
+            .notify(DISCONNECT_METHOD, serde_json::json!({}))
+            .is_err()
+        {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.rpc.is_closed() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `session/cancel` (a notification): asks the agent to end the current turn, which then

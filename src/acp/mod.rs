@@ -11,6 +11,7 @@
 //! request routing are ours (see `rpc.rs` for why).
 
 mod client;
+mod exec;
 mod local;
 mod outcome;
 mod rpc;
@@ -19,11 +20,16 @@ mod updates;
 use std::path::PathBuf;
 
 pub use client::{AcpClient, AcpTimeouts, negotiated_capabilities, restore_capabilities};
+pub use exec::PodConnection;
 pub use local::{AgentStderr, LocalAgent, RestoreOptions, SpawnOptions, restore_with_local_agent};
 pub use outcome::{OutcomeKind, RestoreOutcome, RestoreReport};
 pub use updates::SessionUpdateEvent;
 
 use crate::resume::RestoreFailure;
+
+/// Our ACP extension notification that ends one client's connection through `agentctl
+/// connect` while the agent keeps running (kwok never delivers stdin EOF to an exec'd process).
+pub const DISCONNECT_METHOD: &str = "_kandev/disconnect";
 
 /// Everything that can go wrong in this layer.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +47,14 @@ pub enum AcpError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("cannot exec `agentctl connect` in pod {pod}: {source}")]
+    Exec {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("exec into pod {pod} gave no stdin/stdout stream")]
+    ExecStreams { pod: String },
     #[error("no agent command given")]
     EmptyCommand,
     #[error("cannot start agent {program:?}: {source}")]

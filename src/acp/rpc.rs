@@ -179,6 +179,16 @@ impl RpcConnection {
         answer.unwrap_or(Err(RestoreFailure::TransportClosed))
     }
 
+    /// Sends a request whose answer nobody waits for (it is dropped when it arrives), for turns
+    /// that are followed by other means (the operator follows `agentctl events`).
+    pub(crate) fn send_detached(&self, method: &str, params: Value) -> Result<(), RestoreFailure> {
+        if self.is_closed() {
+            return Err(RestoreFailure::TransportClosed);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+    }
+
     /// Sends a notification (no answer expected).
     pub(crate) fn notify(&self, method: &str, params: Value) -> Result<(), RestoreFailure> {
         if self.is_closed() {

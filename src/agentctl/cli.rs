@@ -121,6 +121,11 @@ pub struct ServeArgs {
     /// YAML/JSON file that extends or overrides the built-in agent profiles.
     #[arg(long, env = "KANDEV_PROFILES_FILE", value_name = "FILE")]
     pub profiles_file: Option<PathBuf>,
+    /// A profiles document (YAML/JSON) merged last, over the built-ins and --profiles-file. The
+    /// operator passes the session's effective profile here, so custom profiles and per-session
+    /// capability overrides reach the pod without a config file.
+    #[arg(long, env = "KANDEV_AGENT_PROFILE_DEFINITION", value_name = "YAML")]
+    pub profile_definition: Option<String>,
     /// Name of the history file [default: the ACP session id]. Use the TaskSession's name so
     /// the history survives a fresh agent session.
     #[arg(long, env = "KANDEV_SESSION_NAME", value_name = "NAME")]
@@ -249,14 +254,18 @@ async fn run(command: Command) -> i32 {
 fn load_profile(
     name: Option<&str>,
     profiles_file: Option<&Path>,
+    definition: Option<&str>,
 ) -> Result<Option<AgentProfile>, AgentctlError> {
     let Some(name) = name else {
         return Ok(None);
     };
-    let registry = match profiles_file {
+    let mut registry = match profiles_file {
         Some(file) => AgentRegistry::load_file(file)?,
         None => AgentRegistry::builtin()?,
     };
+    if let Some(definition) = definition {
+        registry.extend_from_yaml(definition, "--profile-definition")?;
+    }
     registry
         .get(name)
         .cloned()
@@ -272,7 +281,11 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
     if let Some(name) = &args.session_name {
         validate_session_id(name).map_err(AgentctlError::InvalidSessionName)?;
     }
-    let profile = load_profile(args.profile.as_deref(), args.profiles_file.as_deref())?;
+    let profile = load_profile(
+        args.profile.as_deref(),
+        args.profiles_file.as_deref(),
+        args.profile_definition.as_deref(),
+    )?;
     let launch = plan_launch(
         profile.as_ref(),
         &args.command,
@@ -290,6 +303,10 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
+    let session_cwd = std::path::absolute(&cwd)
+        .unwrap_or_else(|_| cwd.clone())
+        .to_string_lossy()
+        .into_owned();
     let options = ServeOptions {
         socket,
         launch,
@@ -297,6 +314,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         history_dir: args.workspace.join(".kandev").join("sessions"),
         hub: HubConfig {
             session_name: args.session_name.clone(),
+            session_cwd: Some(session_cwd),
             history_injection: profile
                 .as_ref()
                 .is_some_and(|p| p.history_context_injection),
@@ -334,7 +352,7 @@ async fn run_restore(args: RestoreArgs) -> i32 {
 }
 
 async fn restore(args: &RestoreArgs, token: Option<&str>) -> Result<RestoreReport, AgentctlError> {
-    let profile = load_profile(args.profile.as_deref(), args.profiles_file.as_deref())?;
+    let profile = load_profile(args.profile.as_deref(), args.profiles_file.as_deref(), None)?;
     let launch = plan_launch(profile.as_ref(), &args.command, None)?;
     let defaults = RestoreOptions::default();
     let options = RestoreOptions {

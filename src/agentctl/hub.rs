@@ -146,6 +146,12 @@ pub struct HubConfig {
     pub session_name: Option<String>,
     /// The profile's `historyContextInjection`.
     pub history_injection: bool,
+    /// The one working directory this agentctl serves: the `cwd` of every `session/new`,
+    /// `session/load` and `session/resume` is replaced by it. A pod serves one workspace, so a
+    /// client cannot point the agent elsewhere, and the operator need not know where the
+    /// workspace is mounted on this side (the same path in a real pod; a local directory when
+    /// the e2e harness plays the pod). `None` forwards the client's cwd unchanged.
+    pub session_cwd: Option<String>,
 }
 
 enum InitState {
@@ -452,6 +458,12 @@ impl Hub {
         }
         let agent_id = self.alloc_id();
         raw.insert("id".into(), json!(agent_id));
+        if let (Some(cwd), "session/new" | "session/load" | "session/resume") =
+            (&self.config.session_cwd, method.as_str())
+            && let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut)
+        {
+            params.insert("cwd".into(), json!(cwd));
+        }
         let session_id = raw
             .get("params")
             .and_then(|p| p.get("sessionId"))
@@ -1033,6 +1045,26 @@ mod tests {
     }
 
     #[test]
+    fn session_setup_runs_in_the_served_working_directory() {
+        let mut hub = ready_hub(HubConfig {
+            session_cwd: Some("/srv/ws".into()),
+            ..HubConfig::default()
+        });
+        hub.attach(1, false).expect("attach");
+        for method in ["session/new", "session/load", "session/resume"] {
+            let out = hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":method,"params":{"sessionId":"s","cwd":"/workspace","mcpServers":[]}})));
+            let sent = to_agent(&out);
+            assert_eq!(sent[0]["params"]["cwd"], "/srv/ws", "{method}");
+        }
+        let out = hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{"sessionId":"s","cwd":"/elsewhere","prompt":[]}})));
+        assert_eq!(
+            to_agent(&out)[0]["params"]["cwd"],
+            "/elsewhere",
+            "other methods are untouched"
+        );
+    }
+
+    #[test]
     fn ids_are_rewritten_and_late_responses_dropped() {
         let mut hub = ready_hub(HubConfig::default());
         hub.attach(1, false).ok();
@@ -1329,6 +1361,7 @@ mod tests {
     #[test]
     fn load_replay_is_not_recorded_again() {
         let mut hub = ready_hub(HubConfig {
+            session_cwd: None,
             session_name: Some("ts-1".into()),
             history_injection: false,
         });
@@ -1374,6 +1407,7 @@ mod tests {
     #[test]
     fn history_injection_only_for_the_first_prompt_after_a_fresh_new() {
         let config = HubConfig {
+            session_cwd: None,
             session_name: Some("ts-1".into()),
             history_injection: true,
         };
@@ -1399,6 +1433,7 @@ mod tests {
         assert!(!is_injection(&hub.client_line(1, &prompt(6, "s2", "go"))));
         // Profiles without injection never inject.
         let mut plain = ready_hub(HubConfig {
+            session_cwd: None,
             history_injection: false,
             ..config
         });

@@ -19,7 +19,7 @@ pub const BUSY: i64 = -32001;
 /// The message a busy agentctl sends before closing the connection.
 pub const BUSY_MESSAGE: &str = "agentctl busy: another client is connected";
 /// Client → agentctl notification: "I am done; keep the agent running".
-pub const DISCONNECT_METHOD: &str = "_kandev/disconnect";
+pub use crate::acp::DISCONNECT_METHOD;
 
 /// One well-formed JSON-RPC message. `raw` is the whole object, for forwarding.
 #[derive(Clone, Debug, PartialEq)]

@@ -29,6 +29,21 @@ pub struct AgentProfile {
 }
 
 impl AgentProfile {
+    /// This profile as a one-profile document in the configuration-file shape (JSON, which is
+    /// also YAML), so it can be handed to another process (the operator passes it to agentctl).
+    pub fn to_document(&self) -> String {
+        let mut fields = serde_json::json!({
+            "launch": self.launch,
+            "nativeSessionResume": self.native_session_resume,
+            "historyContextInjection": self.history_context_injection,
+            "env": self.env,
+        });
+        if let Some(cli_resume) = &self.cli_resume {
+            fields["cliResume"] = serde_json::json!(cli_resume);
+        }
+        serde_json::json!({ "profiles": { &self.name: fields } }).to_string()
+    }
+
     /// The CLI command that reopens `token` in the agent's own CLI (for a human taking over),
     /// or `None` when the profile knows no such command. Every `{token}` is substituted, also
     /// inside a larger argument such as `--resume={token}`.

@@ -66,7 +66,7 @@ impl AgentRegistry {
 
     /// Merges a profiles document into the registry, field by field and by name. All or
     /// nothing: if any profile is invalid the registry is left unchanged.
-    fn extend_from_yaml(&mut self, text: &str, origin: &str) -> Result<(), AgentRegistryError> {
+    pub fn extend_from_yaml(&mut self, text: &str, origin: &str) -> Result<(), AgentRegistryError> {
         // An empty document (or one of only comments) parses as `None`: nothing to add.
         let file: Option<ProfilesFile> =
             serde_yaml::from_str(text).map_err(|source| AgentRegistryError::Parse {
@@ -95,6 +95,21 @@ mod tests {
 
     fn argv(args: &[&str]) -> Vec<String> {
         args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn a_profile_round_trips_through_its_document() {
+        let registry = AgentRegistry::builtin().expect("built-ins");
+        for name in registry.names() {
+            let profile = registry.get(name).expect("profile");
+            let mut other = AgentRegistry {
+                profiles: BTreeMap::new(),
+            };
+            other
+                .extend_from_yaml(&profile.to_document(), "document")
+                .expect("document parses");
+            assert_eq!(other.get(name), Some(profile), "{name}");
+        }
     }
 
     #[test]
