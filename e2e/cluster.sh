@@ -29,6 +29,7 @@ export KWOK_WORKDIR="$dir/kwok"
 kwok_config="$KWOK_WORKDIR/kwok.yaml"
 harness_pidfile="$dir/harness.pid"
 harness_log="$dir/harness.log"
+harness_link="/tmp/kandev-e2e-${name}"
 node="kwok-node-0"
 # Annotation set by the harness once a pod's process runs and its kwok Exec exists
 # (must match PID_ANNOTATION in e2e/harness/supervisor.rs).
@@ -205,11 +206,19 @@ start_harness() {
   fi
   [[ -x "$KANDEV_HARNESS_BIN" ]] || die "KANDEV_HARNESS_BIN=$KANDEV_HARNESS_BIN is not an executable"
   mkdir -p "$dir/harness"
+  # Unix socket paths are limited to 108 bytes and agentctl's socket lives in a pod's emptyDir
+  # under the state dir: give the harness a short path (a symlink) to its state.
+  ln -sfn "$dir/harness" "$harness_link"
+  # The harness's environment is the "image" of the pods it plays: the agents from npm on PATH,
+  # and IS_SANDBOX=1 because claude-agent-acp refuses root (real pods run non-root).
+  local agents
+  agents="$(bash "$here/agents.sh" | tail -n 1)"
+  export PATH="$agents:$PATH" IS_SANDBOX=1
   log "starting harness $KANDEV_HARNESS_BIN (log: $harness_log)"
   # Own session: a Ctrl-C in the caller's terminal must not kill it behind `down`'s back.
   # (Not a process-group leader here, so setsid execs in place and $! is the harness's pid.)
   (cd "$dir/harness" && exec setsid "$KANDEV_HARNESS_BIN" run --kubeconfig "$kubeconfig" \
-    --state-dir "$dir/harness" </dev/null >>"$harness_log" 2>&1) &
+    --state-dir "$harness_link" </dev/null >>"$harness_log" 2>&1) &
   echo $! >"$harness_pidfile"
   local i
   for i in $(seq 1 100); do
@@ -292,6 +301,7 @@ cmd_down() {
     sleep 0.1
   done
   [[ -z "$left" ]] || log "note: exited processes not yet reaped by PID 1 (zombies):$left"
+  rm -f "$harness_link"
   rm -rf "$dir"
   log "cluster $name is down; no process left"
 }

@@ -5,5 +5,6 @@ pub mod acp;
 pub mod agentctl;
 pub mod agents;
 pub mod api;
+pub mod controller;
 pub mod history;
 pub mod resume;

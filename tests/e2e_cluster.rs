@@ -4,21 +4,19 @@
 //! runs them with `-- --ignored --test-threads=1` and KUBECONFIG set. Run that way without a
 //! reachable cluster they FAIL: they never skip silently.
 
+mod e2e_support;
+
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use futures::FutureExt;
+use e2e_support::{client, install_crd, kubectl, unique, wait_for, with_cleanup};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, AttachParams, DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use kube::api::{Api, AttachParams, DeleteParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::wait::{Condition, await_condition, conditions};
-use kube::{Client, Config};
+use kube::runtime::wait::{Condition, conditions};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -27,80 +25,9 @@ const NS: &str = "default";
 const NODE: &str = "kwok-node-0";
 const HARNESS: &str = "kandev-e2e-harness";
 const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
-const WAIT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
 // helpers
-
-/// A client for $KUBECONFIG; panics (fails the test) if it is unset or the cluster does not answer.
-async fn client() -> Client {
-    let path = std::env::var_os("KUBECONFIG")
-        .filter(|p| !p.is_empty())
-        .expect("KUBECONFIG is not set: run the e2e tests with `bash e2e/test.sh` (or `make e2e`)");
-    let first = std::env::split_paths(&path)
-        .next()
-        .expect("KUBECONFIG has a path");
-    let kubeconfig = Kubeconfig::read_from(&first)
-        .unwrap_or_else(|e| panic!("cannot read KUBECONFIG {}: {e}", first.display()));
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("invalid kubeconfig");
-    let client = Client::try_from(config).expect("cannot build a client");
-    let version = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "cluster of KUBECONFIG {} does not answer within 10s",
-                first.display()
-            )
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "cluster of KUBECONFIG {} is unreachable: {e}",
-                first.display()
-            )
-        });
-    assert_eq!(version.major, "1", "unexpected server version {version:?}");
-    client
-}
-
-/// A name no other test (or earlier run) uses.
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() % 100_000_000)
-        .unwrap_or(0);
-    format!("{prefix}-{millis}-{}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Runs `body`, then `cleanup` even if `body` panicked, then re-raises the panic.
-async fn with_cleanup<B, C>(body: B, cleanup: C)
-where
-    B: Future<Output = ()>,
-    C: Future<Output = ()>,
-{
-    let result = AssertUnwindSafe(body).catch_unwind().await;
-    cleanup.await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-async fn wait_for<K, C>(api: &Api<K>, name: &str, what: &str, cond: C) -> Option<K>
-where
-    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
-    C: Condition<K>,
-{
-    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(obj)) => obj,
-        Ok(Err(e)) => panic!("watching {name} for {what}: {e}"),
-        Err(_) => {
-            let now = api.get_opt(name).await.ok().flatten();
-            panic!("timed out after {WAIT:?} waiting for {name} to be {what}; now: {now:#?}")
-        }
-    }
-}
 
 /// A pod the harness plays: its container runs `kandev-e2e-harness <args>` locally, with an
 /// emptyDir mounted at /run/kandev as working directory.
@@ -646,27 +573,8 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
 // ---------------------------------------------------------------------------------------------
 // (e) the CRDs: installable, printer columns, CEL validation messages
 
-fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
-fn read_crd(file: &str) -> CustomResourceDefinition {
-    let path = repo_path(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()))
-}
 
-async fn install_crd(client: &Client, file: &str) -> CustomResourceDefinition {
-    let crd = read_crd(file);
-    let name = crd.metadata.name.clone().expect("crd name");
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply("kandev-e2e-tests").force();
-    api.patch(&name, &params, &Patch::Apply(&crd))
-        .await
-        .unwrap_or_else(|e| panic!("apply {file}: {e}"));
-    wait_for(&api, &name, "Established", conditions::is_crd_established()).await;
-    crd
-}
 
 fn storage_version(crd: &CustomResourceDefinition) -> &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion{
     crd.spec
@@ -687,20 +595,6 @@ fn dynamic_api(client: &Client, crd: &CustomResourceDefinition) -> Api<DynamicOb
         NS,
         &ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural),
     )
-}
-
-/// The kubectl built for the e2e cluster (e2e/bin.sh), not whatever is first on PATH.
-fn kubectl() -> std::process::Command {
-    let script = repo_path("e2e/bin.sh");
-    let bin = std::process::Command::new("bash")
-        .arg(&script)
-        .arg("--print")
-        .output()
-        .ok()
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("kubectl"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("kubectl"));
-    std::process::Command::new(bin)
 }
 
 fn valid_task_session(name: &str) -> Value {

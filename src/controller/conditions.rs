@@ -1,0 +1,146 @@
+//! kstatus-compatible conditions (DESIGN §2): `Ready`, `Reconciling`, `Stalled`, plus
+//! `AgentRunning`, `NeedsResume` and `Resumed`. Pure helpers; the reconciler decides the values.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+pub const READY: &str = "Ready";
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
+pub const AGENT_RUNNING: &str = "AgentRunning";
+pub const NEEDS_RESUME: &str = "NeedsResume";
+pub const RESUMED: &str = "Resumed";
+
+/// One condition the reconciler wants, before timestamps are settled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Want {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Want {
+    pub fn new(
+        type_: &'static str,
+        status: bool,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            type_,
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Merges wanted conditions into the existing list: `lastTransitionTime` only moves when the
+/// status flips (kstatus reads it as "since when"), conditions not mentioned are kept, and
+/// `observedGeneration` is stamped on every wanted one.
+pub fn merge(
+    existing: &[Condition],
+    wanted: &[Want],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut out: Vec<Condition> = existing.to_vec();
+    for want in wanted {
+        let status = if want.status { "True" } else { "False" }.to_string();
+        let reason = if want.reason.is_empty() {
+            "Unknown".to_string()
+        } else {
+            want.reason.clone()
+        };
+        match out.iter_mut().find(|c| c.type_ == want.type_) {
+            Some(current) => {
+                if current.status != status {
+                    current.last_transition_time = Time(now);
+                }
+                current.status = status;
+                current.reason = reason;
+                current.message = want.message.clone();
+                current.observed_generation = generation;
+            }
+            None => out.push(Condition {
+                type_: want.type_.to_string(),
+                status,
+                reason,
+                message: want.message.clone(),
+                observed_generation: generation,
+                last_transition_time: Time(now),
+            }),
+        }
+    }
+    out.sort_by(|a, b| a.type_.cmp(&b.type_));
+    out
+}
+
+/// The condition of the given type, if present and True.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).expect("valid timestamp")
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_a_flip() {
+        let first = merge(
+            &[],
+            &[Want::new(READY, false, "Starting", "pod pending")],
+            Some(1),
+            at(10),
+        );
+        assert_eq!(first[0].last_transition_time, Time(at(10)));
+        let same = merge(
+            &first,
+            &[Want::new(READY, false, "Restoring", "acp restore")],
+            Some(2),
+            at(20),
+        );
+        assert_eq!(
+            same[0].last_transition_time,
+            Time(at(10)),
+            "no flip, time kept"
+        );
+        assert_eq!(
+            (same[0].reason.as_str(), same[0].observed_generation),
+            ("Restoring", Some(2))
+        );
+        let flipped = merge(
+            &same,
+            &[Want::new(READY, true, "WaitingForInput", "")],
+            Some(2),
+            at(30),
+        );
+        assert_eq!(flipped[0].last_transition_time, Time(at(30)));
+        assert!(is_true(&flipped, READY));
+    }
+
+    #[test]
+    fn unmentioned_conditions_are_kept_and_order_is_stable() {
+        let a = merge(
+            &[],
+            &[Want::new(RESUMED, true, "Restored", "")],
+            None,
+            at(1),
+        );
+        let b = merge(
+            &a,
+            &[Want::new(AGENT_RUNNING, true, "PodRunning", "")],
+            None,
+            at(2),
+        );
+        let types: Vec<&str> = b.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, [AGENT_RUNNING, RESUMED]);
+    }
+}

@@ -1,0 +1,11 @@
+//! The reconciler (DESIGN §3): lost-pod detection, lazy resume on annotation, ACP restore over
+//! exec, tokens back into status. It gathers facts, calls the pure rules in `crate::resume`, and
+//! applies the result.
+
+pub mod conditions;
+pub mod pods;
+mod reconcile;
+
+pub use reconcile::{Context, Error, OperatorSettings, run};
+pub mod follower;
+pub mod leader;

@@ -1,0 +1,1007 @@
+//! One reconcile of a TaskSession: a pipeline of steps, each of which persists what it did
+//! before the next one acts, so an operator restart at any point resumes where it stopped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::conditions::{self, Want};
+use super::follower::Followers;
+use super::pods::{self, PodSettings};
+use crate::acp::{AcpTimeouts, PodConnection, RestoreOutcome};
+use crate::agents::{AgentProfile, AgentRegistry};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::api::{
+    AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
+    NegotiatedCapabilities, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionState,
+    TaskSession, TaskSessionStatus, TaskState,
+};
+use crate::resume::{
+    InitialPrompt, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
+    build_resume_request, evaluate_resume_eligibility,
+};
+
+/// The one field manager of everything this operator writes with server-side apply.
+pub const MANAGER: &str = "kandev-operator";
+/// Finalizer that lets the operator stop its event followers before a session goes away.
+pub const FINALIZER: &str = "kandev.dev/cleanup";
+/// Annotation asking the next resume to ignore the saved token and start fresh.
+pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
+/// Launch id of a session's first launch (resumes use their request token).
+const INITIAL_LAUNCH: &str = "initial";
+
+/// Errors of one reconcile; each becomes a log line, a metric label and a requeue.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API call failed while {action}: {source}")]
+    Kube {
+        action: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("TaskSession has no namespace")]
+    NoNamespace,
+}
+
+impl Error {
+    /// A short, bounded label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube { .. } => "kube",
+            Self::Finalizer(_) => "finalizer",
+            Self::NoNamespace => "no_namespace",
+        }
+    }
+}
+
+fn kube_err(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Kube { action, source }
+}
+
+/// Settings of the running operator.
+#[derive(Clone, Debug)]
+pub struct OperatorSettings {
+    pub pod: PodSettings,
+    /// How often a steady session is re-evaluated even without a watch event.
+    pub resync: Duration,
+    /// Timeout of one ACP call made over exec.
+    pub acp_timeout: Duration,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub agents: AgentRegistry,
+    pub settings: OperatorSettings,
+    /// `agentctl events` followers of running pods.
+    pub followers: Followers,
+}
+
+/// Runs the controller until a shutdown signal. Watches TaskSessions (every change, annotation
+/// changes included: the resume trigger is an annotation), their ExecutorRunnings and their pods.
+pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettings) {
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        agents,
+        settings,
+        followers: Followers::default(),
+    });
+    let sessions: Api<TaskSession> = Api::all(client.clone());
+    let executors: Api<ExecutorRunning> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client.clone());
+    Controller::new(sessions, watcher::Config::default())
+        .owns(executors, watcher::Config::default())
+        .owns(
+            pods,
+            watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true")),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::debug!(session = %obj.name, "reconciled"),
+                Err(err) => tracing::debug!(%err, "reconcile did not finish"),
+            }
+        })
+        .await;
+}
+
+fn error_policy(ts: Arc<TaskSession>, err: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(session = %ts.name_any(), error = %err, kind = err.metric_label(), "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tracing::instrument(name = "reconcile", skip_all, fields(session = %ts.name_any(), namespace = ts.namespace().unwrap_or_default()))]
+async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = ts.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, ts, |event| async {
+        match event {
+            Finalizer::Apply(ts) => Session::load(ts, &ctx).await?.apply().await,
+            Finalizer::Cleanup(ts) => Session::load(ts, &ctx).await?.cleanup(),
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Everything one reconcile knows about a session.
+struct Session<'a> {
+    ctx: &'a Context,
+    ts: Arc<TaskSession>,
+    name: String,
+    ns: String,
+    status: TaskSessionStatus,
+    executor: Option<ExecutorRunning>,
+    pods: Vec<Pod>,
+}
+
+impl<'a> Session<'a> {
+    async fn load(ts: Arc<TaskSession>, ctx: &'a Context) -> Result<Session<'a>, Error> {
+        let ns = ts.namespace().ok_or(Error::NoNamespace)?;
+        let name = ts.name_any();
+        let executor = Api::<ExecutorRunning>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&pods::executor_name(&ts))
+            .await
+            .map_err(kube_err("reading the ExecutorRunning"))?;
+        let selector = format!(
+            "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
+            pods::session_label_value(&name)
+        );
+        let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(kube_err("listing agentctl pods"))?
+            .items;
+        let status = ts.status.clone().unwrap_or_default();
+        Ok(Session {
+            ctx,
+            ts,
+            name,
+            ns,
+            status,
+            executor,
+            pods,
+        })
+    }
+
+    /// The agent profile with the session's capability overrides applied; `None` when the
+    /// operator does not know the profile.
+    fn effective_profile(&self) -> Option<AgentProfile> {
+        let mut profile = self.ctx.agents.get(&self.ts.spec.agent)?.clone();
+        if let Some(overrides) = &self.ts.spec.capabilities {
+            if let Some(native) = overrides.native_session_resume {
+                profile.native_session_resume = native;
+            }
+            if let Some(injection) = overrides.history_context_injection {
+                profile.history_context_injection = injection;
+            }
+        }
+        Some(profile)
+    }
+
+    /// DESIGN §3 step 2, from what the session holds now.
+    fn resume_request(&self, profile: &AgentProfile, state_at_loss: SessionState) -> ResumeRequest {
+        build_resume_request(&ResumeRequestFacts {
+            state_at_loss,
+            resume_token: self.resume_token(),
+            task_description: self.ts.spec.task_description.as_deref().unwrap_or_default(),
+            fresh: self.fresh_requested(),
+            profile_history_injection: profile.history_context_injection,
+        })
+    }
+
+    /// The user asked this resume to ignore the saved token (`kandev.dev/resume-fresh: "true"`).
+    fn fresh_requested(&self) -> bool {
+        self.status.active_resume_request.is_some()
+            && self.annotation(RESUME_FRESH_ANNOTATION) == Some("true")
+    }
+
+    fn unknown_profile_reason(&self) -> String {
+        let known: Vec<&str> = self.ctx.agents.names().collect();
+        format!(
+            "unknown agent profile {:?} (known: {}); add it with --agent-profiles",
+            self.ts.spec.agent,
+            known.join(", ")
+        )
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.ts
+            .annotations()
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    }
+
+    fn resume_token(&self) -> Option<&str> {
+        self.executor
+            .as_ref()
+            .and_then(|er| er.status.as_ref())
+            .and_then(|s| s.resume_token.as_deref())
+            .filter(|t| !t.trim().is_empty())
+    }
+
+    fn executor_status(&self) -> ExecutorRunningStatus {
+        self.executor
+            .as_ref()
+            .and_then(|er| er.status.clone())
+            .unwrap_or_default()
+    }
+
+    /// The launch in progress: the latched resume token, or the initial launch.
+    fn launch_id(&self) -> &str {
+        self.status
+            .active_resume_request
+            .as_deref()
+            .unwrap_or(INITIAL_LAUNCH)
+    }
+
+    /// The pod of the current launch, looked up by its deterministic name (hints such as
+    /// `podName` are not trusted).
+    fn launch_pod(&self) -> Option<&Pod> {
+        let name = pods::pod_name(&self.name, self.launch_id());
+        self.pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+    }
+
+    /// The live pod recorded in ExecutorRunning (same UID), else the newest managed pod.
+    fn current_pod(&self) -> Option<&Pod> {
+        let uid = self.executor_status().pod_uid;
+        uid.as_deref()
+            .and_then(|uid| {
+                self.pods
+                    .iter()
+                    .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            })
+            .or_else(|| {
+                self.pods
+                    .iter()
+                    .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
+            })
+    }
+
+    fn facts(&self, pod: Option<&Pod>) -> SessionFacts {
+        let er = self.executor_status();
+        SessionFacts {
+            state: self.status.state,
+            has_resume_token: self.resume_token().is_some(),
+            executor_exists: self.executor.is_some(),
+            executor_resumable: er.resumable,
+            pod: liveness(pod),
+        }
+    }
+
+    /// The session is being deleted: stop following its pods' events (the pods, PVC from the
+    /// template and ExecutorRunning go with it through their ownerReferences).
+    fn cleanup(self) -> Result<Action, Error> {
+        let uids: Vec<String> = self
+            .pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        self.ctx
+            .followers
+            .retain(|uid| !uids.iter().any(|u| u == uid));
+        info!(
+            pods = uids.len(),
+            "session deleted; stopped following its agentctl pods"
+        );
+        Ok(Action::await_change())
+    }
+
+    async fn apply(mut self) -> Result<Action, Error> {
+        if let Some(token) = self.new_resume_request()
+            && let Some(action) = self.accept_or_refuse(&token).await?
+        {
+            return Ok(action);
+        }
+        // A latched request, a session never launched, or a launch that an operator restart
+        // interrupted (STARTING is persisted before the pod is created).
+        let launching = self.status.active_resume_request.is_some()
+            || matches!(
+                self.status.state,
+                SessionState::Created | SessionState::Starting
+            );
+        if launching {
+            return self.launch().await;
+        }
+        self.observe().await
+    }
+
+    /// The annotation's token when it has not been handled and is not being handled.
+    fn new_resume_request(&self) -> Option<String> {
+        let token = self.annotation(RESUME_ANNOTATION)?;
+        let seen = self.status.last_handled_resume_request.as_deref() == Some(token)
+            || self.status.active_resume_request.is_some();
+        (!seen).then(|| token.to_string())
+    }
+
+    /// DESIGN §3 handshake: refuse what the rules refuse (terminal states), acknowledge a
+    /// request for an agent that already runs, otherwise latch the token into status before
+    /// acting. Returns `Some` when this reconcile is done.
+    async fn accept_or_refuse(&mut self, token: &str) -> Result<Option<Action>, Error> {
+        let pod = self.current_pod().cloned();
+        let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
+        if self.status.state.is_terminal() && !eval.is_resumable {
+            let message = format!(
+                "resume request {token:?} refused: the session is {}",
+                self.status.state
+            );
+            self.status.last_handled_resume_request = Some(token.to_string());
+            self.set_conditions(&[Want::new(
+                conditions::RESUMED,
+                false,
+                "TerminalState",
+                &message,
+            )]);
+            self.write_status().await?;
+            self.event(EventType::Warning, "ResumeRefused", "Resume", &message)
+                .await;
+            return Ok(Some(Action::await_change()));
+        }
+        if eval.reason == ResumeReason::AlreadyRunning && self.status.state.is_active() {
+            let message = format!("resume request {token:?}: the agent is already running");
+            self.status.last_handled_resume_request = Some(token.to_string());
+            self.set_conditions(&[Want::new(
+                conditions::RESUMED,
+                true,
+                "AlreadyRunning",
+                &message,
+            )]);
+            self.write_status().await?;
+            self.event(EventType::Normal, "AlreadyRunning", "Resume", &message)
+                .await;
+            return Ok(Some(Action::await_change()));
+        }
+        self.status.active_resume_request = Some(token.to_string());
+        self.set_conditions(&[Want::new(
+            conditions::RECONCILING,
+            true,
+            "ResumeRequested",
+            format!("handling resume request {token:?}"),
+        )]);
+        self.write_status().await?;
+        self.event(
+            EventType::Normal,
+            "ResumeRequested",
+            "Resume",
+            &format!("resume request {token:?} accepted"),
+        )
+        .await;
+        Ok(None)
+    }
+
+    /// Steps 1–5 of DESIGN §3 "Resume execution" (the initial launch takes the same path).
+    async fn launch(self) -> Result<Action, Error> {
+        if self.status.state != SessionState::Starting {
+            return self.start_launch().await;
+        }
+        let pod = match self.launch_pod() {
+            Some(pod) => pod.clone(),
+            None => return self.create_pod().await,
+        };
+        match liveness(Some(&pod)) {
+            PodLiveness::Pending => Ok(Action::requeue(Duration::from_secs(2))),
+            PodLiveness::Running => self.restore(&pod).await,
+            lost => {
+                let reason = format!(
+                    "agentctl pod {} was lost while starting ({lost:?})",
+                    pod.name_any()
+                );
+                self.fail_launch(&reason).await
+            }
+        }
+    }
+
+    /// Validates the workspace, builds the request and persists `STARTING` with the state to
+    /// return to — before any pod exists.
+    async fn start_launch(mut self) -> Result<Action, Error> {
+        let Some(profile) = self.effective_profile() else {
+            let reason = self.unknown_profile_reason();
+            return self.fail_launch(&reason).await;
+        };
+        let claim = pods::workspace_claim_name(&self.ts);
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        if let Some(pvc) = pods::build_workspace_claim(&self.ts) {
+            if pvcs
+                .get_opt(&claim)
+                .await
+                .map_err(kube_err("reading the workspace PVC"))?
+                .is_none()
+            {
+                pvcs.create(&PostParams::default(), &pvc)
+                    .await
+                    .map_err(kube_err("creating the workspace PVC"))?;
+                self.event(
+                    EventType::Normal,
+                    "WorkspaceCreated",
+                    "Launch",
+                    &format!("created PVC {claim}"),
+                )
+                .await;
+            }
+        } else if pvcs
+            .get_opt(&claim)
+            .await
+            .map_err(kube_err("reading the workspace PVC"))?
+            .is_none()
+        {
+            let reason = format!("workspace PVC {claim:?} not found in namespace {}", self.ns);
+            return self.fail_launch(&reason).await;
+        }
+        if self.executor.is_none() {
+            let er = pods::build_executor(&self.ts);
+            let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+            match api.create(&PostParams::default(), &er).await {
+                Ok(er) => self.executor = Some(er),
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(kube_err("creating the ExecutorRunning")(e)),
+            }
+        }
+        let request = self.resume_request(&profile, self.status.state);
+        self.status.previous_state = Some(request.previous_state);
+        self.status.state = SessionState::Starting;
+        self.status.executor_ref = Some(pods::executor_name(&self.ts));
+        self.status.error_message = None;
+        let message = format!(
+            "launching agentctl for {}",
+            describe_launch(self.launch_id())
+        );
+        self.set_conditions(&[
+            Want::new(conditions::RECONCILING, true, "Starting", &message),
+            Want::new(conditions::READY, false, "Starting", &message),
+            Want::new(conditions::STALLED, false, "Starting", ""),
+        ]);
+        self.write_status().await?;
+        self.event(EventType::Normal, "Starting", "Launch", &message)
+            .await;
+        fault_point("starting");
+        Ok(Action::requeue(Duration::from_millis(100)))
+    }
+
+    async fn create_pod(self) -> Result<Action, Error> {
+        let Some(profile) = self.effective_profile() else {
+            let reason = self.unknown_profile_reason();
+            return self.fail_launch(&reason).await;
+        };
+        let pod =
+            pods::build_agentctl_pod(&self.ts, self.launch_id(), &self.ctx.settings.pod, &profile);
+        let name = pod.name_any();
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        match api.create(&PostParams::default(), &pod).await {
+            Ok(_) => {
+                self.event(
+                    EventType::Normal,
+                    "PodCreated",
+                    "Launch",
+                    &format!("created agentctl pod {name}"),
+                )
+                .await;
+                fault_point("pod-created");
+            }
+            // Created by an earlier run of this step: adopt it.
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                info!(pod = %name, "adopting existing agentctl pod")
+            }
+            Err(e) => return Err(kube_err("creating the agentctl pod")(e)),
+        }
+        Ok(Action::requeue(Duration::from_secs(2)))
+    }
+
+    /// DESIGN §3 steps 4–5: ACP over exec into the running pod (`initialize`, then the restore
+    /// chosen by the pure rules), then the token and the state go back into status.
+    async fn restore(mut self, pod: &Pod) -> Result<Action, Error> {
+        let pod_name = pod.name_any();
+        let Some(profile) = self.effective_profile() else {
+            let reason = self.unknown_profile_reason();
+            return self.fail_launch(&reason).await;
+        };
+        let is_resume = self.status.active_resume_request.is_some();
+        let fresh = self.fresh_requested();
+        let token = self.resume_token().map(str::to_string);
+        // STARTING was persisted with the state to return to; rebuilding from it gives the
+        // same case (A/B/C) as when the launch began, also after an operator restart.
+        let state_at_start = self
+            .status
+            .previous_state
+            .unwrap_or(SessionState::WaitingForInput);
+        let request = self.resume_request(&profile, state_at_start);
+
+        let pods_api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let mut connection = match PodConnection::open(&pods_api, &pod_name, pods::CONTAINER).await
+        {
+            Ok(connection) => connection,
+            Err(err) => {
+                // agentctl may not listen yet right after the pod turned Running; the pod's own
+                // liveness decides on the next pass whether this is a launch failure.
+                let message = format!("waiting for agentctl in pod {pod_name}: {err}");
+                self.set_conditions(&[Want::new(
+                    conditions::RECONCILING,
+                    true,
+                    "WaitingForAgentctl",
+                    &message,
+                )]);
+                self.write_status().await?;
+                return Ok(Action::requeue(Duration::from_secs(3)));
+            }
+        };
+        let client = &mut connection.client;
+        let timeouts = AcpTimeouts::uniform(self.ctx.settings.acp_timeout);
+        let cwd = std::path::PathBuf::from(&self.ts.spec.workspace.mount_path);
+        let outcome = client
+            .restore(
+                token.as_deref(),
+                &cwd,
+                profile.native_session_resume,
+                fresh,
+                timeouts,
+            )
+            .await;
+        let capabilities = client.negotiated_capabilities();
+        let mut started_prompt = false;
+        if let RestoreOutcome::Fresh { session_id, .. } = &outcome
+            && let InitialPrompt::Send(text) = request.initial_prompt_for_fresh_agent(false)
+        {
+            started_prompt = client.start_prompt(session_id, &text).is_ok();
+        }
+        connection.close(Duration::from_secs(5)).await;
+
+        match outcome {
+            RestoreOutcome::Failed {
+                class,
+                token_kept,
+                reason,
+                ..
+            } => {
+                self.restore_failed(pod, &reason, class.as_str(), token_kept, is_resume)
+                    .await
+            }
+            RestoreOutcome::Restored { method, session_id } => {
+                self.record_executor(pod, Some(&session_id), capabilities)
+                    .await?;
+                let message = format!(
+                    "restored ACP session {session_id} with {}",
+                    method.method_name()
+                );
+                self.restore_succeeded(pod, request.previous_state, true, "Restored", &message)
+                    .await
+            }
+            RestoreOutcome::Fresh { session_id, why } => {
+                self.record_executor(pod, Some(&session_id), capabilities)
+                    .await?;
+                let (state, reason, message) = if started_prompt {
+                    (
+                        SessionState::Running,
+                        "Started",
+                        format!("started ACP session {session_id} and sent the task description"),
+                    )
+                } else {
+                    (
+                        SessionState::WaitingForInput,
+                        "Started",
+                        format!("started ACP session {session_id}; waiting for input"),
+                    )
+                };
+                let rejected = token.as_deref().filter(|_| !fresh);
+                match rejected {
+                    Some(old) => {
+                        // DESIGN §3 step 5: token rejected → WAITING_FOR_INPUT, token replaced,
+                        // Event and condition with the reason.
+                        let message = format!(
+                            "the agent does not know saved session {old} ({}); started fresh session {session_id}",
+                            why.as_str()
+                        );
+                        self.event(EventType::Warning, "TokenRejected", "Resume", &message)
+                            .await;
+                        self.restore_succeeded(
+                            pod,
+                            SessionState::WaitingForInput,
+                            false,
+                            "TokenRejected",
+                            &message,
+                        )
+                        .await
+                    }
+                    None => {
+                        self.restore_succeeded(pod, state, true, reason, &message)
+                            .await
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
+    /// follower writes other fields of the same record).
+    async fn record_executor(
+        &self,
+        pod: &Pod,
+        token: Option<&str>,
+        capabilities: Option<NegotiatedCapabilities>,
+    ) -> Result<(), Error> {
+        let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let patch = json!({"status": {
+            "resumeToken": token,
+            "resumable": token.is_some(),
+            "podName": pod.name_any(),
+            "podUID": pod.metadata.uid,
+            "agentExecutionId": pod.metadata.uid,
+            "status": ExecutorPhase::Running,
+            // `activity` belongs to the event follower, whose first line is a snapshot.
+            "activity": null,
+            "capabilities": capabilities,
+            "lastSeenAt": Time(Timestamp::now()),
+        }});
+        api.patch_status(
+            &pods::executor_name(&self.ts),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(kube_err("recording the executor"))?;
+        Ok(())
+    }
+
+    async fn restore_succeeded(
+        mut self,
+        pod: &Pod,
+        state: SessionState,
+        resumed: bool,
+        reason: &str,
+        message: &str,
+    ) -> Result<Action, Error> {
+        self.status.state = state;
+        self.status.task_state = if state == SessionState::Running {
+            TaskState::InProgress
+        } else {
+            TaskState::Review
+        };
+        self.status.needs_resume = false;
+        self.status.is_resumable = false;
+        self.status.resume_reason = Some(ResumeReason::AlreadyRunning);
+        self.status.error_message = None;
+        let was_resume = self.status.active_resume_request.is_some();
+        self.finish_request();
+        let mut wanted = vec![
+            Want::new(conditions::READY, true, reason, message),
+            Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
+            Want::new(conditions::NEEDS_RESUME, false, "AlreadyRunning", ""),
+            Want::new(conditions::RECONCILING, false, reason, ""),
+            Want::new(conditions::STALLED, false, reason, ""),
+        ];
+        if was_resume {
+            wanted.push(Want::new(conditions::RESUMED, resumed, reason, message));
+        }
+        self.set_conditions(&wanted);
+        self.write_status().await?;
+        self.ctx
+            .followers
+            .ensure(&self.ctx.client, pod, &pods::executor_name(&self.ts));
+        if resumed {
+            let event_reason = if was_resume { "Resumed" } else { "Started" };
+            self.event(EventType::Normal, event_reason, "Restore", message)
+                .await;
+        }
+        Ok(Action::requeue(self.ctx.settings.resync))
+    }
+
+    /// A restore that failed without proving the token useless keeps it (DESIGN §3): the pod is
+    /// removed (nothing idles), the request counts as handled, and a new token retries.
+    async fn restore_failed(
+        mut self,
+        pod: &Pod,
+        reason: &str,
+        class: &str,
+        token_kept: bool,
+        is_resume: bool,
+    ) -> Result<Action, Error> {
+        if !is_resume {
+            return self
+                .fail_launch(&format!("starting the agent failed: {reason}"))
+                .await;
+        }
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        if let Err(err) = api.delete(&pod.name_any(), &Default::default()).await {
+            warn!(%err, "could not delete the agentctl pod of a failed restore");
+        }
+        let kept = if token_kept {
+            "the resume token is kept"
+        } else {
+            "no usable token is left"
+        };
+        let message = format!(
+            "restore failed ({class}): {reason}; {kept}. Set a new {RESUME_ANNOTATION} token to retry"
+        );
+        self.status.state = self
+            .status
+            .previous_state
+            .unwrap_or(SessionState::WaitingForInput);
+        self.status.needs_resume = true;
+        self.status.is_resumable = true;
+        self.status.resume_reason = Some(ResumeReason::AgentNotRunning);
+        self.status.error_message = Some(message.clone());
+        self.finish_request();
+        self.set_conditions(&[
+            Want::new(conditions::RESUMED, false, camel(class), &message),
+            Want::new(conditions::READY, false, "ResumeFailed", &message),
+            Want::new(conditions::NEEDS_RESUME, true, "ResumeFailed", &message),
+            Want::new(conditions::RECONCILING, false, "ResumeFailed", ""),
+        ]);
+        self.write_status().await?;
+        self.event(EventType::Warning, "ResumeFailed", "Restore", &message)
+            .await;
+        Ok(Action::requeue(self.ctx.settings.resync))
+    }
+
+    /// DESIGN §3 step 5 "Launch failure → FAILED with the reason"; the request is handled.
+    async fn fail_launch(mut self, reason: &str) -> Result<Action, Error> {
+        self.status.state = SessionState::Failed;
+        self.status.task_state = TaskState::Failed;
+        self.status.error_message = Some(reason.to_string());
+        self.finish_request();
+        self.set_conditions(&[
+            Want::new(conditions::READY, false, "LaunchFailed", reason),
+            Want::new(conditions::STALLED, true, "LaunchFailed", reason),
+            Want::new(conditions::RECONCILING, false, "LaunchFailed", ""),
+        ]);
+        self.write_status().await?;
+        self.event(EventType::Warning, "LaunchFailed", "Launch", reason)
+            .await;
+        Ok(Action::await_change())
+    }
+
+    /// Ends the handling of the latched request (success or terminal failure).
+    fn finish_request(&mut self) {
+        if let Some(token) = self.status.active_resume_request.take() {
+            self.status.last_handled_resume_request = Some(token);
+        }
+        self.status.previous_state = None;
+    }
+
+    /// Steady state: evaluate (pure) against the live pod, publish needsResume and conditions,
+    /// and announce a loss once. Nothing is relaunched here (lazy recovery).
+    async fn observe(mut self) -> Result<Action, Error> {
+        let before = self.status.clone();
+        let pod = self.current_pod().cloned();
+        if let Some(pod) = pod
+            .as_ref()
+            .filter(|p| liveness(Some(p)) == PodLiveness::Running)
+        {
+            self.ctx
+                .followers
+                .ensure(&self.ctx.client, pod, &pods::executor_name(&self.ts));
+            self.follow_agent_activity();
+        }
+        let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
+        let newly_lost = eval.needs_resume && !self.status.needs_resume;
+        self.status.needs_resume = eval.needs_resume;
+        self.status.is_resumable = eval.is_resumable || eval.needs_resume;
+        self.status.resume_reason = Some(eval.reason);
+        let running = liveness(pod.as_ref()) == PodLiveness::Running;
+        let (ready_reason, ready_message) = if eval.needs_resume {
+            (
+                "NeedsResume",
+                format!(
+                    "agent not running ({}); annotate {RESUME_ANNOTATION} to resume",
+                    eval.reason
+                ),
+            )
+        } else {
+            (self.status.state.as_str(), String::new())
+        };
+        self.set_conditions(&[
+            Want::new(
+                conditions::AGENT_RUNNING,
+                running,
+                if running {
+                    "PodRunning"
+                } else {
+                    "PodNotRunning"
+                },
+                "",
+            ),
+            Want::new(
+                conditions::NEEDS_RESUME,
+                eval.needs_resume,
+                eval.reason.as_str(),
+                &ready_message,
+            ),
+            Want::new(
+                conditions::READY,
+                running && !self.status.state.is_terminal(),
+                ready_reason,
+                &ready_message,
+            ),
+            Want::new(conditions::RECONCILING, false, "Idle", ""),
+        ]);
+        if newly_lost {
+            self.mark_executor_lost().await?;
+        }
+        if self.status != before || self.status.observed_generation != self.ts.metadata.generation {
+            self.write_status().await?;
+        }
+        if newly_lost {
+            let pod_name = pod
+                .as_ref()
+                .map(|p| p.name_any())
+                .or(self.executor_status().pod_name)
+                .unwrap_or_default();
+            let message = format!(
+                "agentctl pod {pod_name} is gone ({}); nothing relaunched until a resume is requested",
+                eval.reason
+            );
+            self.event(EventType::Warning, "AgentLost", "Observe", &message)
+                .await;
+        }
+        Ok(Action::requeue(self.ctx.settings.resync))
+    }
+
+    /// RUNNING ↔ WAITING_FOR_INPUT (task IN_PROGRESS ↔ REVIEW) from what `agentctl events`
+    /// last reported into ExecutorRunning.
+    fn follow_agent_activity(&mut self) {
+        if !matches!(
+            self.status.state,
+            SessionState::Running | SessionState::WaitingForInput
+        ) {
+            return;
+        }
+        match self.executor_status().activity {
+            Some(AgentActivity::Working) => {
+                self.status.state = SessionState::Running;
+                self.status.task_state = TaskState::InProgress;
+            }
+            Some(AgentActivity::Idle) => {
+                self.status.state = SessionState::WaitingForInput;
+                self.status.task_state = TaskState::Review;
+            }
+            None => {}
+        }
+    }
+
+    async fn mark_executor_lost(&self) -> Result<(), Error> {
+        let Some(er) = &self.executor else {
+            return Ok(());
+        };
+        let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let patch = json!({"status": {"status": ExecutorPhase::Lost, "resumable": self.resume_token().is_some(), "activity": null}});
+        api.patch_status(
+            &er.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(kube_err("marking the executor lost"))?;
+        Ok(())
+    }
+
+    fn set_conditions(&mut self, wanted: &[Want]) {
+        self.status.conditions = conditions::merge(
+            &self.status.conditions,
+            wanted,
+            self.ts.metadata.generation,
+            Timestamp::now(),
+        );
+    }
+
+    /// Writes the whole status with server-side apply under one field manager.
+    async fn write_status(&mut self) -> Result<(), Error> {
+        self.status.observed_generation = self.ts.metadata.generation;
+        let api: Api<TaskSession> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let patch = json!({
+            "apiVersion": TaskSession::api_version(&()),
+            "kind": TaskSession::kind(&()),
+            "status": self.status,
+        });
+        api.patch_status(
+            &self.name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kube_err("writing the TaskSession status"))?;
+        Ok(())
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(err) = self
+            .ctx
+            .recorder
+            .publish(&event, &self.ts.object_ref(&()))
+            .await
+        {
+            warn!(%err, reason, "could not publish an Event");
+        }
+    }
+}
+
+/// Crash-consistency tests: `KANDEV_FAULT_EXIT_AFTER=<step>` makes the operator exit right
+/// after that step persisted (`starting`, `pod-created`), as a crash there would. Unset in any
+/// real deployment, where it costs one environment lookup per step.
+fn fault_point(step: &str) {
+    if std::env::var("KANDEV_FAULT_EXIT_AFTER").is_ok_and(|v| v == step) {
+        warn!(
+            step,
+            "KANDEV_FAULT_EXIT_AFTER: exiting as if the operator crashed here"
+        );
+        std::process::exit(3);
+    }
+}
+
+/// `auth_required` → `AuthRequired` (condition reasons are CamelCase).
+fn camel(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|word| {
+            let mut chars = word.chars();
+            chars
+                .next()
+                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+fn describe_launch(launch_id: &str) -> String {
+    if launch_id == INITIAL_LAUNCH {
+        "the first launch".to_string()
+    } else {
+        format!("resume request {launch_id:?}")
+    }
+}
+
+/// What the live pod looks like (DESIGN §3: pointers are hints, the live Pod is the truth).
+fn liveness(pod: Option<&Pod>) -> PodLiveness {
+    let Some(pod) = pod else {
+        return PodLiveness::Missing;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodLiveness::Terminating;
+    }
+    let status = pod.status.as_ref();
+    match status.and_then(|s| s.phase.as_deref()) {
+        Some("Running") => {
+            let ready = status
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .all(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+                });
+            if ready {
+                PodLiveness::Running
+            } else {
+                PodLiveness::Failed
+            }
+        }
+        Some("Failed" | "Succeeded") => PodLiveness::Failed,
+        _ => PodLiveness::Pending,
+    }
+}
