@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use e2e_support::{client, install_crd, repo_path, unique, wait_for};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kandev_operator::api::{
     ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession, TaskState,
@@ -40,7 +41,17 @@ struct Operator {
 }
 
 impl Operator {
+    /// A single operator without leader election, optionally with a crash point.
     fn start(fault: Option<&str>) -> Operator {
+        Self::spawn(fault, None)
+    }
+
+    /// One replica electing a leader on `lease` as `identity`.
+    fn replica(lease: &str, identity: &str) -> Operator {
+        Self::spawn(None, Some((lease, identity)))
+    }
+
+    fn spawn(fault: Option<&str>, election: Option<(&str, &str)>) -> Operator {
         let dir = repo_path("target/e2e-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         let profiles = dir.join("test-profiles.yaml");
@@ -49,7 +60,7 @@ impl Operator {
         let out = std::fs::File::create(&log).expect("operator log");
         let err = out.try_clone().expect("operator log");
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kandev-operator"));
-        cmd.args(["run", "--no-leader-election", "--acp-timeout-seconds", "30"])
+        cmd.args(["run", "--acp-timeout-seconds", "30"])
             .args(["--resync-seconds", &RESYNC.as_secs().to_string()])
             .args(["--agentctl-image", "kandev.dev/agentctl:e2e"])
             .arg("--agent-profiles")
@@ -62,6 +73,15 @@ impl Operator {
             .kill_on_drop(true);
         if let Some(step) = fault {
             cmd.env("KANDEV_FAULT_EXIT_AFTER", step);
+        }
+        match election {
+            Some((lease, identity)) => {
+                cmd.args(["--lease-name", lease, "--lease-namespace", NS])
+                    .env("POD_NAME", identity);
+            }
+            None => {
+                cmd.arg("--no-leader-election");
+            }
         }
         let child = cmd.spawn().expect("start kandev-operator");
         eprintln!("operator log: {}", log.display());
@@ -528,12 +548,27 @@ async fn refusals_and_bad_input() {
 async fn operator_restarts_mid_resume_leave_exactly_one_pod() {
     let client = setup().await;
     let name = unique("restart");
-    {
+    let first_pod = {
         let _operator = Operator::start(None);
         create_session(&client, &name, "claude-code").await;
-        started_and_waiting(&client, &name).await;
-    }
+        started_and_waiting(&client, &name).await.1
+    };
     let token = token_of(&client, &name).await.expect("token");
+    {
+        // A restarted operator re-attaches to the running pod instead of relaunching it.
+        let _operator = Operator::start(None);
+        tokio::time::sleep(RESYNC * 3).await;
+        let live = live_pods(&client, &name).await;
+        assert_eq!(
+            live.iter().map(|p| p.uid()).collect::<Vec<_>>(),
+            vec![first_pod.uid()]
+        );
+        let ts = sessions(&client).get(&name).await.expect("session");
+        assert_eq!(
+            ts.status.map(|s| s.state),
+            Some(SessionState::WaitingForInput)
+        );
+    }
     for (step, request) in [("starting", "s1"), ("pod-created", "s2")] {
         let pod = live_pods(&client, &name).await.into_iter().next();
         if let Some(pod) = pod {
@@ -573,5 +608,70 @@ async fn operator_restarts_mid_resume_leave_exactly_one_pod() {
             Some(token.as_str())
         );
     }
+    delete_session(&client, &name).await;
+}
+
+async fn lease_holder(client: &Client, lease: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    leases
+        .get_opt(lease)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+async fn wait_lease_holder(client: &Client, lease: &str, identity: &str, within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while lease_holder(client, lease).await.as_deref() != Some(identity) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{identity} did not hold lease {lease} within {within:?} (holder: {:?})",
+            lease_holder(client, lease).await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Two replicas: one leads (holds the Lease) and acts, the other waits; when the leader dies the
+/// other takes over and handles the next resume.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn two_replicas_elect_one_leader_and_fail_over() {
+    let client = setup().await;
+    let lease = unique("lease");
+    let leader = Operator::replica(&lease, "replica-a");
+    wait_lease_holder(&client, &lease, "replica-a", Duration::from_secs(30)).await;
+    let follower = Operator::replica(&lease, "replica-b");
+
+    let name = unique("ha");
+    create_session(&client, &name, "claude-code").await;
+    let (token, pod) = started_and_waiting(&client, &name).await;
+    assert_eq!(
+        lease_holder(&client, &lease).await.as_deref(),
+        Some("replica-a")
+    );
+    let follower_log = std::fs::read_to_string(&follower.log).unwrap_or_default();
+    assert!(
+        !follower_log.contains("became the leader"),
+        "only one leader: {follower_log}"
+    );
+
+    drop(leader);
+    // The lease lasts 15 s without renewal.
+    wait_lease_holder(&client, &lease, "replica-b", Duration::from_secs(45)).await;
+    pods(&client)
+        .delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    wait_for(&sessions(&client), &name, "needsResume", needs_resume()).await;
+    annotate(&client, &name, "ha1").await;
+    wait_for(&sessions(&client), &name, "handled ha1", handled("ha1")).await;
+    assert_eq!(
+        token_of(&client, &name).await.as_deref(),
+        Some(token.as_str())
+    );
+    drop(follower);
     delete_session(&client, &name).await;
 }

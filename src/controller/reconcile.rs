@@ -802,14 +802,17 @@ impl<'a> Session<'a> {
         let running = liveness(pod.as_ref()) == PodLiveness::Running;
         let (ready_reason, ready_message) = if eval.needs_resume {
             (
-                "NeedsResume",
+                "NeedsResume".to_string(),
                 format!(
                     "agent not running ({}); annotate {RESUME_ANNOTATION} to resume",
                     eval.reason
                 ),
             )
         } else {
-            (self.status.state.as_str(), String::new())
+            (
+                camel(&self.status.state.as_str().to_ascii_lowercase()),
+                String::new(),
+            )
         };
         self.set_conditions(&[
             Want::new(
@@ -825,7 +828,7 @@ impl<'a> Session<'a> {
             Want::new(
                 conditions::NEEDS_RESUME,
                 eval.needs_resume,
-                eval.reason.as_str(),
+                camel(eval.reason.as_str()),
                 &ready_message,
             ),
             Want::new(
@@ -929,7 +932,11 @@ impl<'a> Session<'a> {
             type_,
             reason: reason.into(),
             note: Some(note.into()),
-            action: action.into(),
+            // kube's Recorder folds events with the same (type, reason, action) into one series
+            // that keeps the first note: a second resume would show as "x2" of the first one in
+            // `kubectl describe`. A hash of the note in the action keeps distinct events apart
+            // while true repeats still fold.
+            action: format!("{action}:{}", pods::short_hash(note)),
             secondary: None,
         };
         if let Err(err) = self
@@ -1003,5 +1010,55 @@ fn liveness(pod: Option<&Pod>) -> PodLiveness {
         }
         Some("Failed" | "Succeeded") => PodLiveness::Failed,
         _ => PodLiveness::Pending,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn condition_reasons_are_camel_case() {
+        for (snake, camel_case) in [
+            ("auth_required", "AuthRequired"),
+            ("agent_not_running", "AgentNotRunning"),
+            ("waiting_for_input", "WaitingForInput"),
+            ("timeout", "Timeout"),
+        ] {
+            assert_eq!(camel(snake), camel_case);
+        }
+    }
+
+    fn pod(phase: &str, running: bool, deleting: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "p",
+                "deletionTimestamp": if deleting { Some("2026-01-01T00:00:00Z") } else { None },
+            },
+            "status": {
+                "phase": phase,
+                "containerStatuses": [{
+                    "name": "agentctl", "image": "i", "imageID": "", "ready": running, "restartCount": 0,
+                    "state": if running { json!({"running": {}}) } else { json!({"terminated": {"exitCode": 137}}) },
+                }],
+            },
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn live_pod_decides_liveness() {
+        let cases = [
+            (None, PodLiveness::Missing),
+            (Some(pod("Running", true, false)), PodLiveness::Running),
+            (Some(pod("Running", true, true)), PodLiveness::Terminating),
+            (Some(pod("Running", false, false)), PodLiveness::Failed),
+            (Some(pod("Failed", false, false)), PodLiveness::Failed),
+            (Some(pod("Succeeded", false, false)), PodLiveness::Failed),
+            (Some(pod("Pending", false, false)), PodLiveness::Pending),
+        ];
+        for (pod, expected) in cases {
+            assert_eq!(liveness(pod.as_ref()), expected, "{pod:?}");
+        }
     }
 }
