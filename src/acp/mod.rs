@@ -23,6 +23,7 @@ pub use client::{AcpClient, AcpTimeouts, negotiated_capabilities, restore_capabi
 pub use exec::PodConnection;
 pub use local::{AgentStderr, LocalAgent, RestoreOptions, SpawnOptions, restore_with_local_agent};
 pub use outcome::{OutcomeKind, RestoreOutcome, RestoreReport};
+pub use rpc::default_answer_to_agent_request;
 pub use updates::SessionUpdateEvent;
 
 use crate::resume::RestoreFailure;

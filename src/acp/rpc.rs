@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWrite
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::resume::{METHOD_NOT_FOUND, RestoreFailure};
+use crate::resume::{INTERNAL_ERROR, METHOD_NOT_FOUND, RestoreFailure};
 
 use super::updates::SessionUpdateEvent;
 
@@ -455,10 +455,11 @@ fn handle_notification(method: &str, params: Option<&Value>, shared: &Shared) {
     }
 }
 
-/// We serve no client capabilities (no file system, no terminal: `initialize` advertises none),
-/// so every agent→client request gets -32601, except a permission request, which is cancelled.
-fn answer_agent_request(method: &str, id: &Value, outgoing: &mpsc::UnboundedSender<Vec<u8>>) {
-    let answer = if method == REQUEST_PERMISSION {
+/// The answer to an agent→client request nobody serves: a permission request is cancelled
+/// (the safe choice: nothing runs unattended that the agent asked a human about), anything
+/// else gets -32601 saying `why`. Shared by our client and by agentctl without a client.
+pub fn default_answer_to_agent_request(id: Value, method: &str, why: &str) -> Value {
+    if method == REQUEST_PERMISSION {
         use agent_client_protocol::v1::schema::{
             RequestPermissionOutcome, RequestPermissionResponse,
         };
@@ -466,16 +467,20 @@ fn answer_agent_request(method: &str, id: &Value, outgoing: &mpsc::UnboundedSend
         match serde_json::to_value(result) {
             Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
             Err(error) => json!({"jsonrpc": "2.0", "id": id,
-                "error": {"code": -32603, "message": format!("cannot encode answer: {error}")}}),
+                "error": {"code": INTERNAL_ERROR, "message": format!("cannot encode answer: {error}")}}),
         }
     } else {
-        tracing::debug!(
-            method,
-            "answering an agent request we do not serve with -32601"
-        );
         json!({"jsonrpc": "2.0", "id": id,
-            "error": {"code": METHOD_NOT_FOUND, "message": format!("Method not found: {method}")}})
-    };
+            "error": {"code": METHOD_NOT_FOUND, "message": format!("method not found: {method} ({why})")}})
+    }
+}
+
+/// We serve no client capabilities (no file system, no terminal: `initialize` advertises none),
+/// so every agent→client request gets -32601, except a permission request, which is cancelled.
+fn answer_agent_request(method: &str, id: &Value, outgoing: &mpsc::UnboundedSender<Vec<u8>>) {
+    tracing::debug!(method, "answering an agent request we do not serve");
+    let answer =
+        default_answer_to_agent_request(id.clone(), method, "this client does not serve it");
     // If the writer is gone the connection is closing anyway.
     let _ = outgoing.send(encode_line(&answer));
 }

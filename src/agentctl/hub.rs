@@ -890,18 +890,13 @@ pub fn inject_history(message: &mut Value, entries: &[HistoryEntry]) -> bool {
     true
 }
 
-/// agentctl's answer to an agent request no client can take: deny permission (the safe
-/// choice: nothing runs unattended that the agent asked a human about) and refuse the rest.
+/// agentctl's answer to an agent request no client can take.
 pub fn default_answer(id: Value, method: &str) -> Value {
-    if method == "session/request_permission" {
-        wire::result_message(id, json!({"outcome": {"outcome": "cancelled"}}))
-    } else {
-        wire::error_message(
-            id,
-            wire::METHOD_NOT_FOUND,
-            &format!("agentctl: no ACP client is connected to handle {method}"),
-        )
-    }
+    crate::acp::default_answer_to_agent_request(
+        id,
+        method,
+        "no ACP client is connected to agentctl",
+    )
 }
 
 /// The `initialize` params agentctl sends: protocol v1, and no client capabilities, since no

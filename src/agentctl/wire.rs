@@ -12,8 +12,7 @@ pub const JSONRPC_VERSION: &str = "2.0";
 pub const PARSE_ERROR: i64 = -32700;
 /// The JSON sent is not a valid JSON-RPC request object.
 pub const INVALID_REQUEST: i64 = -32600;
-pub const METHOD_NOT_FOUND: i64 = -32601;
-pub const INTERNAL_ERROR: i64 = -32603;
+pub use crate::resume::{INTERNAL_ERROR, METHOD_NOT_FOUND};
 /// agentctl's own code: another ACP client is connected.
 pub const BUSY: i64 = -32001;
 /// The message a busy agentctl sends before closing the connection.

@@ -349,31 +349,17 @@ impl<'a> Session<'a> {
                 "resume request {token:?} refused: the session is {}",
                 self.status.state
             );
-            self.status.last_handled_resume_request = Some(token.to_string());
-            self.set_conditions(&[Want::new(
-                conditions::RESUMED,
-                false,
-                "TerminalState",
-                &message,
-            )]);
-            self.write_status().await?;
-            self.event(EventType::Warning, "ResumeRefused", "Resume", &message)
+            let refused = (EventType::Warning, "ResumeRefused");
+            return self
+                .handled_without_launch(token, false, "TerminalState", refused, &message)
                 .await;
-            return Ok(Some(Action::await_change()));
         }
         if eval.reason == ResumeReason::AlreadyRunning && self.status.state.is_active() {
             let message = format!("resume request {token:?}: the agent is already running");
-            self.status.last_handled_resume_request = Some(token.to_string());
-            self.set_conditions(&[Want::new(
-                conditions::RESUMED,
-                true,
-                "AlreadyRunning",
-                &message,
-            )]);
-            self.write_status().await?;
-            self.event(EventType::Normal, "AlreadyRunning", "Resume", &message)
+            let running = (EventType::Normal, "AlreadyRunning");
+            return self
+                .handled_without_launch(token, true, "AlreadyRunning", running, &message)
                 .await;
-            return Ok(Some(Action::await_change()));
         }
         self.status.active_resume_request = Some(token.to_string());
         self.set_conditions(&[Want::new(
@@ -391,6 +377,29 @@ impl<'a> Session<'a> {
         )
         .await;
         Ok(None)
+    }
+
+    /// Marks `token` handled without launching anything: the `Resumed` condition and an Event
+    /// say why.
+    async fn handled_without_launch(
+        &mut self,
+        token: &str,
+        resumed: bool,
+        condition_reason: &str,
+        (event_type, event_reason): (EventType, &str),
+        message: &str,
+    ) -> Result<Option<Action>, Error> {
+        self.status.last_handled_resume_request = Some(token.to_string());
+        self.set_conditions(&[Want::new(
+            conditions::RESUMED,
+            resumed,
+            condition_reason,
+            message,
+        )]);
+        self.write_status().await?;
+        self.event(event_type, event_reason, "Resume", message)
+            .await;
+        Ok(Some(Action::await_change()))
     }
 
     /// Steps 1–5 of DESIGN §3 "Resume execution" (the initial launch takes the same path).
