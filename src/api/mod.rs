@@ -19,6 +19,9 @@ pub use task_session::*;
 pub const GROUP: &str = "kandev.dev";
 /// Annotation a user or a frontend sets to request a resume; its value is an opaque token.
 pub const RESUME_ANNOTATION: &str = "kandev.dev/resume-requested-at";
+/// Annotation asking one resume to ignore the saved token and start fresh: its value is the
+/// [`RESUME_ANNOTATION`] token of that request (any other value has no effect).
+pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
 /// Label on every pod the operator manages.
 pub const MANAGED_LABEL: &str = "kandev.dev/managed";
 /// Label naming the TaskSession a managed pod belongs to.

@@ -1,19 +1,25 @@
 //! `kandev-operator`: the controller binary (and the CRD generator).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use kandev_operator::agents::AgentRegistry;
+use kandev_operator::controller::http::{self, HttpState};
 use kandev_operator::controller::leader::{self, LeaseSettings};
 use kandev_operator::controller::pods::PodSettings;
-use kandev_operator::controller::{self, OperatorSettings};
+use kandev_operator::controller::{self, OperatorSettings, metrics, permissions};
+use tokio::time::Instant;
 
 #[derive(Parser)]
 #[command(
     name = "kandev-operator",
     version,
+    // A repeated flag takes its last value, so appended arguments (the chart's extraArgs)
+    // override earlier ones.
+    args_override_self = true,
     about = "Keeps AI coding-agent sessions alive across pod loss: lost agents are marked NeedsResume and restored over ACP when a resume is requested."
 )]
 struct Cli {
@@ -52,6 +58,9 @@ struct RunArgs {
     /// Toleration added to every agent pod, as KEY[=VALUE]:EFFECT (repeatable).
     #[arg(long = "pod-toleration", value_name = "KEY[=VALUE]:EFFECT")]
     pod_tolerations: Vec<String>,
+    /// Node selector entry of every agent pod, as KEY=VALUE (repeatable).
+    #[arg(long = "pod-node-selector", value_name = "KEY=VALUE")]
+    pod_node_selectors: Vec<String>,
     /// Re-evaluate every session at least this often, in seconds (watches do the rest).
     #[arg(long, default_value_t = 60)]
     resync_seconds: u64,
@@ -67,6 +76,35 @@ struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "kandev-operator")]
     lease_name: String,
+    /// Address of the HTTP endpoints /metrics, /healthz and /readyz, e.g. 0.0.0.0:8080 (port 0
+    /// picks a free port). "off" (the default of the binary) serves none; the Helm chart serves
+    /// them on 0.0.0.0:8080.
+    #[arg(
+        long,
+        env = "KANDEV_HTTP_ADDRESS",
+        value_name = "ADDR",
+        default_value = "off"
+    )]
+    http_address: String,
+    /// Start without the RBAC self-check (one SelfSubjectAccessReview per permission the
+    /// operator uses; a missing permission otherwise stops the start with a list of them).
+    #[arg(long)]
+    skip_permission_check: bool,
+    /// How long the start may wait for the API server, and then for the RBAC self-check, before
+    /// the operator gives up and exits (seconds).
+    #[arg(long, default_value_t = 30)]
+    startup_timeout_seconds: u64,
+    /// Log format on stderr (the level comes from RUST_LOG, default "info,kube=warn").
+    #[arg(long, env = "KANDEV_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -118,14 +156,74 @@ fn parse_toleration(text: &str) -> Result<k8s_openapi::api::core::v1::Toleration
     })
 }
 
-fn run(args: RunArgs) -> Result<(), String> {
-    tracing_subscriber::fmt()
+fn parse_node_selector(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("node selector {text:?}: expected KEY=VALUE")),
+    }
+}
+
+/// `--http-address`: `None` when the endpoints are off.
+fn http_address(text: &str) -> Option<&str> {
+    let text = text.trim();
+    (!text.is_empty() && !text.eq_ignore_ascii_case("off")).then_some(text)
+}
+
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// A client whose API server answered, within `timeout`. Transport errors (server not up yet)
+/// are retried until then; an answer that is an error (e.g. 401) is final.
+async fn connect(timeout: Duration) -> Result<kube::Client, String> {
+    let config = kube::Config::infer().await.map_err(|e| {
+        format!("loading the cluster configuration (kubeconfig or in-cluster): {e}")
+    })?;
+    let url = config.cluster_url.clone();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| format!("creating the Kubernetes client for {url}: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    let gave_up = |detail: String| {
+        format!(
+            "the Kubernetes API server at {url} did not answer within {}s{detail} (--startup-timeout-seconds)",
+            timeout.as_secs()
+        )
+    };
+    loop {
+        match tokio::time::timeout_at(deadline, client.apiserver_version()).await {
+            Ok(Ok(version)) => {
+                tracing::info!(server = %url, version = %version.git_version, "connected to the API server");
+                return Ok(client);
+            }
+            Ok(Err(err @ kube::Error::Api(_))) => {
+                return Err(format!(
+                    "the Kubernetes API server at {url} answered GET /version with an error: {err}"
+                ));
+            }
+            Ok(Err(err)) => {
+                let retry = Duration::from_secs(2);
+                if Instant::now() + retry >= deadline {
+                    return Err(gave_up(format!(": {err}")));
+                }
+                tracing::warn!(server = %url, %err, "API server not reachable yet; retrying");
+                tokio::time::sleep(retry).await;
+            }
+            Err(_) => return Err(gave_up(String::new())),
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<(), String> {
+    init_logging(args.log_format);
     let agents = match &args.agent_profiles {
         Some(path) => AgentRegistry::load_file(path),
         None => AgentRegistry::builtin(),
@@ -136,11 +234,16 @@ fn run(args: RunArgs) -> Result<(), String> {
         .iter()
         .map(|t| parse_toleration(t))
         .collect::<Result<Vec<_>, _>>()?;
+    let node_selector = args
+        .pod_node_selectors
+        .iter()
+        .map(|s| parse_node_selector(s))
+        .collect::<Result<BTreeMap<_, _>, _>>()?;
     let settings = OperatorSettings {
         pod: PodSettings {
             default_image: args.agentctl_image.clone(),
             tolerations,
-            node_selector: Default::default(),
+            node_selector,
             run_as_user: args.run_as_user,
         },
         resync: Duration::from_secs(args.resync_seconds),
@@ -149,7 +252,32 @@ fn run(args: RunArgs) -> Result<(), String> {
     let runtime =
         tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default().await.map_err(|e| format!("connecting to the cluster: {e}"))?;
+        // The endpoints come first: liveness holds while the startup checks and the wait for the
+        // lease run, and readiness says when the checks passed.
+        let http_state = HttpState::new();
+        match http_address(&args.http_address) {
+            Some(address) => {
+                let listener = http::bind(address).await?;
+                let local = listener.local_addr().map_err(|e| format!("HTTP endpoints: {e}"))?;
+                tracing::info!(address = %local, "serving /metrics, /healthz and /readyz");
+                tokio::spawn(http::serve(listener, http_state.clone()));
+            }
+            None => tracing::info!("HTTP endpoints are off (--http-address)"),
+        }
+        let timeout = Duration::from_secs(args.startup_timeout_seconds);
+        let client = connect(timeout).await?;
+        let user = tokio::time::timeout(timeout, permissions::whoami(&client)).await.ok().flatten();
+        tracing::info!(user = user.as_deref().unwrap_or("unknown"), "authenticated to the API server");
+        if args.skip_permission_check {
+            tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
+        } else {
+            let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
+            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace))
+                .await
+                .map_err(|_| format!("RBAC self-check: the API server did not answer within {}s (--startup-timeout-seconds)", timeout.as_secs()))??;
+            tracing::info!("RBAC self-check passed");
+        }
+        http_state.set_ready();
         if !args.no_leader_election {
             let identity = std::env::var("POD_NAME")
                 .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
@@ -170,6 +298,7 @@ fn run(args: RunArgs) -> Result<(), String> {
                 _ = leading.wait_for(|l| !*l) => Err("lost the leader lease; exiting so a new leader takes over".to_string()),
             }
         } else {
+            metrics::global().set_leader(true);
             controller::run(client, agents, settings).await;
             Ok(())
         }

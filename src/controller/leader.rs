@@ -72,11 +72,13 @@ pub fn elect(client: Client, settings: LeaseSettings) -> watch::Receiver<bool> {
                     if !*tx.borrow() {
                         info!(lease = %settings.name, identity = %settings.identity, "became the leader");
                     }
+                    super::metrics::global().set_leader(true);
                     let _ = tx.send(true);
                 }
                 Ok(false) => {
                     if *tx.borrow() {
                         warn!("lost the leader lease");
+                        super::metrics::global().set_leader(false);
                         let _ = tx.send(false);
                         return;
                     }
@@ -85,6 +87,7 @@ pub fn elect(client: Client, settings: LeaseSettings) -> watch::Receiver<bool> {
                     warn!(%err, "leader election: API call failed");
                     if *tx.borrow() {
                         // Could not renew; give up before the lease can expire under us.
+                        super::metrics::global().set_leader(false);
                         let _ = tx.send(false);
                         return;
                     }

@@ -1,6 +1,6 @@
 //! The reconciler (DESIGN §3): lost-pod detection, lazy resume on annotation, ACP restore over
 //! exec, tokens back into status. It gathers facts, calls the pure rules in `crate::resume`, and
-//! applies the result.
+//! applies the result. Beside it: the HTTP endpoints, metrics and the RBAC self-check (§4).
 
 pub mod conditions;
 pub mod pods;
@@ -8,4 +8,7 @@ mod reconcile;
 
 pub use reconcile::{Context, Error, OperatorSettings, run};
 pub mod follower;
+pub mod http;
 pub mod leader;
+pub mod metrics;
+pub mod permissions;

@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use super::conditions::{self, Want};
 use super::follower::Followers;
+use super::metrics::{self, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
@@ -30,7 +31,7 @@ use crate::api::{
 };
 use crate::resume::{
     InitialPrompt, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
-    build_resume_request, evaluate_resume_eligibility,
+    build_resume_request, evaluate_resume_eligibility, pod_liveness as liveness,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -38,7 +39,7 @@ pub const MANAGER: &str = "kandev-operator";
 /// Finalizer that lets the operator stop its event followers before a session goes away.
 pub const FINALIZER: &str = "kandev.dev/cleanup";
 /// Annotation asking the next resume to ignore the saved token and start fresh.
-pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
+pub use crate::api::RESUME_FRESH_ANNOTATION;
 /// Launch id of a session's first launch (resumes use their request token).
 const INITIAL_LAUNCH: &str = "initial";
 
@@ -60,9 +61,14 @@ pub enum Error {
 impl Error {
     /// A short, bounded label for metrics.
     pub fn metric_label(&self) -> &'static str {
+        use kube::runtime::finalizer::Error as F;
         match self {
             Self::Kube { .. } => "kube",
-            Self::Finalizer(_) => "finalizer",
+            // Every reconcile runs inside the finalizer helper: label what failed inside it.
+            Self::Finalizer(e) => match e.as_ref() {
+                F::ApplyFailed(inner) | F::CleanupFailed(inner) => inner.metric_label(),
+                _ => "finalizer",
+            },
             Self::NoNamespace => "no_namespace",
         }
     }
@@ -109,12 +115,14 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
     let sessions: Api<TaskSession> = Api::all(client.clone());
     let executors: Api<ExecutorRunning> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
-    Controller::new(sessions, watcher::Config::default())
+    let controller = Controller::new(sessions, watcher::Config::default())
         .owns(executors, watcher::Config::default())
         .owns(
             pods,
             watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true")),
-        )
+        );
+    metrics::global().track_sessions(controller.store());
+    controller
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -133,16 +141,25 @@ fn error_policy(ts: Arc<TaskSession>, err: &Error, _ctx: Arc<Context>) -> Action
 
 #[tracing::instrument(name = "reconcile", skip_all, fields(session = %ts.name_any(), namespace = ts.namespace().unwrap_or_default()))]
 async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = ts.namespace().ok_or(Error::NoNamespace)?;
-    let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, ts, |event| async {
-        match event {
-            Finalizer::Apply(ts) => Session::load(ts, &ctx).await?.apply().await,
-            Finalizer::Cleanup(ts) => Session::load(ts, &ctx).await?.cleanup(),
-        }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    let started = std::time::Instant::now();
+    let result = async {
+        let ns = ts.namespace().ok_or(Error::NoNamespace)?;
+        let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
+        finalizer(&api, FINALIZER, ts, |event| async {
+            match event {
+                Finalizer::Apply(ts) => Session::load(ts, &ctx).await?.apply().await,
+                Finalizer::Cleanup(ts) => Session::load(ts, &ctx).await?.cleanup(),
+            }
+        })
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(e)))
+    }
+    .await;
+    metrics::global().reconciled(
+        result.as_ref().err().map(Error::metric_label),
+        started.elapsed(),
+    );
+    result
 }
 
 /// Everything one reconcile knows about a session.
@@ -211,10 +228,14 @@ impl<'a> Session<'a> {
         })
     }
 
-    /// The user asked this resume to ignore the saved token (`kandev.dev/resume-fresh: "true"`).
+    /// The user asked this resume to ignore the saved token: `kandev.dev/resume-fresh` carries
+    /// the token of the request being handled (per request, so a leftover flag never makes a
+    /// later resume fresh).
     fn fresh_requested(&self) -> bool {
-        self.status.active_resume_request.is_some()
-            && self.annotation(RESUME_FRESH_ANNOTATION) == Some("true")
+        self.status
+            .active_resume_request
+            .as_deref()
+            .is_some_and(|active| self.annotation(RESUME_FRESH_ANNOTATION) == Some(active))
     }
 
     fn unknown_profile_reason(&self) -> String {
@@ -268,18 +289,7 @@ impl<'a> Session<'a> {
 
     /// The live pod recorded in ExecutorRunning (same UID), else the newest managed pod.
     fn current_pod(&self) -> Option<&Pod> {
-        let uid = self.executor_status().pod_uid;
-        uid.as_deref()
-            .and_then(|uid| {
-                self.pods
-                    .iter()
-                    .find(|p| p.metadata.uid.as_deref() == Some(uid))
-            })
-            .or_else(|| {
-                self.pods
-                    .iter()
-                    .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
-            })
+        crate::resume::current_pod(&self.pods, self.executor_status().pod_uid.as_deref())
     }
 
     fn facts(&self, pod: Option<&Pod>) -> SessionFacts {
@@ -397,6 +407,11 @@ impl<'a> Session<'a> {
             message,
         )]);
         self.write_status().await?;
+        metrics::global().resume_handled(if resumed {
+            ResumeOutcome::AlreadyRunning
+        } else {
+            ResumeOutcome::Refused
+        });
         self.event(event_type, event_reason, "Resume", message)
             .await;
         Ok(Some(Action::await_change()))
@@ -559,6 +574,7 @@ impl<'a> Session<'a> {
         let client = &mut connection.client;
         let timeouts = AcpTimeouts::uniform(self.ctx.settings.acp_timeout);
         let cwd = std::path::PathBuf::from(&self.ts.spec.workspace.mount_path);
+        let restore_started = std::time::Instant::now();
         let outcome = client
             .restore(
                 token.as_deref(),
@@ -568,6 +584,7 @@ impl<'a> Session<'a> {
                 timeouts,
             )
             .await;
+        metrics::global().restore_took(restore_started.elapsed());
         let capabilities = client.negotiated_capabilities();
         let mut started_prompt = false;
         if let RestoreOutcome::Fresh { session_id, .. } = &outcome
@@ -705,6 +722,13 @@ impl<'a> Session<'a> {
         }
         self.set_conditions(&wanted);
         self.write_status().await?;
+        if was_resume {
+            metrics::global().resume_handled(if reason == "Restored" {
+                ResumeOutcome::Restored
+            } else {
+                ResumeOutcome::Fresh
+            });
+        }
         self.ctx
             .followers
             .ensure(&self.ctx.client, pod, &pods::executor_name(&self.ts));
@@ -759,6 +783,7 @@ impl<'a> Session<'a> {
             Want::new(conditions::RECONCILING, false, "ResumeFailed", ""),
         ]);
         self.write_status().await?;
+        metrics::global().resume_handled(ResumeOutcome::Failed);
         self.event(EventType::Warning, "ResumeFailed", "Restore", &message)
             .await;
         Ok(Action::requeue(self.ctx.settings.resync))
@@ -766,6 +791,7 @@ impl<'a> Session<'a> {
 
     /// DESIGN §3 step 5 "Launch failure → FAILED with the reason"; the request is handled.
     async fn fail_launch(mut self, reason: &str) -> Result<Action, Error> {
+        let was_resume = self.status.active_resume_request.is_some();
         self.status.state = SessionState::Failed;
         self.status.task_state = TaskState::Failed;
         self.status.error_message = Some(reason.to_string());
@@ -776,6 +802,9 @@ impl<'a> Session<'a> {
             Want::new(conditions::RECONCILING, false, "LaunchFailed", ""),
         ]);
         self.write_status().await?;
+        if was_resume {
+            metrics::global().resume_handled(ResumeOutcome::Failed);
+        }
         self.event(EventType::Warning, "LaunchFailed", "Launch", reason)
             .await;
         Ok(Action::await_change())
@@ -855,6 +884,7 @@ impl<'a> Session<'a> {
             self.write_status().await?;
         }
         if newly_lost {
+            metrics::global().agent_lost();
             let pod_name = pod
                 .as_ref()
                 .map(|p| p.name_any())
@@ -994,34 +1024,6 @@ fn describe_launch(launch_id: &str) -> String {
     }
 }
 
-/// What the live pod looks like (DESIGN §3: pointers are hints, the live Pod is the truth).
-fn liveness(pod: Option<&Pod>) -> PodLiveness {
-    let Some(pod) = pod else {
-        return PodLiveness::Missing;
-    };
-    if pod.metadata.deletion_timestamp.is_some() {
-        return PodLiveness::Terminating;
-    }
-    let status = pod.status.as_ref();
-    match status.and_then(|s| s.phase.as_deref()) {
-        Some("Running") => {
-            let ready = status
-                .and_then(|s| s.container_statuses.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .all(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
-                });
-            if ready {
-                PodLiveness::Running
-            } else {
-                PodLiveness::Failed
-            }
-        }
-        Some("Failed" | "Succeeded") => PodLiveness::Failed,
-        _ => PodLiveness::Pending,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1035,39 +1037,6 @@ mod tests {
             ("timeout", "Timeout"),
         ] {
             assert_eq!(camel(snake), camel_case);
-        }
-    }
-
-    fn pod(phase: &str, running: bool, deleting: bool) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {
-                "name": "p",
-                "deletionTimestamp": if deleting { Some("2026-01-01T00:00:00Z") } else { None },
-            },
-            "status": {
-                "phase": phase,
-                "containerStatuses": [{
-                    "name": "agentctl", "image": "i", "imageID": "", "ready": running, "restartCount": 0,
-                    "state": if running { json!({"running": {}}) } else { json!({"terminated": {"exitCode": 137}}) },
-                }],
-            },
-        }))
-        .expect("pod")
-    }
-
-    #[test]
-    fn live_pod_decides_liveness() {
-        let cases = [
-            (None, PodLiveness::Missing),
-            (Some(pod("Running", true, false)), PodLiveness::Running),
-            (Some(pod("Running", true, true)), PodLiveness::Terminating),
-            (Some(pod("Running", false, false)), PodLiveness::Failed),
-            (Some(pod("Failed", false, false)), PodLiveness::Failed),
-            (Some(pod("Succeeded", false, false)), PodLiveness::Failed),
-            (Some(pod("Pending", false, false)), PodLiveness::Pending),
-        ];
-        for (pod, expected) in cases {
-            assert_eq!(liveness(pod.as_ref()), expected, "{pod:?}");
         }
     }
 }

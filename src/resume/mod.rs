@@ -20,4 +20,7 @@ pub use restore::{
     AgentRestoreCapabilities, FreshReason, NextStep, RestoreMethod, RestorePlan,
     next_step_after_failure, select_restore_method,
 };
-pub use status::{PodLiveness, ResumeEvaluation, SessionFacts, evaluate_resume_eligibility};
+pub use status::{
+    PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
+    pod_liveness,
+};

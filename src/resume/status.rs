@@ -3,7 +3,10 @@
 //!
 //! Pure: the caller looks at the live Pod (UID, phase, deletion timestamp) and the
 //! ExecutorRunning record, condenses them into [`SessionFacts`], and this module decides.
-//! `podName` in status is only a hint, so [`PodLiveness`] must come from the live Pod.
+//! `podName` in status is only a hint, so [`PodLiveness`] must come from the live Pod
+//! ([`pod_liveness`]); the operator and `kubectl kandev` read pods the same way.
+
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{ResumeReason, SessionState};
 
@@ -40,6 +43,49 @@ impl PodLiveness {
     pub fn is_lost(self) -> bool {
         matches!(self, Self::Missing | Self::Terminating | Self::Failed)
     }
+}
+
+/// What the live pod looks like (DESIGN §3: pointers are hints, the live Pod is the truth).
+///
+/// No pod → `Missing`; a deletion timestamp → `Terminating`; phase Running with every container
+/// running → `Running`, with a container that stopped → `Failed`; phase Failed/Succeeded →
+/// `Failed`; anything else (Pending, unknown) → `Pending`.
+pub fn pod_liveness(pod: Option<&Pod>) -> PodLiveness {
+    let Some(pod) = pod else {
+        return PodLiveness::Missing;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodLiveness::Terminating;
+    }
+    let status = pod.status.as_ref();
+    match status.and_then(|s| s.phase.as_deref()) {
+        Some("Running") => {
+            let ready = status
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .all(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+                });
+            if ready {
+                PodLiveness::Running
+            } else {
+                PodLiveness::Failed
+            }
+        }
+        Some("Failed" | "Succeeded") => PodLiveness::Failed,
+        _ => PodLiveness::Pending,
+    }
+}
+
+/// The session's current agentctl pod among its managed pods: the one ExecutorRunning records
+/// (same UID, so a recreated pod of the same name is not mistaken for it), else the newest.
+pub fn current_pod<'a>(pods: &'a [Pod], recorded_uid: Option<&str>) -> Option<&'a Pod> {
+    recorded_uid
+        .and_then(|uid| pods.iter().find(|p| p.metadata.uid.as_deref() == Some(uid)))
+        .or_else(|| {
+            pods.iter()
+                .max_by_key(|p| p.metadata.creation_timestamp.clone().map(|t| t.0))
+        })
 }
 
 /// Everything status evaluation looks at, already read from the cluster.
@@ -204,6 +250,63 @@ mod tests {
             };
             assert_eq!(evaluate_resume_eligibility(&facts), expected, "{facts:?}");
         }
+    }
+
+    fn pod(phase: &str, running: bool, deleting: bool) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "p",
+                "deletionTimestamp": if deleting { Some("2026-01-01T00:00:00Z") } else { None },
+            },
+            "status": {
+                "phase": phase,
+                "containerStatuses": [{
+                    "name": "agentctl", "image": "i", "imageID": "", "ready": running, "restartCount": 0,
+                    "state": if running { serde_json::json!({"running": {}}) } else { serde_json::json!({"terminated": {"exitCode": 137}}) },
+                }],
+            },
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn live_pod_decides_liveness() {
+        let cases = [
+            (None, Pod::Missing),
+            (Some(pod("Running", true, false)), Pod::Running),
+            (Some(pod("Running", true, true)), Pod::Terminating),
+            (Some(pod("Running", false, false)), Pod::Failed),
+            (Some(pod("Failed", false, false)), Pod::Failed),
+            (Some(pod("Succeeded", false, false)), Pod::Failed),
+            (Some(pod("Pending", false, false)), Pod::Pending),
+            (Some(pod("Unknown", false, false)), Pod::Pending),
+        ];
+        for (pod, expected) in cases {
+            assert_eq!(pod_liveness(pod.as_ref()), expected, "{pod:?}");
+        }
+    }
+
+    #[test]
+    fn current_pod_prefers_the_recorded_uid_then_the_newest() {
+        let make = |name: &str, uid: &str, created: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "uid": uid, "creationTimestamp": created},
+            }))
+            .expect("pod")
+        };
+        let pods = [
+            make("old", "u1", "2026-01-01T00:00:00Z"),
+            make("new", "u2", "2026-01-02T00:00:00Z"),
+        ];
+        let name =
+            |p: Option<&k8s_openapi::api::core::v1::Pod>| p.and_then(|p| p.metadata.name.clone());
+        assert_eq!(name(current_pod(&pods, Some("u1"))).as_deref(), Some("old"));
+        assert_eq!(
+            name(current_pod(&pods, Some("gone"))).as_deref(),
+            Some("new")
+        );
+        assert_eq!(name(current_pod(&pods, None)).as_deref(), Some("new"));
+        assert_eq!(name(current_pod(&[], Some("u1"))), None);
     }
 
     fn all_facts() -> Vec<SessionFacts> {
