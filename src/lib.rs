@@ -7,4 +7,5 @@ pub mod agents;
 pub mod api;
 pub mod controller;
 pub mod history;
+pub mod plugin;
 pub mod resume;

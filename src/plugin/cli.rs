@@ -1,0 +1,279 @@
+//! The command line of `kubectl kandev` (clap). The doc comments are the `--help` text.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::error::{EXIT_CODES_HELP, parse_duration};
+
+/// kubectl kandev — inspect, resume and talk to kandev TaskSessions (AI coding-agent sessions).
+///
+/// When an agent's pod is lost, the kandev operator marks its TaskSession "needs resume" and
+/// relaunches nothing until someone asks. This plugin asks: `resume` sets the resume-request
+/// annotation (a new token each time) and can wait until the operator has handled it;
+/// `prompt` makes sure the agent runs (resuming it when needed) and streams its answer;
+/// `status` and `history` show where a session stands and what was said.
+///
+/// Install: put the `kubectl-kandev` binary on your PATH; kubectl finds it as `kubectl kandev`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "kubectl-kandev",
+    bin_name = "kubectl kandev",
+    version,
+    propagate_version = true,
+    after_help = EXIT_CODES_HELP,
+    after_long_help = EXIT_CODES_HELP
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the cluster and the session are (the usual kubectl flags).
+#[derive(Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Cluster options (kubectl's)")]
+pub struct GlobalArgs {
+    /// Namespace of the TaskSession [default: the kubeconfig context's namespace, else
+    /// "default"].
+    #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Path to the kubeconfig file [default: $KUBECONFIG, else ~/.kube/config; in a pod, the
+    /// in-cluster service account].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use [default: the current context].
+    #[arg(long, global = true, value_name = "CONTEXT")]
+    pub context: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Show whether a session needs a resume, and why.
+    ///
+    /// Evaluates the session against its live agentctl pod with the operator's own rules
+    /// (the TaskSession status may lag behind a pod that just died) and shows: state, task
+    /// state, needs resume, resumable, reason, whether a resume token (the agent's ACP session
+    /// id) is saved, the current pod, and how the last resume request ended (the Resumed
+    /// condition and status.lastHandledResumeRequest).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Status(StatusArgs),
+    /// Ask the operator to resume a session whose agent is gone.
+    ///
+    /// Sets the annotation kandev.dev/resume-requested-at to a new token (field manager
+    /// "kandev-plugin", so GitOps tools that prune kubectl-owned fields leave it alone) and
+    /// prints the token. The operator restores the agent's saved session in a new pod on the
+    /// same workspace. With --wait, waits until the operator has handled that token and prints
+    /// the outcome: state, resume token before → after, and the Resumed condition.
+    ///
+    /// Nothing is requested for a session whose agent is already running ("already running",
+    /// exit 0) or that the operator is still launching; a terminal session (COMPLETED,
+    /// CANCELLED, FAILED without a resumable executor) is refused with exit code 4. When a
+    /// resume is already in progress, it is awaited instead of adding a second one.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Resume(ResumeArgs),
+    /// Send a prompt to a session's agent and stream its answer.
+    ///
+    /// Makes sure the session runs first: if its agent is gone, requests a resume and waits
+    /// (up to --timeout) until the session is WAITING_FOR_INPUT. Then connects to the agent
+    /// through `kubectl exec <pod> -- agentctl connect`, sends the prompt to the agent's saved
+    /// session, and prints the agent's answer on stdout as it arrives (tool calls go to stderr).
+    /// The stop reason (end_turn, max_tokens, refusal, cancelled…) is printed on stderr at the
+    /// end. If the pod vanishes while the prompt runs, the session is resumed once and the
+    /// prompt sent once more. Leaving (also with Ctrl-C) disconnects without stopping the
+    /// agent.
+    ///
+    /// Exit code 0 when the turn ended normally (end_turn, max_tokens, max_turn_requests), 1
+    /// when the agent refused, the turn was cancelled, or the prompt failed.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Prompt(PromptArgs),
+    /// Print the session's recorded conversation.
+    ///
+    /// agentctl records the conversation on the workspace volume
+    /// (<workspace>/.kandev/sessions/<session>.jsonl); it is read through the running agentctl
+    /// pod with `kubectl exec … cat`. Without a running pod (the session needs a resume), exit
+    /// code 4: resume the session first.
+    #[command(after_help = EXIT_CODES_HELP)]
+    History(HistoryArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// A readable table.
+    Text,
+    /// One JSON document.
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum HistoryOutput {
+    /// `[USER]: …`, `[ASSISTANT]: …`, `[TOOL CALL: name]`, `[TOOL RESULT: name] …`.
+    Text,
+    /// The recorded JSON lines, unchanged.
+    Jsonl,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// Wait until the operator has handled the request, then print the outcome; exit 0 if the
+    /// session was restored or started, 1 if the resume failed.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits (e.g. 90s, 2m, 1m30s).
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Start a fresh agent session instead of restoring the saved one: also sets
+    /// kandev.dev/resume-fresh to the request's token (the saved resume token is ignored, not
+    /// deleted). Without it, a leftover resume-fresh annotation is removed in the same patch.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Args, Debug)]
+pub struct PromptArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// The prompt; `-` reads it from stdin.
+    pub text: String,
+    /// How long to wait for the session to be ready (resume included), e.g. 90s, 2m. The turn
+    /// itself has no time limit.
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = HistoryOutput::Text)]
+    pub output: HistoryOutput,
+    /// Prefix each entry with its timestamp (text output).
+    #[arg(long)]
+    pub timestamps: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kubectl-kandev").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn global_flags_go_anywhere() {
+        let cli = parse(&["-n", "team", "status", "demo", "-o", "json"]).expect("parse");
+        assert_eq!(cli.global.namespace.as_deref(), Some("team"));
+        let cli = parse(&[
+            "status",
+            "demo",
+            "--namespace",
+            "team",
+            "--context",
+            "dev",
+            "--kubeconfig",
+            "/k",
+        ])
+        .expect("parse");
+        assert_eq!(cli.global.namespace.as_deref(), Some("team"));
+        assert_eq!(cli.global.context.as_deref(), Some("dev"));
+        assert_eq!(cli.global.kubeconfig, Some(PathBuf::from("/k")));
+        match cli.command {
+            Command::Status(args) => {
+                assert_eq!((args.session.as_str(), args.output), ("demo", Output::Text))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn resume_defaults_and_flags() {
+        match parse(&["resume", "demo"]).expect("parse").command {
+            Command::Resume(args) => {
+                assert!(!args.wait && !args.fresh);
+                assert_eq!(args.timeout, Duration::from_secs(90));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["resume", "demo", "--wait", "--timeout", "2m", "--fresh"])
+            .expect("parse")
+            .command
+        {
+            Command::Resume(args) => {
+                assert!(args.wait && args.fresh);
+                assert_eq!(args.timeout, Duration::from_secs(120));
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = parse(&["resume", "demo", "--timeout", "soon"]).expect_err("bad timeout");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn prompt_and_history_arguments() {
+        match parse(&["prompt", "demo", "fix it", "--timeout", "10s"])
+            .expect("parse")
+            .command
+        {
+            Command::Prompt(args) => {
+                assert_eq!(
+                    (args.session.as_str(), args.text.as_str()),
+                    ("demo", "fix it")
+                );
+                assert_eq!(args.timeout, Duration::from_secs(10));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse(&["prompt", "demo"]).expect_err("no text").exit_code(),
+            2
+        );
+        match parse(&["history", "demo", "-o", "jsonl"])
+            .expect("parse")
+            .command
+        {
+            Command::History(args) => assert_eq!(args.output, HistoryOutput::Jsonl),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn help_documents_exit_codes_and_reads_as_kubectl_kandev() {
+        let mut cmd = Cli::command();
+        let help = cmd.render_long_help().to_string();
+        assert!(help.contains("Exit codes:"), "{help}");
+        assert!(help.contains("kubectl kandev"), "{help}");
+        for sub in ["status", "resume", "prompt", "history"] {
+            let sub_help = cmd
+                .find_subcommand_mut(sub)
+                .expect("subcommand")
+                .render_long_help()
+                .to_string();
+            assert!(sub_help.contains("Exit codes:"), "{sub}: {sub_help}");
+            assert!(sub_help.contains("--namespace"), "{sub}: {sub_help}");
+        }
+    }
+}

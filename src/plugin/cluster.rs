@@ -1,0 +1,341 @@
+//! Talking to the API server: loading the kubeconfig, reading a session with its executor and
+//! pods, setting the resume-request annotation, and polling until something happened.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::cli::GlobalArgs;
+use super::error::PluginError;
+use super::view::{Snapshot, request_token};
+use crate::api::{
+    ExecutorRunning, MANAGED_LABEL, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL,
+    TaskSession,
+};
+use crate::controller::pods;
+
+/// The field manager of every write the plugin makes. It must not start with `kubectl`: Flux
+/// removes fields owned by `kubectl*` managers.
+pub const FIELD_MANAGER: &str = "kandev-plugin";
+/// How often waits poll the API server (DESIGN: at most every 500 ms).
+pub const POLL: Duration = Duration::from_millis(400);
+
+/// A client plus the namespace every command works in.
+#[derive(Clone)]
+pub struct Cluster {
+    pub client: Client,
+    pub namespace: String,
+    /// The API server URL, for error messages.
+    pub server: String,
+}
+
+impl Cluster {
+    /// Loads the configuration like kubectl: `--kubeconfig`, else `$KUBECONFIG` (merged when it
+    /// lists several files), else `~/.kube/config`, else the in-cluster service account;
+    /// `--context` picks a context; `-n` overrides the context's namespace.
+    pub async fn connect(global: &GlobalArgs) -> Result<Self, PluginError> {
+        let options = KubeConfigOptions {
+            context: global.context.clone(),
+            ..Default::default()
+        };
+        let mut config =
+            match (&global.kubeconfig, &global.context) {
+                (Some(path), _) => {
+                    let shown = Some(path.display().to_string());
+                    let kubeconfig =
+                        Kubeconfig::read_from(path).map_err(|e| PluginError::Kubeconfig {
+                            path: shown.clone(),
+                            reason: e.to_string(),
+                        })?;
+                    Config::from_custom_kubeconfig(kubeconfig, &options)
+                        .await
+                        .map_err(|e| PluginError::Kubeconfig {
+                            path: shown,
+                            reason: e.to_string(),
+                        })?
+                }
+                (None, Some(_)) => Config::from_kubeconfig(&options).await.map_err(|e| {
+                    PluginError::Kubeconfig {
+                        path: None,
+                        reason: e.to_string(),
+                    }
+                })?,
+                (None, None) => Config::infer().await.map_err(|e| PluginError::Kubeconfig {
+                    path: None,
+                    reason: e.to_string(),
+                })?,
+            };
+        // An unreachable server should say so quickly, not after the 30 s default.
+        config.connect_timeout = Some(Duration::from_secs(10));
+        let namespace = global
+            .namespace
+            .clone()
+            .unwrap_or_else(|| config.default_namespace.clone());
+        let server = config.cluster_url.to_string();
+        let client = Client::try_from(config).map_err(|e| PluginError::Kubeconfig {
+            path: None,
+            reason: format!("cannot build a client: {e}"),
+        })?;
+        Ok(Self {
+            client,
+            namespace,
+            server,
+        })
+    }
+
+    pub fn sessions(&self) -> Api<TaskSession> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Wraps a kube error with what was being done.
+    pub fn kube_error(&self, action: impl Into<String>, source: kube::Error) -> PluginError {
+        let action = action.into();
+        let action = match &source {
+            kube::Error::Api(_) => action,
+            _ => format!("cannot reach the cluster while {action}"),
+        };
+        PluginError::Kube {
+            action,
+            server: self.server.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn not_found(&self, name: &str) -> PluginError {
+        PluginError::NotFound {
+            name: name.to_string(),
+            namespace: self.namespace.clone(),
+        }
+    }
+
+    /// Reads the TaskSession, its ExecutorRunning and its managed pods.
+    pub async fn snapshot(&self, name: &str) -> Result<Snapshot, PluginError> {
+        let session = match self.sessions().get(name).await {
+            Ok(session) => session,
+            // A 404 naming the object: it does not exist. A 404 without a name: no such API.
+            Err(kube::Error::Api(status))
+                if status.code == 404
+                    && status.details.as_ref().is_some_and(|d| !d.name.is_empty()) =>
+            {
+                return Err(self.not_found(name));
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Err(PluginError::CrdMissing {
+                    server: self.server.clone(),
+                    message: status.message.clone(),
+                });
+            }
+            Err(e) => return Err(self.kube_error(format!("reading tasksession {name:?}"), e)),
+        };
+        let executor = Api::<ExecutorRunning>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt(&pods::executor_name(&session))
+            .await
+            .map_err(|e| self.kube_error(format!("reading the executorrunning of {name:?}"), e))?;
+        let selector = format!(
+            "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
+            pods::session_label_value(name)
+        );
+        let pods = self
+            .pods()
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| self.kube_error(format!("listing the agentctl pods of {name:?}"), e))?
+            .items;
+        Ok(Snapshot {
+            namespace: self.namespace.clone(),
+            session,
+            executor,
+            pods,
+        })
+    }
+
+    /// Sets `kandev.dev/resume-requested-at` to a new token in one merge patch (field manager
+    /// [`FIELD_MANAGER`]), together with `kandev.dev/resume-fresh: <the same token>` for a fresh
+    /// start (the operator honours the flag only for the request whose token it carries), or the
+    /// removal of a leftover resume-fresh flag otherwise. Returns the token.
+    pub async fn request_resume(
+        &self,
+        snapshot: &Snapshot,
+        fresh: bool,
+    ) -> Result<String, PluginError> {
+        let name = snapshot.name();
+        let status = snapshot.status();
+        let mut token = new_token();
+        // Unique against what the operator has seen; a clash is all but impossible.
+        while Some(token.as_str()) == snapshot.annotation(RESUME_ANNOTATION)
+            || status.last_handled_resume_request.as_deref() == Some(token.as_str())
+        {
+            token = new_token();
+        }
+        let patch = resume_patch(&token, fresh, snapshot.annotation(RESUME_FRESH_ANNOTATION));
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        };
+        match self
+            .sessions()
+            .patch(&name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(token),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(&name)),
+            Err(e) => Err(self.kube_error(
+                format!("setting {RESUME_ANNOTATION} on tasksession {name:?}"),
+                e,
+            )),
+        }
+    }
+
+    /// Polls the session every [`POLL`] until `done` returns `Some`, or fails with a timeout
+    /// that says what was awaited and where the session stood.
+    pub async fn poll<T>(
+        &self,
+        name: &str,
+        what: &str,
+        deadline: Deadline,
+        mut done: impl FnMut(&Snapshot) -> Result<Option<T>, PluginError>,
+    ) -> Result<T, PluginError> {
+        loop {
+            let snapshot = self.snapshot(name).await?;
+            if let Some(value) = done(&snapshot)? {
+                return Ok(value);
+            }
+            if deadline.passed() {
+                return Err(PluginError::Timeout {
+                    what: what.to_string(),
+                    waited: deadline.total,
+                    last_seen: snapshot.last_seen(),
+                });
+            }
+            tokio::time::sleep(POLL.min(deadline.remaining())).await;
+        }
+    }
+
+    /// Waits until the operator has handled request `token` (`status.lastHandledResumeRequest`).
+    pub async fn wait_handled(
+        &self,
+        name: &str,
+        token: &str,
+        deadline: Deadline,
+    ) -> Result<Snapshot, PluginError> {
+        let what =
+            format!("the operator to handle resume request {token:?} of tasksession {name:?}");
+        self.poll(name, &what, deadline, |snapshot| {
+            let handled = snapshot.status().last_handled_resume_request.as_deref() == Some(token);
+            Ok(handled.then(|| snapshot.clone()))
+        })
+        .await
+        .map_err(|e| match e {
+            PluginError::Timeout {
+                what,
+                waited,
+                last_seen,
+            } if !last_seen.contains(token) => PluginError::Timeout {
+                what,
+                waited,
+                last_seen: format!(
+                    "{last_seen} (the operator has not picked the request up: is kandev-operator running?)"
+                ),
+            },
+            other => other,
+        })
+    }
+}
+
+/// A point in time a command must not wait beyond (`--timeout`).
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    pub at: Instant,
+    pub total: Duration,
+}
+
+impl Deadline {
+    pub fn after(total: Duration) -> Self {
+        Self {
+            at: Instant::now() + total,
+            total,
+        }
+    }
+
+    pub fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The merge patch of a resume request.
+pub fn resume_patch(token: &str, fresh: bool, current_fresh: Option<&str>) -> Value {
+    let mut annotations = BTreeMap::new();
+    annotations.insert(RESUME_ANNOTATION, json!(token));
+    if fresh {
+        annotations.insert(RESUME_FRESH_ANNOTATION, json!(token));
+    } else if current_fresh.is_some() {
+        annotations.insert(RESUME_FRESH_ANNOTATION, Value::Null);
+    }
+    json!({"metadata": {"annotations": annotations}})
+}
+
+fn new_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    // RandomState is seeded randomly per process: enough entropy for a request token.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(now.as_nanos());
+    hasher.write_u32(std::process::id());
+    request_token(now.as_millis(), hasher.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn resume_patches_set_or_clear_the_fresh_flag() {
+        assert_eq!(
+            resume_patch("t1", false, None),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t1"}}})
+        );
+        assert_eq!(
+            resume_patch("t1", true, None),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t1", RESUME_FRESH_ANNOTATION: "t1"}}})
+        );
+        // A leftover flag from an earlier fresh request is removed in the same patch.
+        assert_eq!(
+            resume_patch("t2", false, Some("t1")),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: null}}})
+        );
+        assert_eq!(
+            resume_patch("t2", true, Some("t1")),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: "t2"}}})
+        );
+    }
+
+    #[test]
+    fn tokens_differ_between_calls() {
+        let a = new_token();
+        let b = new_token();
+        assert_ne!(a, b);
+        assert!(a.starts_with("kandev-"), "{a}");
+    }
+
+    #[test]
+    fn the_field_manager_is_not_pruned_by_flux() {
+        assert!(!FIELD_MANAGER.starts_with("kubectl"));
+    }
+}

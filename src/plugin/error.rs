@@ -1,0 +1,354 @@
+//! The plugin's one error type and the exit codes scripts rely on.
+
+use std::time::Duration;
+
+/// Exit codes of `kubectl kandev` (also listed in `--help`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExitCode {
+    /// Done: the command did what was asked (a session already running counts as done).
+    Ok = 0,
+    /// The resume or the prompt failed (the operator or the agent reported a failure).
+    Failed = 1,
+    /// Bad command line (clap's own code).
+    Usage = 2,
+    /// The TaskSession does not exist.
+    NotFound = 3,
+    /// The session cannot be resumed (terminal state), or the command needs a running agent pod
+    /// and there is none (`history`).
+    NotResumable = 4,
+    /// `--timeout` passed before what was waited for happened.
+    Timeout = 5,
+    /// The cluster is unreachable, the kubeconfig is unusable, or the API refused a call.
+    Cluster = 6,
+}
+
+impl ExitCode {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// The `--help` text listing the exit codes.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  ok (for resume/prompt: the session was restored or started; already running counts)
+  1  the resume or the prompt failed
+  2  usage error
+  3  the TaskSession was not found
+  4  not resumable: a terminal session (COMPLETED, CANCELLED, FAILED without a resumable
+     executor), or no running agent pod where one is needed (history)
+  5  timed out (--timeout) waiting for the operator or the agent
+  6  cluster unreachable, kubeconfig unusable, or an API error";
+
+/// Everything that can end a plugin command early. Each variant names what was being done, so
+/// the one line printed on stderr is enough to act on.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot load the kubeconfig{}: {reason}", path.as_ref().map(|p| format!(" {p}")).unwrap_or_default())]
+    Kubeconfig {
+        path: Option<String>,
+        reason: String,
+    },
+    #[error("tasksession {name:?} not found in namespace {namespace:?}")]
+    NotFound { name: String, namespace: String },
+    #[error("tasksession {name:?} in namespace {namespace:?} cannot be resumed: {why}")]
+    NotResumable {
+        name: String,
+        namespace: String,
+        why: String,
+    },
+    #[error(
+        "tasksession {name:?} has no running agent pod ({pod}): {what}; resume it first: kubectl kandev resume {name} -n {namespace} --wait"
+    )]
+    NoRunningPod {
+        name: String,
+        namespace: String,
+        pod: String,
+        what: &'static str,
+    },
+    #[error("timed out after {} waiting for {what}; last seen: {last_seen}", format_duration(*waited))]
+    Timeout {
+        what: String,
+        waited: Duration,
+        last_seen: String,
+    },
+    #[error("{action} (API server {server}): {source}")]
+    Kube {
+        action: String,
+        server: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error(
+        "the TaskSession API is not served by {server} ({message}); is the kandev CRD installed? (kubectl get crd tasksessions.kandev.dev)"
+    )]
+    CrdMissing { server: String, message: String },
+    #[error("resume of tasksession {name:?} {verdict}")]
+    ResumeFailed { name: String, verdict: String },
+    #[error("prompt to tasksession {name:?} failed: {reason}")]
+    PromptFailed { name: String, reason: String },
+    #[error("{action}: {reason}")]
+    Exec { action: String, reason: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("interrupted; {0}")]
+    Interrupted(String),
+}
+
+impl PluginError {
+    /// The exit code a script sees for this error.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            Self::NotFound { .. } => ExitCode::NotFound,
+            Self::NotResumable { .. } | Self::NoRunningPod { .. } => ExitCode::NotResumable,
+            Self::Timeout { .. } => ExitCode::Timeout,
+            Self::Kubeconfig { .. } | Self::Kube { .. } | Self::CrdMissing { .. } => {
+                ExitCode::Cluster
+            }
+            Self::ResumeFailed { .. }
+            | Self::PromptFailed { .. }
+            | Self::Exec { .. }
+            | Self::Io { .. }
+            | Self::Interrupted(_) => ExitCode::Failed,
+        }
+    }
+}
+
+/// `90s`, `2m`, `1m30s`, `500ms`, `1h`: how durations read in messages (and in `--timeout`).
+pub fn format_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis == 0 {
+        return "0s".into();
+    }
+    if !millis.is_multiple_of(1000) {
+        return format!("{millis}ms");
+    }
+    let secs = duration.as_secs();
+    let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 {
+        out.push_str(&format!("{s}s"));
+    }
+    out
+}
+
+/// Parses `--timeout`: one or more `<integer><unit>` with unit `ms`, `s`, `m` or `h`
+/// (`1m30s`), or a bare integer of seconds. Zero is refused: it could never be met.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = text.parse::<u64>() {
+        return nonzero(Duration::from_secs(secs), text);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.chars().take_while(char::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(format!(
+                "invalid duration {text:?}: expected e.g. 90s, 2m, 1m30s, 500ms"
+            ));
+        }
+        let value: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.chars().take_while(|c| c.is_ascii_alphabetic()).count();
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        let part = match unit {
+            "ms" => Duration::from_millis(value),
+            "s" => Duration::from_secs(value),
+            "m" => Duration::from_secs(value.saturating_mul(60)),
+            "h" => Duration::from_secs(value.saturating_mul(3600)),
+            _ => {
+                return Err(format!(
+                    "invalid duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"
+                ));
+            }
+        };
+        total = total.saturating_add(part);
+    }
+    nonzero(total, text)
+}
+
+fn nonzero(duration: Duration, text: &str) -> Result<Duration, String> {
+    if duration.is_zero() {
+        Err(format!("duration {text:?} must be greater than zero"))
+    } else {
+        Ok(duration)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn durations_parse() {
+        let ok = [
+            ("90s", 90_000),
+            ("90", 90_000),
+            ("2m", 120_000),
+            ("1m30s", 90_000),
+            ("500ms", 500),
+            ("1h", 3_600_000),
+            ("1h2m3s", 3_723_000),
+            (" 5s ", 5_000),
+        ];
+        for (text, millis) in ok {
+            assert_eq!(
+                parse_duration(text),
+                Ok(Duration::from_millis(millis)),
+                "{text}"
+            );
+        }
+        for bad in ["", "0", "0s", "s", "5x", "1.5s", "-3s", "5 s", "m5"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn durations_format_like_they_parse() {
+        let cases = [
+            (Duration::from_secs(90), "1m30s"),
+            (Duration::from_secs(5), "5s"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::from_secs(3600), "1h"),
+            (Duration::ZERO, "0s"),
+        ];
+        for (duration, text) in cases {
+            assert_eq!(format_duration(duration), text);
+            if !duration.is_zero() {
+                assert_eq!(parse_duration(text), Ok(duration), "round trip {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_error_has_its_documented_exit_code() {
+        let io = || std::io::Error::other("x");
+        let cases: Vec<(PluginError, i32)> = vec![
+            (
+                PluginError::NotFound {
+                    name: "x".into(),
+                    namespace: "y".into(),
+                },
+                3,
+            ),
+            (
+                PluginError::NotResumable {
+                    name: "x".into(),
+                    namespace: "y".into(),
+                    why: "COMPLETED".into(),
+                },
+                4,
+            ),
+            (
+                PluginError::NoRunningPod {
+                    name: "x".into(),
+                    namespace: "y".into(),
+                    pod: "none".into(),
+                    what: "w",
+                },
+                4,
+            ),
+            (
+                PluginError::Timeout {
+                    what: "w".into(),
+                    waited: Duration::from_secs(1),
+                    last_seen: "s".into(),
+                },
+                5,
+            ),
+            (
+                PluginError::Kubeconfig {
+                    path: None,
+                    reason: "r".into(),
+                },
+                6,
+            ),
+            (
+                PluginError::CrdMissing {
+                    server: "s".into(),
+                    message: "m".into(),
+                },
+                6,
+            ),
+            (
+                PluginError::ResumeFailed {
+                    name: "x".into(),
+                    verdict: "v".into(),
+                },
+                1,
+            ),
+            (
+                PluginError::PromptFailed {
+                    name: "x".into(),
+                    reason: "r".into(),
+                },
+                1,
+            ),
+            (
+                PluginError::Exec {
+                    action: "a".into(),
+                    reason: "r".into(),
+                },
+                1,
+            ),
+            (
+                PluginError::Io {
+                    context: "c".into(),
+                    source: io(),
+                },
+                1,
+            ),
+            (PluginError::Interrupted("i".into()), 1),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error.exit_code().code(), code, "{error}");
+            let line = error.to_string();
+            assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+            assert!(
+                EXIT_CODES_HELP.contains(&format!("  {code}  ")),
+                "exit code {code} documented"
+            );
+        }
+        assert_eq!(ExitCode::Usage.code(), 2);
+    }
+
+    #[test]
+    fn messages_say_what_and_where() {
+        let missing = PluginError::NotFound {
+            name: "x".into(),
+            namespace: "y".into(),
+        };
+        assert_eq!(
+            missing.to_string(),
+            r#"tasksession "x" not found in namespace "y""#
+        );
+        let timeout = PluginError::Timeout {
+            what: "the operator to handle resume request \"t\"".into(),
+            waited: Duration::from_secs(90),
+            last_seen: "state WAITING_FOR_INPUT".into(),
+        };
+        assert_eq!(
+            timeout.to_string(),
+            "timed out after 1m30s waiting for the operator to handle resume request \"t\"; last seen: state WAITING_FOR_INPUT"
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! `kubectl-kandev`, the kubectl plugin (DESIGN §4): `status`, `resume`, `prompt`, `history`.
+//!
+//! - [`cli`]: the command line and its `--help` text;
+//! - [`view`]: the pure parts — the evaluated status and its table, what a resume request should
+//!   do, what a handled request's outcome means, when a prompt may be sent or retried, history
+//!   rendering, request tokens (table-tested);
+//! - [`cluster`]: the API server — kubeconfig, reading a session with its executor and pods,
+//!   setting the resume annotation (field manager `kandev-plugin`), waiting;
+//! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `cat` for
+//!   the history file).
+//!
+//! Exit codes ([`ExitCode`]): 0 ok, 1 failed, 2 usage, 3 not found, 4 not resumable, 5 timeout,
+//! 6 cluster/API error.
+
+pub mod cli;
+pub mod cluster;
+mod error;
+mod history;
+mod prompt;
+pub mod view;
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+pub use error::{EXIT_CODES_HELP, ExitCode, PluginError, format_duration, parse_duration};
+
+use cli::{Cli, Command, Output, ResumeArgs, StatusArgs};
+use cluster::{Cluster, Deadline};
+use view::{OutcomeKind, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
+
+/// Parses the command line, runs the command and returns the exit code (the binary exits with
+/// it). Errors are printed on stderr as one `error: …` line.
+pub fn run_cli() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            // --help and --version exit 0, real usage errors 2.
+            let _ = error.print();
+            return error.exit_code();
+        }
+    };
+    init_tracing();
+    let prompt_text = match &cli.command {
+        Command::Prompt(args) => match prompt_text(&args.text) {
+            Ok(text) => Some(text),
+            Err(message) => {
+                eprintln!("error: {message}");
+                return ExitCode::Usage.code();
+            }
+        },
+        _ => None,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::Failed.code();
+        }
+    };
+    let result = runtime.block_on(run(cli, prompt_text));
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(code) => code.code(),
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code().code()
+        }
+    }
+}
+
+fn init_tracing() {
+    // kube's client logs every failed request at ERROR; our one error line says it better.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,kube_client=off"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// The prompt argument, or stdin for `-`; never empty.
+fn prompt_text(arg: &str) -> Result<String, String> {
+    let text = if arg == "-" {
+        std::io::read_to_string(std::io::stdin())
+            .map_err(|e| format!("cannot read the prompt from stdin: {e}"))?
+    } else {
+        arg.to_string()
+    };
+    if text.trim().is_empty() {
+        Err("the prompt is empty".into())
+    } else {
+        Ok(text)
+    }
+}
+
+async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginError> {
+    let cluster = Cluster::connect(&cli.global).await?;
+    match cli.command {
+        Command::Status(args) => status(&cluster, args).await,
+        Command::Resume(args) => resume(&cluster, args).await,
+        Command::Prompt(args) => {
+            let text = prompt_text.unwrap_or_else(|| args.text.clone());
+            prompt::prompt(&cluster, &args.session, &text, args.timeout).await
+        }
+        Command::History(args) => history::history(&cluster, args).await,
+    }
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error.
+pub(crate) fn write_stdout(text: &str) -> Result<(), PluginError> {
+    write_stdout_bytes(text.as_bytes())
+}
+
+pub(crate) fn write_stdout_bytes(bytes: &[u8]) -> Result<(), PluginError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(PluginError::Io {
+            context: "writing to stdout".into(),
+            source: error,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn json_line(value: &impl serde::Serialize) -> Result<String, PluginError> {
+    serde_json::to_string_pretty(value)
+        .map(|s| s + "\n")
+        .map_err(|e| PluginError::Io {
+            context: "encoding the JSON output".into(),
+            source: std::io::Error::other(e),
+        })
+}
+
+async fn status(cluster: &Cluster, args: StatusArgs) -> Result<ExitCode, PluginError> {
+    let snapshot = cluster.snapshot(&args.session).await?;
+    let view = StatusView::new(&snapshot);
+    match args.output {
+        Output::Text => write_stdout(&view.table())?,
+        Output::Json => write_stdout(&json_line(&view)?)?,
+    }
+    Ok(ExitCode::Ok)
+}
+
+async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginError> {
+    let snapshot = cluster.snapshot(&args.session).await?;
+    let name = snapshot.name();
+    let status = snapshot.status();
+    let token_before = snapshot.resume_token();
+    let mut report = ResumeReport {
+        name: name.clone(),
+        namespace: cluster.namespace.clone(),
+        request: None,
+        handled: false,
+        outcome: None,
+        succeeded: None,
+        state: status.state,
+        task_state: status.task_state,
+        token_before: token_before.clone(),
+        token_after: token_before.clone(),
+        reason: None,
+        message: None,
+    };
+    let plan = plan_resume(
+        &status,
+        &snapshot.evaluation(),
+        snapshot.liveness(),
+        args.fresh,
+    );
+    let request = match plan {
+        ResumePlan::Refuse(why) => {
+            return Err(PluginError::NotResumable {
+                name,
+                namespace: cluster.namespace.clone(),
+                why,
+            });
+        }
+        ResumePlan::AlreadyRunning | ResumePlan::Starting => {
+            let message = if plan == ResumePlan::AlreadyRunning {
+                report.outcome = Some(OutcomeKind::AlreadyRunning);
+                report.succeeded = Some(true);
+                format!("the agent is already running (state {})", status.state)
+            } else if status.state == crate::api::SessionState::Created {
+                "the session has not started yet (state CREATED): the operator launches it by itself; nothing to resume".to_string()
+            } else {
+                format!(
+                    "the operator is launching the agent (state {}, pod {}); nothing to resume",
+                    status.state,
+                    view::liveness_name(snapshot.liveness())
+                )
+            };
+            report.message = Some(message.clone());
+            match args.output {
+                Output::Json => write_stdout(&json_line(&report)?)?,
+                Output::Text => write_stdout(&format!("tasksession {name:?}: {message}\n"))?,
+            }
+            return Ok(ExitCode::Ok);
+        }
+        ResumePlan::AwaitActive(token) => {
+            let fresh_note = if args.fresh {
+                " (--fresh does not apply to it)"
+            } else {
+                ""
+            };
+            eprintln!(
+                "a resume of tasksession {name:?} is already in progress (request {token}){fresh_note}"
+            );
+            token
+        }
+        ResumePlan::Request => cluster.request_resume(&snapshot, args.fresh).await?,
+    };
+    report.request = Some(request.clone());
+    if !args.wait {
+        match args.output {
+            Output::Json => write_stdout(&json_line(&report)?)?,
+            Output::Text => {
+                // The token alone on stdout (for scripts), the explanation on stderr.
+                eprint!("{}", report.text());
+                write_stdout(&format!("{request}\n"))?;
+            }
+        }
+        return Ok(ExitCode::Ok);
+    }
+    let handled = cluster
+        .wait_handled(&name, &request, Deadline::after(args.timeout))
+        .await?;
+    let status = handled.status();
+    let outcome = interpret_outcome(&status, &request);
+    report.handled = true;
+    report.outcome = Some(outcome.kind);
+    report.succeeded = Some(outcome.kind.succeeded());
+    report.state = status.state;
+    report.task_state = status.task_state;
+    report.token_after = handled.resume_token();
+    report.reason = Some(outcome.reason.clone()).filter(|r| !r.is_empty());
+    report.message = Some(outcome.message.clone()).filter(|m| !m.is_empty());
+    match args.output {
+        Output::Json => write_stdout(&json_line(&report)?)?,
+        Output::Text => write_stdout(&report.text())?,
+    }
+    match outcome.kind {
+        kind if kind.succeeded() => Ok(ExitCode::Ok),
+        OutcomeKind::Refused => Err(PluginError::NotResumable {
+            name,
+            namespace: cluster.namespace.clone(),
+            why: outcome.message,
+        }),
+        _ => Err(PluginError::ResumeFailed {
+            name,
+            verdict: if outcome.reason.is_empty() {
+                "failed".to_string()
+            } else {
+                format!("failed ({})", outcome.reason)
+            },
+        }),
+    }
+}

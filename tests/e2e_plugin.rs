@@ -1,0 +1,782 @@
+//! End-to-end: `kubectl-kandev` (the kubectl plugin) as a subprocess against the real control
+//! plane (kwok + harness), with the operator as a local child process, the real
+//! `claude-agent-acp` and the scriptable `kandev-test-agent` inside the agentctl pods. Run by
+//! `bash e2e/test.sh` (see e2e/README.md): `#[ignore]`d for plain `cargo test`, failing (never
+//! skipping) without a cluster. Every test works in its own namespace.
+
+mod e2e_support;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use e2e_support::{client, install_crd, kubectl, repo_path, unique, wait_for, with_cleanup};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kandev_operator::api::{
+    ExecutorRunning, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState, TaskSession,
+};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::Condition;
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
+/// Longest a single plugin run may take before the test fails.
+const RUN_LIMIT: Duration = Duration::from_secs(180);
+
+/// Agent profiles of the test operator: an echoing test agent whose session id is known to
+/// every later agent (so `session/resume` restores it), and one whose first agent never answers
+/// a prompt (the pod dies mid-turn) while the agents of later pods answer.
+const TEST_PROFILES: &str = r#"
+profiles:
+  plugin-echo:
+    launch: ["kandev-test-agent", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
+    nativeSessionResume: true
+    historyContextInjection: false
+  plugin-hang-once:
+    launch:
+      - sh
+      - -c
+      - >-
+        if [ -e .kandev/hung-once ]; then
+        exec kandev-test-agent --new-session-id plugin-session --known-session plugin-session;
+        fi;
+        mkdir -p .kandev && touch .kandev/hung-once &&
+        exec kandev-test-agent --on-prompt hang --new-session-id plugin-session --known-session plugin-session
+    nativeSessionResume: true
+    historyContextInjection: false
+"#;
+
+/// The operator binary as a child process (killed when dropped).
+struct Operator {
+    _child: tokio::process::Child,
+}
+
+impl Operator {
+    fn start() -> Operator {
+        let dir = repo_path("target/e2e-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let profiles = dir.join("plugin-test-profiles.yaml");
+        std::fs::write(&profiles, TEST_PROFILES).expect("profiles file");
+        let log = dir.join(format!("{}.log", unique("plugin-operator")));
+        let out = std::fs::File::create(&log).expect("operator log");
+        let err = out.try_clone().expect("operator log");
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kandev-operator"))
+            .args([
+                "run",
+                "--acp-timeout-seconds",
+                "30",
+                "--resync-seconds",
+                "2",
+            ])
+            .args(["--agentctl-image", "kandev.dev/agentctl:e2e"])
+            .arg("--agent-profiles")
+            .arg(&profiles)
+            .arg("--no-leader-election")
+            .env("RUST_LOG", "info,kandev_operator=debug")
+            .env_remove("KANDEV_FAULT_EXIT_AFTER")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start kandev-operator");
+        eprintln!("operator log: {}", log.display());
+        Operator { _child: child }
+    }
+}
+
+/// What one plugin run did.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:#?}"))
+    }
+
+    fn expect_code(self, code: i32) -> Run {
+        assert_eq!(self.code, code, "exit code: {self:#?}");
+        self
+    }
+}
+
+async fn finish(child: tokio::process::Child, what: &str) -> Run {
+    let output = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} ran longer than {RUN_LIMIT:?}"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let run = Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    eprintln!("$ {what} → {}\n{}{}", run.code, run.stdout, run.stderr);
+    run
+}
+
+fn plugin_command(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(PLUGIN);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// `kubectl-kandev <args>` (KUBECONFIG from the environment).
+async fn plugin(args: &[&str]) -> Run {
+    let child = plugin_command(args).spawn().expect("start kubectl-kandev");
+    finish(child, &format!("kubectl-kandev {}", args.join(" "))).await
+}
+
+/// `kubectl kandev <args>` through the e2e kubectl, with the plugin's directory first on PATH:
+/// proves kubectl's plugin discovery finds it.
+async fn via_kubectl(args: &[&str]) -> Run {
+    let dir = Path::new(PLUGIN).parent().expect("plugin dir");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![dir.to_path_buf()];
+    paths.extend(std::env::split_paths(&path));
+    let program = kubectl().get_program().to_owned();
+    let child = tokio::process::Command::new(program)
+        .arg("kandev")
+        .args(args)
+        .env("PATH", std::env::join_paths(paths).expect("PATH"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start kubectl");
+    finish(child, &format!("kubectl kandev {}", args.join(" "))).await
+}
+
+async fn setup() -> Client {
+    let client = client().await;
+    install_crd(&client, "crds/tasksessions.kandev.dev.yaml").await;
+    install_crd(&client, "crds/executorrunnings.kandev.dev.yaml").await;
+    client
+}
+
+/// A fresh namespace whose default ServiceAccount exists (pods are refused before it does).
+async fn namespace(client: &Client) -> String {
+    let name = unique("plugin");
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    wait_for(
+        &accounts,
+        "default",
+        "created",
+        |sa: Option<&ServiceAccount>| sa.is_some(),
+    )
+    .await;
+    name
+}
+
+/// Deletes the namespace's sessions (while the operator still runs, so its finalizer is
+/// removed), waits for them to go, then deletes the namespace.
+async fn cleanup(client: &Client, ns: &str) {
+    let api = sessions(client, ns);
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    for _ in 0..60 {
+        match api.list(&ListParams::default()).await {
+            Ok(list) if list.items.is_empty() => break,
+            Err(_) => break,
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(ns, &DeleteParams::default())
+        .await;
+}
+
+fn sessions(client: &Client, ns: &str) -> Api<TaskSession> {
+    Api::namespaced(client.clone(), ns)
+}
+
+fn pods(client: &Client, ns: &str) -> Api<Pod> {
+    Api::namespaced(client.clone(), ns)
+}
+
+async fn create_session(client: &Client, ns: &str, name: &str, agent: &str, task: Option<&str>) {
+    let ts: TaskSession = serde_json::from_value(json!({
+        "apiVersion": "kandev.dev/v1alpha1",
+        "kind": "TaskSession",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "taskId": format!("task-{name}"),
+            "agent": agent,
+            "taskDescription": task,
+            "workspace": {"template": {"size": "1Gi"}},
+        }
+    }))
+    .expect("valid TaskSession");
+    sessions(client, ns)
+        .create(&PostParams::default(), &ts)
+        .await
+        .expect("create TaskSession");
+}
+
+fn state_is(state: SessionState) -> impl Condition<TaskSession> {
+    move |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.state == state)
+    }
+}
+
+fn needs_resume() -> impl Condition<TaskSession> {
+    |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.needs_resume)
+    }
+}
+
+async fn token_of(client: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<ExecutorRunning>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .expect("ExecutorRunning")
+        .status
+        .and_then(|s| s.resume_token)
+}
+
+/// The session's only live pod.
+async fn the_pod(client: &Client, ns: &str, name: &str) -> Pod {
+    let live: Vec<Pod> = pods(client, ns)
+        .list(&ListParams::default().labels(&format!("kandev.dev/session={name}")))
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert_eq!(live.len(), 1, "one live pod: {live:#?}");
+    live.into_iter().next().expect("pod")
+}
+
+async fn started(client: &Client, ns: &str, name: &str) -> String {
+    wait_for(
+        &sessions(client, ns),
+        name,
+        "WAITING_FOR_INPUT",
+        state_is(SessionState::WaitingForInput),
+    )
+    .await;
+    token_of(client, ns, name).await.expect("a resume token")
+}
+
+async fn lose_pod(client: &Client, ns: &str, name: &str) {
+    let pod = the_pod(client, ns, name).await;
+    pods(client, ns)
+        .delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete pod");
+}
+
+/// The value after `label` on a line of `text` (`  request: kandev-…`).
+fn field<'a>(text: &'a str, label: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.trim_start().strip_prefix(label))
+        .map(str::trim)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// `status` (through `kubectl kandev`, and `-o json`) on a running and on a lost claude-code
+/// session; `resume --wait` brings back the same token with the plugin's field manager; a
+/// second `resume` says "already running"; a missing session is exit 3; the namespace comes from
+/// the kubeconfig context when `-n` is not given.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn status_and_resume_wait_on_a_lost_session() {
+    let client = setup().await;
+    let ns = namespace(&client).await;
+    let operator = Operator::start();
+    let name = unique("claude");
+    let body = async {
+        // With a first prompt (it fails without credentials, but claude-agent-acp then keeps
+        // the session on disk, so `session/resume` finds it after the loss).
+        create_session(&client, &ns, &name, "claude-code", Some("Say hello.")).await;
+        let token = started(&client, &ns, &name).await;
+
+        // Running: the table through kubectl's plugin discovery, then JSON.
+        let run = via_kubectl(&["status", &name, "-n", &ns])
+            .await
+            .expect_code(0);
+        for line in [
+            "State:         WAITING_FOR_INPUT".to_string(),
+            "Needs resume:  no".to_string(),
+            "Reason:        already_running".to_string(),
+            format!("Resume token:  present ({token})"),
+        ] {
+            assert!(run.stdout.contains(&line), "{line:?} in {}", run.stdout);
+        }
+        assert!(
+            field(&run.stdout, "Pod:").is_some_and(|p| p.ends_with("(Running)")),
+            "{}",
+            run.stdout
+        );
+        let json = plugin(&["status", &name, "-n", &ns, "-o", "json"])
+            .await
+            .expect_code(0)
+            .json();
+        assert_eq!(json["needsResume"], false);
+        assert_eq!(json["state"], "WAITING_FOR_INPUT");
+        assert_eq!(json["tokenPresent"], true);
+        assert_eq!(json["resumeToken"], token.as_str());
+        assert_eq!(json["pod"]["liveness"], "Running");
+
+        // Lost: the live evaluation says so even before the operator wrote it.
+        lose_pod(&client, &ns, &name).await;
+        let json = plugin(&["status", &name, "-n", &ns, "-o", "json"])
+            .await
+            .expect_code(0)
+            .json();
+        assert_eq!(json["needsResume"], true, "{json:#}");
+        assert_eq!(json["resumable"], true);
+        assert_eq!(json["reason"], "agent_not_running");
+        assert_eq!(json["tokenPresent"], true);
+        assert!(
+            ["Missing", "Terminating", "Failed"]
+                .contains(&json["pod"]["liveness"].as_str().unwrap_or("")),
+            "{json:#}"
+        );
+        wait_for(
+            &sessions(&client, &ns),
+            &name,
+            "needsResume",
+            needs_resume(),
+        )
+        .await;
+        let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
+        assert!(run.stdout.contains("Needs resume:  yes"), "{}", run.stdout);
+        assert!(
+            run.stdout
+                .contains(&format!("kubectl kandev resume {name} -n {ns} --wait")),
+            "{}",
+            run.stdout
+        );
+
+        // resume --wait: the same token back.
+        let run = plugin(&["resume", &name, "-n", &ns, "--wait", "--timeout", "90s"])
+            .await
+            .expect_code(0);
+        assert!(
+            run.stdout
+                .contains("resumed: the saved agent session was restored"),
+            "{}",
+            run.stdout
+        );
+        assert_eq!(
+            field(&run.stdout, "token:"),
+            Some(format!("{token} → {token} (same session)").as_str())
+        );
+        assert_eq!(
+            field(&run.stdout, "state:"),
+            Some("WAITING_FOR_INPUT (task REVIEW)")
+        );
+        let request = field(&run.stdout, "request:")
+            .expect("request line")
+            .to_string();
+        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        assert_eq!(
+            ts.annotations().get(RESUME_ANNOTATION),
+            Some(&request),
+            "the annotation holds the printed token"
+        );
+        assert!(!ts.annotations().contains_key(RESUME_FRESH_ANNOTATION));
+        let status = ts.status.clone().expect("status");
+        assert_eq!(
+            status.last_handled_resume_request.as_deref(),
+            Some(request.as_str())
+        );
+        let managers: Vec<&str> = ts
+            .managed_fields()
+            .iter()
+            .filter_map(|m| m.manager.as_deref())
+            .collect();
+        assert!(managers.contains(&"kandev-plugin"), "{managers:?}");
+        assert!(
+            !managers.iter().any(|m| m.starts_with("kubectl")),
+            "{managers:?}"
+        );
+        assert_eq!(
+            token_of(&client, &ns, &name).await.as_deref(),
+            Some(token.as_str())
+        );
+
+        // Running again: nothing requested.
+        let run = plugin(&["resume", &name, "-n", &ns]).await.expect_code(0);
+        assert!(run.stdout.contains("already running"), "{}", run.stdout);
+        let json = plugin(&["resume", &name, "-n", &ns, "--wait", "-o", "json"])
+            .await
+            .expect_code(0)
+            .json();
+        assert_eq!(json["outcome"], "already_running");
+        assert_eq!(json["request"], Value::Null);
+        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        assert_eq!(ts.annotations().get(RESUME_ANNOTATION), Some(&request));
+
+        // Missing sessions.
+        let run = plugin(&["resume", "no-such-session", "-n", &ns])
+            .await
+            .expect_code(3);
+        assert!(
+            run.stderr.contains(&format!(
+                "tasksession \"no-such-session\" not found in namespace \"{ns}\""
+            )),
+            "{}",
+            run.stderr
+        );
+        via_kubectl(&["status", "no-such-session", "-n", &ns])
+            .await
+            .expect_code(3);
+
+        // No -n: the kubeconfig context's namespace.
+        let kubeconfig = kubeconfig_with_namespace(&ns);
+        let path = kubeconfig.path().to_string_lossy().into_owned();
+        let json = plugin(&["status", &name, "--kubeconfig", &path, "-o", "json"])
+            .await
+            .expect_code(0)
+            .json();
+        assert_eq!(json["namespace"], ns.as_str());
+    };
+    with_cleanup(body, cleanup(&client, &ns)).await;
+    drop(operator);
+}
+
+/// A copy of $KUBECONFIG whose contexts all default to `ns`.
+fn kubeconfig_with_namespace(ns: &str) -> tempfile::NamedTempFile {
+    let source = std::env::var_os("KUBECONFIG").expect("KUBECONFIG");
+    let first = std::env::split_paths(&source).next().expect("a path");
+    let text = std::fs::read_to_string(&first).expect("read kubeconfig");
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig YAML");
+    let contexts = config
+        .get_mut("contexts")
+        .and_then(|c| c.as_sequence_mut())
+        .expect("contexts");
+    for context in contexts {
+        if let Some(inner) = context.get_mut("context").and_then(|c| c.as_mapping_mut()) {
+            inner.insert("namespace".into(), ns.into());
+        }
+    }
+    let file = tempfile::NamedTempFile::new().expect("temp kubeconfig");
+    std::fs::write(file.path(), serde_yaml::to_string(&config).expect("YAML")).expect("write");
+    file
+}
+
+/// `prompt` on a lost session resumes it (same token), streams the test agent's answer and
+/// prints the stop reason; `history` needs a running pod (exit 4 while lost) and shows both
+/// turns, `-o jsonl` the raw lines; a prompt can come from stdin.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
+    let client = setup().await;
+    let ns = namespace(&client).await;
+    let operator = Operator::start();
+    let name = unique("echo");
+    let body = async {
+        create_session(&client, &ns, &name, "plugin-echo", Some("Say hello.")).await;
+        let token = started(&client, &ns, &name).await;
+        assert_eq!(token, "plugin-session");
+
+        let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(0);
+        assert_eq!(
+            run.stdout,
+            "[USER]: Say hello.\n[ASSISTANT]: echo: Say hello.\n"
+        );
+
+        lose_pod(&client, &ns, &name).await;
+        wait_for(
+            &sessions(&client, &ns),
+            &name,
+            "needsResume",
+            needs_resume(),
+        )
+        .await;
+        let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(4);
+        assert!(run.stderr.contains("resume it first"), "{}", run.stderr);
+
+        let run = plugin(&["prompt", &name, "hello plugin", "-n", &ns])
+            .await
+            .expect_code(0);
+        assert_eq!(run.stdout, "echo: hello plugin\n");
+        for expected in [
+            "needs a resume (agent_not_running)",
+            "resumed (restored)",
+            "[stop reason: end_turn]",
+        ] {
+            assert!(
+                run.stderr.contains(expected),
+                "{expected:?} in {}",
+                run.stderr
+            );
+        }
+        assert_eq!(
+            token_of(&client, &ns, &name).await.as_deref(),
+            Some(token.as_str())
+        );
+
+        // The running session takes a prompt from stdin without a resume.
+        let mut child = plugin_command(&["prompt", &name, "-", "-n", &ns])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("start kubectl-kandev");
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin.write_all(b"from stdin").await.expect("write prompt");
+        }
+        let run = finish(child, "kubectl-kandev prompt - (stdin)")
+            .await
+            .expect_code(0);
+        assert_eq!(run.stdout, "echo: from stdin\n");
+        assert!(!run.stderr.contains("needs a resume"), "{}", run.stderr);
+
+        let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(0);
+        assert_eq!(
+            run.stdout,
+            "[USER]: Say hello.\n[ASSISTANT]: echo: Say hello.\n\
+             [USER]: hello plugin\n[ASSISTANT]: echo: hello plugin\n\
+             [USER]: from stdin\n[ASSISTANT]: echo: from stdin\n"
+        );
+        let run = plugin(&["history", &name, "-n", &ns, "-o", "jsonl"])
+            .await
+            .expect_code(0);
+        let types: Vec<String> = run
+            .stdout
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).expect("a JSON line");
+                v["type"].as_str().expect("type").to_string()
+            })
+            .collect();
+        assert_eq!(
+            types,
+            ["user_message", "agent_message"].repeat(3),
+            "{}",
+            run.stdout
+        );
+    };
+    with_cleanup(body, cleanup(&client, &ns)).await;
+    drop(operator);
+}
+
+/// The pod dies while the agent works on the prompt (its first agent never answers): the
+/// plugin resumes the session once and sends the prompt again to the new pod's agent.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
+    let client = setup().await;
+    let ns = namespace(&client).await;
+    let operator = Operator::start();
+    let name = unique("hang");
+    let body = async {
+        create_session(&client, &ns, &name, "plugin-hang-once", None).await;
+        let token = started(&client, &ns, &name).await;
+
+        let child = plugin_command(&["prompt", &name, "are you there", "-n", &ns])
+            .spawn()
+            .expect("start kubectl-kandev");
+        // The prompt reached the agent (agentctl events → RUNNING); then the pod goes.
+        wait_for(
+            &sessions(&client, &ns),
+            &name,
+            "RUNNING (prompt in flight)",
+            state_is(SessionState::Running),
+        )
+        .await;
+        lose_pod(&client, &ns, &name).await;
+        let run = finish(child, "kubectl-kandev prompt (pod deleted mid-turn)")
+            .await
+            .expect_code(0);
+        assert_eq!(run.stdout, "echo: are you there\n");
+        for expected in ["vanished", "resumed (restored)", "[stop reason: end_turn]"] {
+            assert!(
+                run.stderr.contains(expected),
+                "{expected:?} in {}",
+                run.stderr
+            );
+        }
+        assert_eq!(
+            token_of(&client, &ns, &name).await.as_deref(),
+            Some(token.as_str())
+        );
+    };
+    with_cleanup(body, cleanup(&client, &ns)).await;
+    drop(operator);
+}
+
+/// Without an operator: nothing handles a request, so `--timeout` ends `resume --wait` and
+/// `prompt` with exit 5; terminal sessions are refused with exit 4 (resume, prompt), as is
+/// `history` without a pod; the fresh flag is set or cleared in the request's own patch; an
+/// unreachable API server is exit 6.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn refusals_and_timeouts_without_an_operator() {
+    let client = setup().await;
+    let ns = namespace(&client).await;
+    let name = unique("idle");
+    let body = async {
+        create_session(&client, &ns, &name, "plugin-echo", None).await;
+        let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
+        assert!(
+            run.stdout.contains("State:         CREATED"),
+            "{}",
+            run.stdout
+        );
+        let run = plugin(&["resume", &name, "-n", &ns]).await.expect_code(0);
+        assert!(run.stdout.contains("has not started yet"), "{}", run.stdout);
+
+        // An active session without a pod: a request is made, and nobody handles it.
+        set_status(
+            &client,
+            &ns,
+            &name,
+            json!({"state": "WAITING_FOR_INPUT", "taskState": "REVIEW"}),
+        )
+        .await;
+        let fresh_flag =
+            json!({"metadata": {"annotations": {RESUME_FRESH_ANNOTATION: "old-request"}}});
+        sessions(&client, &ns)
+            .patch(
+                &name,
+                &PatchParams::apply("kandev-e2e-user"),
+                &Patch::Merge(&fresh_flag),
+            )
+            .await
+            .expect("set a leftover fresh flag");
+        let started = std::time::Instant::now();
+        let run = plugin(&["resume", &name, "-n", &ns, "--wait", "--timeout", "1s"])
+            .await
+            .expect_code(5);
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            run.stderr
+                .contains("timed out after 1s waiting for the operator to handle resume request"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("state WAITING_FOR_INPUT"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("is kandev-operator running?"),
+            "{}",
+            run.stderr
+        );
+        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        let first = ts
+            .annotations()
+            .get(RESUME_ANNOTATION)
+            .cloned()
+            .expect("requested");
+        assert!(first.starts_with("kandev-"), "{first}");
+        assert!(
+            !ts.annotations().contains_key(RESUME_FRESH_ANNOTATION),
+            "a leftover fresh flag is removed by a plain request"
+        );
+
+        // Without --wait: the new token alone on stdout; --fresh sets the flag.
+        let run = plugin(&["resume", &name, "-n", &ns, "--fresh"])
+            .await
+            .expect_code(0);
+        let second = run.stdout.trim().to_string();
+        assert!(second.starts_with("kandev-") && second != first, "{run:#?}");
+        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        assert_eq!(ts.annotations().get(RESUME_ANNOTATION), Some(&second));
+        assert_eq!(
+            ts.annotations().get(RESUME_FRESH_ANNOTATION),
+            Some(&second),
+            "the fresh flag carries the request's token"
+        );
+
+        let run = plugin(&["prompt", &name, "hi", "-n", &ns, "--timeout", "1s"])
+            .await
+            .expect_code(5);
+        assert!(run.stderr.contains("timed out after 1s"), "{}", run.stderr);
+        let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(4);
+        assert!(
+            run.stderr.contains("no running agent pod"),
+            "{}",
+            run.stderr
+        );
+
+        // Terminal: refused before anything is requested.
+        set_status(
+            &client,
+            &ns,
+            &name,
+            json!({"state": "COMPLETED", "taskState": "COMPLETED"}),
+        )
+        .await;
+        let before = sessions(&client, &ns).get(&name).await.expect("session");
+        let run = plugin(&["resume", &name, "-n", &ns, "--wait"])
+            .await
+            .expect_code(4);
+        assert!(
+            run.stderr.contains("cannot be resumed: it is COMPLETED"),
+            "{}",
+            run.stderr
+        );
+        let run = plugin(&["prompt", &name, "hi", "-n", &ns])
+            .await
+            .expect_code(4);
+        assert!(run.stderr.contains("COMPLETED"), "{}", run.stderr);
+        let after = sessions(&client, &ns).get(&name).await.expect("session");
+        assert_eq!(
+            before.annotations().get(RESUME_ANNOTATION),
+            after.annotations().get(RESUME_ANNOTATION),
+            "nothing requested for a terminal session"
+        );
+
+        // An API server that does not answer.
+        let unreachable = tempfile::NamedTempFile::new().expect("temp kubeconfig");
+        std::fs::write(
+            unreachable.path(),
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: \"https://127.0.0.1:1\"}\n\
+             contexts:\n- name: c\n  context: {cluster: c, user: u}\ncurrent-context: c\nusers:\n- name: u\n  user: {token: x}\n",
+        )
+        .expect("write");
+        let path = unreachable.path().to_string_lossy().into_owned();
+        let run = plugin(&["status", &name, "--kubeconfig", &path])
+            .await
+            .expect_code(6);
+        assert!(
+            run.stderr.contains("cannot reach the cluster"),
+            "{}",
+            run.stderr
+        );
+    };
+    with_cleanup(body, cleanup(&client, &ns)).await;
+}
+
+async fn set_status(client: &Client, ns: &str, name: &str, status: Value) {
+    sessions(client, ns)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
+        .await
+        .expect("patch status");
+}
