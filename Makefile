@@ -1,26 +1,28 @@
 # kandev-operator — the two commands a newcomer needs:
-#   make demo   the main job on a local control plane (lands with the shipping issue)
+#   make demo   the main job: local control plane, Helm chart, a real agent session lost and resumed
 #   make test   every test: lint, unit, protocol and end-to-end on a real control plane
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit protocol e2e bins agents crds cluster-up cluster-down help
+.PHONY: demo test lint unit chart protocol e2e bins agents crds cluster-up cluster-down help
 
 help:
-	@echo "make demo          run the lose-and-resume demo on a local control plane"
+	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
 	@echo "make test          lint + unit tests + end-to-end tests (builds the control plane once, cached)"
 	@echo "make unit          only the fast tier (no cluster, no npm)"
+	@echo "make chart         helm lint + helm template checks of charts/kandev-operator (builds helm once, cached)"
 	@echo "make protocol      ACP client and agentctl against real npm agents (installs them once, cached)"
 	@echo "make e2e           only the end-to-end tier (starts and tears down a local cluster)"
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
-	@echo "make crds          regenerate crds/ from the Rust types"
+	@echo "make crds          regenerate crds/ (and the chart's copies) from the Rust types"
+	@echo "make manifests     regenerate deploy/install.yaml from the chart"
 	@echo "make cluster-up    start a local cluster and keep it (make cluster-down stops it)"
 
+# KEEP=1 leaves the demo cluster running and prints its KUBECONFIG.
 demo:
-	@echo "make demo: not yet available — the one-command demo lands with the shipping issue."
-	@echo "Meanwhile: 'make test' runs everything, 'make cluster-up' gives you a local cluster."
+	bash e2e/demo.sh $(if $(filter 1,$(KEEP)),--keep,)
 
-test: lint unit protocol e2e
+test: lint unit chart protocol e2e
 
 lint:
 	$(CARGO) fmt --check
@@ -28,6 +30,21 @@ lint:
 
 unit:
 	$(CARGO) test --locked
+
+# The Helm chart: lint, render with defaults and with the optional parts, then the tests marked
+# #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, values schema).
+chart:
+	helm="$$(bash e2e/bin.sh | tail -n 1)/helm" && \
+	  "$$helm" lint --strict charts/kandev-operator && \
+	  "$$helm" lint --strict charts/kandev-operator --set metrics.serviceMonitor.enabled=true \
+	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' && \
+	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system >/dev/null && \
+	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system \
+	    --set metrics.serviceMonitor.enabled=true \
+	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' >/dev/null && \
+	  KANDEV_HELM="$$helm" $(CARGO) test --locked --test chart -- --ignored
+	@bash deploy/render.sh | diff -u deploy/install.yaml - >/dev/null || \
+	  { echo "deploy/install.yaml differs from the chart: run 'make manifests'"; exit 1; }
 
 # The tests marked #[ignore = "protocol: …"] need the real agents that e2e/agents.sh installs.
 protocol:
@@ -44,8 +61,14 @@ e2e:
 bins:
 	bash e2e/bin.sh
 
+# The chart carries copies of the CRDs (tests/chart.rs checks they are identical).
 crds:
 	$(CARGO) run --quiet --bin kandev-operator -- crd --output-dir crds
+	cp crds/*.yaml charts/kandev-operator/crds/
+
+# deploy/install.yaml: the chart rendered for installs without Helm (`make chart` checks drift).
+manifests:
+	bash deploy/render.sh > deploy/install.yaml.tmp && mv deploy/install.yaml.tmp deploy/install.yaml
 
 cluster-up:
 	$(CARGO) build --bins

@@ -1,0 +1,66 @@
+{{/* Chart name, overridable. */}}
+{{- define "kandev-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of every resource: the release name when it already contains the chart name (so
+`helm install kandev-operator …` gives ServiceAccount, Deployment and ClusterRole
+`kandev-operator`), else <release>-<chart>.
+*/}}
+{{- define "kandev-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kandev-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "kandev-operator.labels" -}}
+helm.sh/chart: {{ include "kandev-operator.chart" . }}
+{{ include "kandev-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kandev
+{{- end }}
+
+{{/* Labels that select the operator pods. */}}
+{{- define "kandev-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kandev-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kandev-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kandev-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kandev-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "kandev-operator.agentctlImage" -}}
+{{- printf "%s:%s" .Values.agentctlImage.repository (default .Chart.AppVersion .Values.agentctlImage.tag) }}
+{{- end }}
+
+{{- define "kandev-operator.profilesConfigMap" -}}
+{{- printf "%s-agent-profiles" (include "kandev-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The profiles file the operator reads with --agent-profiles. */}}
+{{- define "kandev-operator.profilesFile" -}}
+{{ dict "profiles" .Values.agentProfiles | toYaml }}
+{{- end }}

@@ -1,0 +1,611 @@
+//! The Helm chart `charts/kandev-operator` against the code it deploys.
+//!
+//! - Without helm (run by `make unit`): the chart's CRD copies equal `crds/`, and the chart's
+//!   default images, its appVersion and the Dockerfile's targets agree.
+//! - With helm (`#[ignore]`d; `make chart` runs them with `--ignored`, helm from
+//!   `e2e/bin.sh`, or `KANDEV_HELM`): the rendered ClusterRole and Role grant exactly
+//!   `REQUIRED_PERMISSIONS` (what the operator checks at startup), the Deployment's defaults, the
+//!   optional resources, and the values schema rejecting bad values. A missing helm fails them.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kandev_operator::agents::AgentRegistry;
+use kandev_operator::controller::permissions::{REQUIRED_PERMISSIONS, Scope};
+use serde::Deserialize;
+use serde_json::Value;
+
+const RELEASE: &str = "kandev-operator";
+const NAMESPACE: &str = "kandev-system";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart_dir() -> PathBuf {
+    repo().join("charts/kandev-operator")
+}
+
+fn helm() -> PathBuf {
+    if let Some(path) = std::env::var_os("KANDEV_HELM") {
+        return PathBuf::from(path);
+    }
+    let out = Command::new("bash")
+        .arg(repo().join("e2e/bin.sh"))
+        .arg("--print")
+        .output()
+        .expect("run e2e/bin.sh --print");
+    let bin = String::from_utf8(out.stdout).expect("utf-8 path");
+    let helm = PathBuf::from(bin.trim()).join("helm");
+    assert!(
+        helm.is_file(),
+        "helm not found at {} (build it with `make bins`, or set KANDEV_HELM)",
+        helm.display()
+    );
+    helm
+}
+
+/// `helm template` with extra arguments: Ok(documents) or Err(stderr).
+fn template(args: &[&str]) -> Result<Vec<Value>, String> {
+    let out = Command::new(helm())
+        .args(["template", RELEASE])
+        .arg(chart_dir())
+        .args(["--namespace", NAMESPACE])
+        .args(args)
+        .output()
+        .expect("run helm template");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8(out.stdout).expect("utf-8 output");
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc).expect("rendered YAML parses");
+        if value.is_null() {
+            continue;
+        }
+        let json = serde_json::to_value(value).expect("YAML as JSON");
+        assert!(
+            json["apiVersion"].is_string()
+                && json["kind"].is_string()
+                && json["metadata"]["name"].is_string(),
+            "every document is an object with apiVersion, kind and name: {json}"
+        );
+        docs.push(json);
+    }
+    Ok(docs)
+}
+
+fn render(args: &[&str]) -> Vec<Value> {
+    template(args).unwrap_or_else(|e| panic!("helm template {args:?} failed:\n{e}"))
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn kinds(docs: &[Value], kind: &str) -> Vec<String> {
+    docs.iter()
+        .filter(|d| d["kind"] == kind)
+        .map(|d| {
+            d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_str().expect("string").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// (API group, resource[/subresource], verb) of every rule of an RBAC object.
+fn grants(role: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(
+            rule.get("resourceNames").is_none() && rule.get("nonResourceURLs").is_none(),
+            "{rule}"
+        );
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                for verb in strings(&rule["verbs"]) {
+                    assert!(
+                        group != "*" && resource != "*" && verb != "*",
+                        "no wildcards: {rule}"
+                    );
+                    let fresh = out.insert((group.clone(), resource.clone(), verb));
+                    assert!(fresh, "a grant listed twice in {rule}");
+                }
+            }
+        }
+    }
+    out
+}
+
+fn required(scope: Scope) -> BTreeSet<(String, String, String)> {
+    REQUIRED_PERMISSIONS
+        .iter()
+        .filter(|p| p.scope == scope)
+        .flat_map(|p| {
+            p.verbs
+                .iter()
+                .map(|v| (p.group.to_string(), p.rbac_resource(), v.to_string()))
+        })
+        .collect()
+}
+
+/// The role grants exactly the permissions of `scope`: names what is extra and what is missing.
+fn assert_same_grants(what: &str, role: &Value, scope: Scope) {
+    let granted = grants(role);
+    let needed = required(scope);
+    let extra: Vec<_> = granted.difference(&needed).collect();
+    let missing: Vec<_> = needed.difference(&granted).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "the chart's {what} must grant exactly REQUIRED_PERMISSIONS ({scope:?}) of \
+         src/controller/permissions.rs\n  granted but not required: {extra:?}\n  \
+         required but not granted: {missing:?}"
+    );
+}
+
+fn operator_container(docs: &[Value]) -> &Value {
+    let deployment = find(docs, "Deployment", RELEASE);
+    &deployment["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn operator_args(docs: &[Value]) -> Vec<String> {
+    strings(&operator_container(docs)["args"])
+}
+
+fn values_yaml() -> Value {
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml");
+    serde_yaml::from_str(&text).expect("values.yaml parses")
+}
+
+// ---- without helm -------------------------------------------------------------------------
+
+#[test]
+fn chart_crds_are_the_repo_crds() {
+    let names = |dir: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect()
+    };
+    let repo_crds = repo().join("crds");
+    let chart_crds = chart_dir().join("crds");
+    assert_eq!(
+        names(&chart_crds),
+        names(&repo_crds),
+        "charts/kandev-operator/crds/ holds exactly the files of crds/; run `make crds`"
+    );
+    for name in names(&repo_crds) {
+        let a = std::fs::read(repo_crds.join(&name)).expect("read");
+        let b = std::fs::read(chart_crds.join(&name)).expect("read");
+        assert!(
+            a == b,
+            "charts/kandev-operator/crds/{name} differs from crds/{name}; run `make crds`"
+        );
+    }
+}
+
+#[test]
+fn chart_images_and_versions_match_the_dockerfile_and_crate() {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    assert_eq!(chart["apiVersion"], "v2");
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
+
+    let values = values_yaml();
+    let operator_repo = values["image"]["repository"].as_str().expect("image");
+    let agentctl_repo = values["agentctlImage"]["repository"]
+        .as_str()
+        .expect("agentctlImage");
+    assert_eq!(operator_repo, "kandev/kandev-operator");
+    assert_eq!(agentctl_repo, "kandev/agentctl");
+
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let stages: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .filter_map(|l| l.split(" AS ").nth(1))
+        .map(str::trim)
+        .collect();
+    for target in ["operator", "agentctl"] {
+        assert!(
+            stages.contains(&target),
+            "Dockerfile has a target {target}: {stages:?}"
+        );
+    }
+    // The documented build commands produce the chart's default images.
+    for (target, image) in [("operator", operator_repo), ("agentctl", agentctl_repo)] {
+        let command = format!(
+            "docker build --target {target} -t {image}:{} .",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(
+            dockerfile.contains(&command),
+            "Dockerfile documents `{command}`"
+        );
+    }
+    // The operator image runs as the chart's pod user; agentctl as the agent pods' default UID.
+    assert!(dockerfile.contains("USER 65532:65532"));
+    assert_eq!(values["podSecurityContext"]["runAsUser"], 65532);
+    assert!(dockerfile.contains("USER 1000:1000"));
+    assert_eq!(values["agentPods"]["runAsUser"], 1000);
+    // The default agent of the agentctl image is the one the protocol tests pin.
+    let agents = std::fs::read_to_string(repo().join("e2e/agents.sh")).expect("agents.sh");
+    let pinned = agents
+        .lines()
+        .find_map(|l| l.strip_prefix("CLAUDE_AGENT_ACP_VERSION="))
+        .expect("pinned version")
+        .trim_matches('"');
+    assert!(
+        dockerfile.contains(&format!("ARG AGENT_VERSION={pinned}")),
+        "Dockerfile's AGENT_VERSION is {pinned} (e2e/agents.sh)"
+    );
+}
+
+// ---- with helm ----------------------------------------------------------------------------
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn rbac_grants_exactly_the_required_permissions() {
+    let docs = render(&[]);
+    let cluster_role = find(&docs, "ClusterRole", RELEASE);
+    assert_same_grants("ClusterRole", cluster_role, Scope::AllNamespaces);
+    let role = find(&docs, "Role", RELEASE);
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_same_grants("Role", role, Scope::LeaseNamespace);
+    assert_eq!(kinds(&docs, "Role"), [RELEASE]);
+
+    let service_account = find(&docs, "ServiceAccount", RELEASE);
+    assert_eq!(service_account["metadata"]["namespace"], NAMESPACE);
+    for (kind, role_kind) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        let binding = find(&docs, kind, RELEASE);
+        assert_eq!(binding["roleRef"]["kind"], role_kind);
+        assert_eq!(binding["roleRef"]["name"], RELEASE);
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}])
+        );
+    }
+    assert_eq!(kinds(&docs, "ClusterRoleBinding"), [RELEASE]);
+    assert_eq!(kinds(&docs, "RoleBinding"), [RELEASE]);
+
+    // The aggregated user roles touch only kandev.dev resources; view reads, edit writes sessions.
+    let mut cluster_roles = kinds(&docs, "ClusterRole");
+    cluster_roles.sort();
+    assert_eq!(
+        cluster_roles,
+        [
+            RELEASE.to_string(),
+            format!("{RELEASE}-edit"),
+            format!("{RELEASE}-view")
+        ]
+    );
+    let view = find(&docs, "ClusterRole", &format!("{RELEASE}-view"));
+    let edit = find(&docs, "ClusterRole", &format!("{RELEASE}-edit"));
+    for (role, labels) in [
+        (view, &["view", "edit", "admin"][..]),
+        (edit, &["edit", "admin"][..]),
+    ] {
+        for label in labels {
+            assert_eq!(
+                role["metadata"]["labels"]
+                    [format!("rbac.authorization.k8s.io/aggregate-to-{label}")],
+                "true"
+            );
+        }
+        assert!(
+            grants(role)
+                .iter()
+                .all(|(group, _, _)| group == "kandev.dev")
+        );
+    }
+    assert!(
+        grants(view)
+            .iter()
+            .all(|(_, _, verb)| ["get", "list", "watch"].contains(&verb.as_str()))
+    );
+    assert!(
+        grants(edit)
+            .iter()
+            .all(|(_, resource, _)| resource == "tasksessions")
+    );
+    assert!(grants(edit).contains(&("kandev.dev".into(), "tasksessions".into(), "patch".into())));
+
+    // Toggles.
+    let docs = render(&["--set", "rbac.aggregateToDefaultRoles=false"]);
+    assert_eq!(kinds(&docs, "ClusterRole"), [RELEASE]);
+    let docs = render(&["--set", "rbac.create=false"]);
+    for kind in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
+        assert!(
+            kinds(&docs, kind).is_empty(),
+            "rbac.create=false: no {kind}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn without_leader_election_there_is_no_lease_role() {
+    let docs = render(&[
+        "--set",
+        "replicaCount=1",
+        "--set",
+        "leaderElection.enabled=false",
+    ]);
+    assert!(kinds(&docs, "Role").is_empty());
+    assert!(kinds(&docs, "RoleBinding").is_empty());
+    assert!(
+        kinds(&docs, "PodDisruptionBudget").is_empty(),
+        "no PDB for one replica"
+    );
+    assert!(operator_args(&docs).contains(&"--no-leader-election".to_string()));
+    assert!(
+        !operator_args(&docs)
+            .iter()
+            .any(|a| a.starts_with("--lease-name"))
+    );
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn deployment_defaults() {
+    let docs = render(&[]);
+    let version = env!("CARGO_PKG_VERSION");
+    let deployment = find(&docs, "Deployment", RELEASE);
+    assert_eq!(deployment["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(deployment["spec"]["replicas"], 2, "two replicas by default");
+    let pod = &deployment["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"], "kandev-operator",
+        "the e2e harness plays pods with this label"
+    );
+    let spec = &pod["spec"];
+    assert_eq!(spec["serviceAccountName"], RELEASE);
+    assert_eq!(spec["automountServiceAccountToken"], true);
+    assert_eq!(
+        spec["securityContext"],
+        serde_json::json!({
+            "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        })
+    );
+    assert_eq!(
+        spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+            ["topologyKey"],
+        "kubernetes.io/hostname",
+        "replicas prefer different nodes"
+    );
+
+    let container = operator_container(&docs);
+    assert_eq!(
+        container["image"],
+        format!("kandev/kandev-operator:{version}")
+    );
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    // An explicit command: the image's ENTRYPOINT is not needed (and the e2e harness runs it).
+    assert_eq!(container["command"], serde_json::json!(["kandev-operator"]));
+    let args = operator_args(&docs);
+    assert_eq!(args[0], "run");
+    for expected in [
+        format!("--agentctl-image=kandev/agentctl:{version}"),
+        "--http-address=0.0.0.0:8080".to_string(),
+        "--resync-seconds=60".to_string(),
+        "--acp-timeout-seconds=60".to_string(),
+        "--run-as-user=1000".to_string(),
+        "--lease-name=kandev-operator".to_string(),
+    ] {
+        assert!(args.contains(&expected), "{expected} in {args:?}");
+    }
+    assert!(!args.contains(&"--skip-permission-check".to_string()));
+    assert!(!args.iter().any(|a| a.starts_with("--agent-profiles")));
+
+    let env = container["env"].as_array().expect("env");
+    for (name, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let var = env
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("env {name}"));
+        assert_eq!(var["valueFrom"]["fieldRef"]["fieldPath"], field);
+    }
+
+    assert_eq!(
+        container["ports"],
+        serde_json::json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}])
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        assert_eq!(container[probe]["httpGet"]["path"], path);
+        assert_eq!(container[probe]["httpGet"]["port"], "http");
+    }
+    assert_eq!(
+        container["securityContext"],
+        serde_json::json!({
+            "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true, "capabilities": {"drop": ["ALL"]},
+        })
+    );
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert!(container["resources"]["limits"]["memory"].is_string());
+
+    let service = find(&docs, "Service", &format!("{RELEASE}-metrics"));
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    assert_eq!(service["spec"]["ports"][0]["name"], "http-metrics");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let pdb = find(&docs, "PodDisruptionBudget", RELEASE);
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert!(kinds(&docs, "ServiceMonitor").is_empty());
+    assert!(kinds(&docs, "ConfigMap").is_empty());
+
+    // Tags and repositories come from values.
+    let docs = render(&[
+        "--set",
+        "image.repository=registry.example/op",
+        "--set",
+        "image.tag=v9",
+        "--set",
+        "agentctlImage.repository=registry.example/agentctl",
+        "--set",
+        "agentctlImage.tag=v8",
+    ]);
+    assert_eq!(operator_container(&docs)["image"], "registry.example/op:v9");
+    assert!(
+        operator_args(&docs).contains(&"--agentctl-image=registry.example/agentctl:v8".to_string())
+    );
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn optional_resources() {
+    let docs = render(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.labels.release=prometheus",
+        "--set-json",
+        r#"agentProfiles={"my-agent":{"launch":["my-agent","--acp"],"nativeSessionResume":true}}"#,
+        "--set-json",
+        r#"agentPods.tolerations=[{"key":"dedicated","value":"agents","effect":"NoSchedule"},{"key":"gpu","effect":"NoExecute"}]"#,
+        "--set",
+        "agentPods.nodeSelector.pool=agents",
+    ]);
+    let monitor = find(&docs, "ServiceMonitor", RELEASE);
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http-metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    let service = find(&docs, "Service", &format!("{RELEASE}-metrics"));
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][key], value,
+            "the ServiceMonitor selects the metrics Service"
+        );
+    }
+
+    // The profiles ConfigMap is a file the operator loads.
+    let config = find(&docs, "ConfigMap", &format!("{RELEASE}-agent-profiles"));
+    let file = config["data"]["profiles.yaml"]
+        .as_str()
+        .expect("profiles.yaml");
+    let registry = AgentRegistry::from_yaml_str(file).expect("the operator accepts the file");
+    assert!(registry.get("my-agent").is_some());
+    assert!(
+        registry.get("claude-code").is_some(),
+        "built-ins stay available"
+    );
+
+    let args = operator_args(&docs);
+    for expected in [
+        "--agent-profiles=/etc/kandev/profiles/profiles.yaml",
+        "--pod-toleration=dedicated=agents:NoSchedule",
+        "--pod-toleration=gpu:NoExecute",
+        "--pod-node-selector=pool=agents",
+    ] {
+        assert!(
+            args.contains(&expected.to_string()),
+            "{expected} in {args:?}"
+        );
+    }
+    let deployment = find(&docs, "Deployment", RELEASE);
+    let pod = &deployment["spec"]["template"];
+    let checksum = pod["metadata"]["annotations"]["checksum/config"]
+        .as_str()
+        .expect("checksum/config annotation");
+    assert_eq!(checksum.len(), 64);
+    assert_eq!(
+        pod["spec"]["volumes"][0]["configMap"]["name"],
+        format!("{RELEASE}-agent-profiles")
+    );
+    assert_eq!(
+        operator_container(&docs)["volumeMounts"][0]["mountPath"],
+        "/etc/kandev/profiles"
+    );
+
+    // Another profile, another checksum: the pods roll when the profiles change.
+    let other = render(&[
+        "--set-json",
+        r#"agentProfiles={"my-agent":{"launch":["my-agent"]}}"#,
+    ]);
+    let other_checksum = find(&other, "Deployment", RELEASE)["spec"]["template"]["metadata"]
+        ["annotations"]["checksum/config"]
+        .clone();
+    assert_ne!(other_checksum, checksum);
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn invalid_values_fail_with_a_clear_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "replicaCount=two"], "replicaCount"),
+        (&["--set", "replicaCount=0"], "replicaCount"),
+        (&["--set", "replicasCount=2"], "replicasCount"),
+        (&["--set", "image.tags=v1"], "tags"),
+        (&["--set", "logFormat=xml"], "logFormat"),
+        (&["--set", "agentPods.runAsUser=0"], "runAsUser"),
+        (
+            &["--set-json", r#"agentPods.tolerations=[{"key":"k"}]"#],
+            "effect",
+        ),
+        (
+            &["--set-json", r#"agentProfiles={"x":{"lanuch":["x"]}}"#],
+            "lanuch",
+        ),
+        (
+            &[
+                "--set",
+                "replicaCount=2",
+                "--set",
+                "leaderElection.enabled=false",
+            ],
+            "leaderElection.enabled",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+                "--set",
+                "metrics.service.enabled=false",
+            ],
+            "metrics.service.enabled",
+        ),
+    ];
+    for (args, mentions) in cases {
+        match template(args) {
+            Ok(_) => panic!("helm template {args:?} must fail"),
+            Err(stderr) => assert!(
+                stderr.contains(mentions),
+                "helm template {args:?}: the error names {mentions:?}:\n{stderr}"
+            ),
+        }
+    }
+}
