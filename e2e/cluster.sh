@@ -34,6 +34,9 @@ node="kwok-node-0"
 # Annotation set by the harness once a pod's process runs and its kwok Exec exists
 # (must match PID_ANNOTATION in e2e/harness/supervisor.rs).
 harness_annotation="e2e.kandev.dev/harness-pid"
+# Pods the harness plays (any of these label selectors): agentctl pods, and the operator pods of
+# the Helm chart (run as local processes with their ServiceAccount's token, see e2e/README.md).
+played_labels=("kandev.dev/managed=true" "app.kubernetes.io/name=kandev-operator")
 
 log() { printf '[cluster.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -58,8 +61,8 @@ harness_running() {
 
 # kwok stages. Same behaviour as kwokctl's defaults (node-fast, pod-fast), with two changes:
 #  * nodes report InternalIP = kwok's --node-ip (127.0.0.1), which the API server dials for exec;
-#  * a pod labelled kandev.dev/managed=true only becomes Running once the harness has annotated
-#    it (process started, Exec in place), so Running means "exec reaches the process".
+#  * a pod the harness plays (labels: $played_labels) only becomes Running once the harness has
+#    annotated it (process started, Exec in place), so Running means "exec reaches the process".
 # Terminal pods are never moved back to Running (pod-ready only matches Pending pods).
 write_kwok_config() {
   local node_conditions pod_running
@@ -158,6 +161,7 @@ spec:
     - {key: '.status.phase', operator: In, values: [Pending]}
     - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
     - {key: '.metadata.labels["kandev.dev/managed"]', operator: NotIn, values: ['true']}
+    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: NotIn, values: ['kandev-operator']}
   next:
     statusTemplate: |
 $pod_running
@@ -174,6 +178,23 @@ spec:
     - {key: '.status.phase', operator: In, values: [Pending]}
     - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
     - {key: '.metadata.labels["kandev.dev/managed"]', operator: In, values: ['true']}
+    - {key: '.metadata.annotations["$harness_annotation"]', operator: Exists}
+  next:
+    statusTemplate: |
+$pod_running
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: kandev-pod-ready-operator
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: In, values: ['kandev-operator']}
     - {key: '.metadata.annotations["$harness_annotation"]', operator: Exists}
   next:
     statusTemplate: |
@@ -217,8 +238,10 @@ start_harness() {
   log "starting harness $KANDEV_HARNESS_BIN (log: $harness_log)"
   # Own session: a Ctrl-C in the caller's terminal must not kill it behind `down`'s back.
   # (Not a process-group leader here, so setsid execs in place and $! is the harness's pid.)
+  local selectors=() label
+  for label in "${played_labels[@]}"; do selectors+=(--selector "$label"); done
   (cd "$dir/harness" && exec setsid "$KANDEV_HARNESS_BIN" run --kubeconfig "$kubeconfig" \
-    --state-dir "$harness_link" </dev/null >>"$harness_log" 2>&1) &
+    --state-dir "$harness_link" "${selectors[@]}" </dev/null >>"$harness_log" 2>&1) &
   echo $! >"$harness_pidfile"
   local i
   for i in $(seq 1 100); do

@@ -71,7 +71,8 @@ else
   # Someone else's kwok cluster: run a harness for the duration of the tests only.
   state="$(mktemp -d "${TMPDIR:-/tmp}/kandev-e2e-harness.XXXXXX")"
   log "starting a harness for this run (state and log in $state)"
-  "$harness" run --state-dir "$state" >"$state/harness.log" 2>&1 &
+  "$harness" run --state-dir "$state" --selector kandev.dev/managed=true \
+    --selector app.kubernetes.io/name=kandev-operator >"$state/harness.log" 2>&1 &
   own_harness_pid=$!
 fi
 

@@ -8,7 +8,9 @@
 //!
 //! Test-only: never shipped in an image.
 
+mod configmaps;
 mod echo;
+mod identity;
 mod kwok;
 mod plan;
 mod process;
@@ -44,9 +46,10 @@ enum Cmd {
         /// Where local volumes, pod directories, pid and log files live.
         #[arg(long)]
         state_dir: PathBuf,
-        /// Which pods to play.
-        #[arg(long, default_value = "kandev.dev/managed=true")]
-        selector: String,
+        /// Which pods to play: an equality-based label selector; repeat it to play pods that
+        /// match any of them.
+        #[arg(long = "selector", default_value = "kandev.dev/managed=true")]
+        selectors: Vec<String>,
         /// Upper bound of the SIGTERM-to-SIGKILL grace period, in seconds.
         #[arg(long, default_value_t = 10)]
         max_grace_seconds: u64,
@@ -57,17 +60,21 @@ enum Cmd {
     Idle,
 }
 
-async fn client(kubeconfig: Option<PathBuf>) -> Result<Client, supervisor::BoxError> {
-    let config = match kubeconfig {
+/// The client, and the kubeconfig it came from (none when inferred).
+async fn client(
+    kubeconfig: Option<PathBuf>,
+) -> Result<(Client, Option<Kubeconfig>), supervisor::BoxError> {
+    match kubeconfig {
         // $KUBECONFIG may hold a list; the first entry is the one the cluster scripts write.
         Some(path) if !path.as_os_str().is_empty() => {
             let first = std::env::split_paths(&path).next().unwrap_or(path);
             let kc = Kubeconfig::read_from(&first)?;
-            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+            let config =
+                Config::from_custom_kubeconfig(kc.clone(), &KubeConfigOptions::default()).await?;
+            Ok((Client::try_from(config)?, Some(kc)))
         }
-        _ => Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
+        _ => Ok((Client::try_from(Config::infer().await?)?, None)),
+    }
 }
 
 fn init_tracing() {
@@ -96,7 +103,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Run {
             kubeconfig,
             state_dir,
-            selector,
+            selectors,
             max_grace_seconds,
         } => {
             init_tracing();
@@ -113,10 +120,11 @@ fn main() -> std::process::ExitCode {
                 }
             };
             let result = runtime.block_on(async move {
-                let client = client(kubeconfig).await?;
+                let (client, kubeconfig) = client(kubeconfig).await?;
                 let opts = supervisor::Options {
                     state_dir,
-                    label_selector: selector,
+                    selectors,
+                    kubeconfig,
                     max_grace: Duration::from_secs(max_grace_seconds),
                     verify_delay: Duration::from_secs(3),
                 };

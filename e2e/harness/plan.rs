@@ -139,9 +139,18 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
 
     let mut env: Vec<(String, String)> = Vec::new();
     for var in container.env.iter().flatten() {
-        // Only literal values: valueFrom (secrets, fieldRefs) is not resolved by the harness.
+        // Literal values and the downward API's pod fields; other valueFrom sources (secrets,
+        // configMaps, resources) are not resolved by the harness.
         if let Some(value) = &var.value {
             env.push((var.name.clone(), map_paths(value, &mounts)));
+        } else if let Some(path) = var
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str())
+            && let Some(value) = pod_field(pod, path)
+        {
+            env.push((var.name.clone(), value));
         }
     }
     env.retain(|(k, _)| k != ENV_POD_NAME && k != ENV_POD_NAMESPACE && k != ENV_POD_UID);
@@ -167,6 +176,48 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
         dirs,
         restart_policy,
     })
+}
+
+/// Whether `labels` match an equality-based label selector (`k=v,k2==v2,k3!=v3,k4,!k5`), the
+/// subset the harness's `--selector` accepts. An empty selector matches everything.
+pub fn selector_matches(selector: &str, labels: &BTreeMap<String, String>) -> bool {
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .all(|requirement| {
+            if let Some((key, value)) = requirement.split_once("!=") {
+                labels.get(key.trim()).map(String::as_str) != Some(value.trim())
+            } else if let Some((key, value)) = requirement
+                .split_once("==")
+                .or_else(|| requirement.split_once('='))
+            {
+                labels.get(key.trim()).map(String::as_str) == Some(value.trim())
+            } else if let Some(key) = requirement.strip_prefix('!') {
+                !labels.contains_key(key.trim())
+            } else {
+                labels.contains_key(requirement)
+            }
+        })
+}
+
+/// The value of a downward-API `fieldRef` the harness can answer.
+fn pod_field(pod: &Pod, path: &str) -> Option<String> {
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref();
+    match path {
+        "metadata.name" => meta.name.clone(),
+        "metadata.namespace" => Some(meta.namespace.clone().unwrap_or_else(|| "default".into())),
+        "metadata.uid" => meta.uid.clone(),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()),
+        "spec.serviceAccountName" => Some(
+            spec.and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into()),
+        ),
+        // Every played process shares the host's network: its pod IP is loopback.
+        "status.podIP" | "status.hostIP" => Some("127.0.0.1".into()),
+        _ => None,
+    }
 }
 
 /// `/a/b/` and `/a/b` are the same mount point.
@@ -244,6 +295,9 @@ mod tests {
                     "env": [
                         {"name": "HOME", "value": "/workspace/.home"},
                         {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                        {"name": "POD_LABELS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels"}}},
                         {"name": "KANDEV_POD_NAME", "value": "spoofed"}
                     ],
                     "volumeMounts": [
@@ -283,6 +337,8 @@ mod tests {
                     "HOME".to_string(),
                     "/state/volumes/ns1/claim-a/.home".to_string()
                 ),
+                ("POD_NAME".to_string(), "p1".to_string()),
+                ("POD_NAMESPACE".to_string(), "ns1".to_string()),
                 (ENV_POD_NAME.to_string(), "p1".to_string()),
                 (ENV_POD_NAMESPACE.to_string(), "ns1".to_string()),
                 (ENV_POD_UID.to_string(), "u-1".to_string()),
@@ -346,6 +402,31 @@ mod tests {
         );
         assert_eq!(map_paths("ünï/data", &mounts), "ünï/data");
         assert_eq!(map_paths("", &mounts), "");
+    }
+
+    #[test]
+    fn selectors() {
+        let labels: BTreeMap<String, String> = [("a", "1"), ("b", "2")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (selector, want) in [
+            ("", true),
+            ("a=1", true),
+            ("a==1", true),
+            ("a=2", false),
+            ("a=1,b=2", true),
+            ("a=1,b=3", false),
+            ("a!=2", true),
+            ("c!=2", true),
+            ("a!=1", false),
+            ("b", true),
+            ("c", false),
+            ("!c", true),
+            ("!a", false),
+        ] {
+            assert_eq!(selector_matches(selector, &labels), want, "{selector}");
+        }
     }
 
     #[test]

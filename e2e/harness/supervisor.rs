@@ -22,13 +22,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim, Pod,
-    PodCondition,
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, PersistentVolumeClaim, Pod, PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::config::Kubeconfig;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
@@ -36,6 +37,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
+use crate::configmaps;
+use crate::identity;
 use crate::kwok;
 use crate::plan::{self, LaunchPlan};
 use crate::process;
@@ -49,7 +52,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub state_dir: PathBuf,
-    pub label_selector: String,
+    /// A pod is played when its labels match any of these selectors.
+    pub selectors: Vec<String>,
+    /// The harness's own kubeconfig: played pods with a ServiceAccount token get its cluster
+    /// with their own token (see `identity`). `None`: played pods get no identity of their own.
+    pub kubeconfig: Option<Kubeconfig>,
     /// Upper bound of the SIGTERM→SIGKILL grace period (the pod's own period is used if shorter).
     pub max_grace: Duration,
     /// How long after marking a pod terminal the harness checks that kwok left it terminal.
@@ -78,6 +85,12 @@ struct Supervisor {
     /// Uids seen since the last watch (re)start, to stop processes of pods gone meanwhile.
     seen: Option<HashSet<String>>,
     exits: mpsc::UnboundedSender<Exited>,
+    /// Pods whose crashed container waits for its restart (CrashLoopBackOff), by uid, with the
+    /// number of restarts so far.
+    crashed: HashMap<String, (LaunchPlan, u32)>,
+    /// Restart counts of the running containers that were restarted.
+    restart_counts: HashMap<String, u32>,
+    restarts: mpsc::UnboundedSender<String>,
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -122,16 +135,19 @@ fn exit_code(status: &ExitStatus) -> i32 {
 pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
     std::fs::create_dir_all(&opts.state_dir)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let (restart_tx, mut restart_rx) = mpsc::unbounded_channel();
     let pods: Api<Pod> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&opts.label_selector);
-    let mut events = watcher::watcher(pods, config).default_backoff().boxed();
+    // Every pod: the selectors are ORed, which one server-side selector cannot express.
+    let mut events = watcher::watcher(pods, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let mut claim_events = watcher::watcher(claims, watcher::Config::default())
         .default_backoff()
         .boxed();
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    info!(state_dir = %opts.state_dir.display(), selector = %opts.label_selector, "harness watching pods");
+    info!(state_dir = %opts.state_dir.display(), selectors = ?opts.selectors, "harness watching pods");
     let mut sup = Supervisor {
         client,
         opts,
@@ -139,6 +155,9 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
         finished: HashSet::new(),
         seen: None,
         exits: tx,
+        crashed: HashMap::new(),
+        restart_counts: HashMap::new(),
+        restarts: restart_tx,
     };
     loop {
         tokio::select! {
@@ -159,6 +178,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
                 }
             },
             Some(exited) = rx.recv() => sup.on_exit(exited).await,
+            Some(uid) = restart_rx.recv() => sup.restart(&uid).await,
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -197,6 +217,8 @@ impl Supervisor {
                 };
                 info!(pod = %pod_key(&pod), %uid, "pod deleted");
                 self.finished.remove(&uid);
+                self.crashed.remove(&uid);
+                self.restart_counts.remove(&uid);
                 if self.tracked.contains_key(&uid) {
                     self.stop(&uid, grace_of(&pod, self.opts.max_grace)).await;
                 }
@@ -221,7 +243,20 @@ impl Supervisor {
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .is_some_and(|n| !n.is_empty());
-        if !scheduled || self.tracked.contains_key(&uid) || self.finished.contains(&uid) {
+        if !scheduled
+            || self.tracked.contains_key(&uid)
+            || self.finished.contains(&uid)
+            || self.crashed.contains_key(&uid)
+        {
+            return;
+        }
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        if !self
+            .opts
+            .selectors
+            .iter()
+            .any(|s| plan::selector_matches(s, &labels))
+        {
             return;
         }
         self.start(pod).await;
@@ -229,13 +264,41 @@ impl Supervisor {
 
     async fn start(&mut self, pod: Pod) {
         let key = pod_key(&pod);
-        let plan = match plan::plan(&pod, &self.opts.state_dir) {
+        let mut plan = match plan::plan(&pod, &self.opts.state_dir) {
             Ok(plan) => plan,
             Err(e) => {
                 error!(pod = %key, error = %e, "cannot play this pod");
                 return;
             }
         };
+        if let Err(e) = configmaps::materialize(&self.client, &pod, &plan.pod_dir).await {
+            // Like a kubelet that cannot mount a volume: the container never starts.
+            error!(pod = %key, error = %e, "cannot write the configMap volumes");
+            self.finished.insert(plan.uid.clone());
+            let msg = format!("kandev-e2e-harness: {e}");
+            self.mark_terminal(&plan, Timestamp::now(), 128, "VolumeError", &msg)
+                .await;
+            return;
+        }
+        if let Some(admin) = &self.opts.kubeconfig {
+            match identity::provide(&self.client, admin, &pod, &plan.pod_dir).await {
+                Ok(Some(path)) => {
+                    debug!(pod = %key, kubeconfig = %path.display(), "service account token provided");
+                    plan.env
+                        .push(("KUBECONFIG".to_string(), path.display().to_string()));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    // Like a kubelet that cannot mount the token: the container never starts.
+                    error!(pod = %key, error = %e, "cannot provide the service account token");
+                    self.finished.insert(plan.uid.clone());
+                    let msg = format!("kandev-e2e-harness: {e}");
+                    self.mark_terminal(&plan, Timestamp::now(), 128, "TokenError", &msg)
+                        .await;
+                    return;
+                }
+            }
+        }
         // The environment of `exec` is kwok-controller's plus these; give it the harness's PATH
         // so exec'd commands see the same PATH as the pod's process.
         let mut exec_env = Vec::new();
@@ -376,6 +439,10 @@ impl Supervisor {
             return;
         }
         let code = exit_code(&status);
+        if restarts_after(&t.plan.restart_policy, code) {
+            self.crash_loop(t, code, &status.to_string()).await;
+            return;
+        }
         warn!(pod = %key, pid = exited.pid, %status, "local process exited on its own: the pod is lost");
         self.finished.insert(exited.uid.clone());
         self.delete_kwok_objects(&t.plan).await;
@@ -386,6 +453,72 @@ impl Supervisor {
         );
         self.mark_terminal(&t.plan, t.started_at, code, reason, &msg)
             .await;
+    }
+
+    /// A container that a kubelet restarts (restartPolicy Always, or OnFailure after a failure)
+    /// crashed: the pod stays Running but not Ready, the container waits in CrashLoopBackOff, and
+    /// the process is started again after the back-off (unless the pod goes away meanwhile).
+    async fn crash_loop(&mut self, t: Tracked, code: i32, status: &str) {
+        let uid = t.plan.uid.clone();
+        let key = format!("{}/{}", t.plan.namespace, t.plan.name);
+        let restarts = self.restart_counts.remove(&uid).unwrap_or(0) + 1;
+        let backoff = crash_backoff(restarts);
+        warn!(pod = %key, %status, restarts, backoff_s = backoff.as_secs(),
+              "local process exited on its own: restarting it after a back-off (CrashLoopBackOff)");
+        self.delete_kwok_objects(&t.plan).await;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &t.plan.namespace);
+        if let Ok(Some(pod)) = pods.get_opt(&t.plan.name).await
+            && pod.metadata.uid.as_deref() == Some(uid.as_str())
+        {
+            let reason = if code == 0 { "Completed" } else { "Error" };
+            let msg = format!("kandev-e2e-harness: local process exited ({status})");
+            let last = terminated_state(t.started_at, code, reason, &msg);
+            let patch = Patch::Merge(json!({
+                "status": crash_loop_status(&pod, &t.plan, last, restarts, backoff)
+            }));
+            if let Err(e) = pods
+                .patch_status(&t.plan.name, &PatchParams::default(), &patch)
+                .await
+            {
+                warn!(pod = %key, error = %e, "cannot mark the container as crashed");
+            }
+        }
+        self.crashed.insert(uid.clone(), (t.plan, restarts));
+        let tx = self.restarts.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(backoff).await;
+            let _ = tx.send(uid);
+        });
+    }
+
+    /// The back-off of a crashed container is over: start it again if its pod is still there.
+    async fn restart(&mut self, uid: &str) {
+        let Some((plan, restarts)) = self.crashed.remove(uid) else {
+            return; // the pod went away meanwhile
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &plan.namespace);
+        let pod = match pods.get_opt(&plan.name).await {
+            Ok(Some(pod))
+                if pod.metadata.uid.as_deref() == Some(uid)
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && !is_terminal(&pod) =>
+            {
+                pod
+            }
+            _ => return,
+        };
+        info!(pod = %pod_key(&pod), restarts, "restarting the crashed container");
+        self.restart_counts.insert(uid.to_string(), restarts);
+        self.start(pod.clone()).await;
+        if self.tracked.contains_key(uid) {
+            let patch = Patch::Merge(json!({ "status": restarted_status(&pod, &plan) }));
+            if let Err(e) = pods
+                .patch_status(&plan.name, &PatchParams::default(), &patch)
+                .await
+            {
+                warn!(pod = %pod_key(&pod), error = %e, "cannot mark the restarted container running");
+            }
+        }
     }
 
     /// Makes the pod look like one whose container died: phase Failed (Succeeded for exit 0 with
@@ -484,7 +617,8 @@ async fn delete_pod(pods: &Api<Pod>, name: &str, uid: &str) {
     }
 }
 
-/// The pod status after its (only played) container terminated.
+/// The pod status after its container ended for good: phase `phase`, the container terminated,
+/// Ready false.
 fn terminal_status(
     pod: &Pod,
     plan: &LaunchPlan,
@@ -494,52 +628,125 @@ fn terminal_status(
     reason: &str,
     msg: &str,
 ) -> serde_json::Value {
-    let now = Time(Timestamp::now());
-    let mut status = pod.status.clone().unwrap_or_default();
-    status.phase = Some(phase.to_string());
-    status.message = Some(msg.to_string());
     let cond_reason = if phase == "Failed" {
         "PodFailed"
     } else {
         "PodCompleted"
     };
+    let terminated = terminated_state(started_at, code, reason, msg);
+    let mut status = container_status(pod, plan, phase, false, cond_reason, terminated, None);
+    status.message = Some(msg.to_string());
+    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": phase }))
+}
+
+/// The pod status while a kubelet waits to restart a crashed container (CrashLoopBackOff).
+fn crash_loop_status(
+    pod: &Pod,
+    plan: &LaunchPlan,
+    last: ContainerState,
+    restarts: u32,
+    backoff: Duration,
+) -> serde_json::Value {
+    let waiting = ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some("CrashLoopBackOff".into()),
+            message: Some(format!(
+                "back-off {}s restarting failed container={} pod={}",
+                backoff.as_secs(),
+                plan.container,
+                plan.name
+            )),
+        }),
+        ..ContainerState::default()
+    };
+    let mut status = container_status(
+        pod,
+        plan,
+        "Running",
+        false,
+        "ContainersNotReady",
+        waiting,
+        None,
+    );
+    if let Some(c) = status
+        .container_statuses
+        .as_mut()
+        .and_then(|cs| cs.iter_mut().find(|c| c.name == plan.container))
+    {
+        c.last_state = Some(last);
+        c.restart_count = i32::try_from(restarts).unwrap_or(i32::MAX);
+    }
+    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": "Running" }))
+}
+
+/// The pod status once a restarted container runs again: Running and Ready.
+fn restarted_status(pod: &Pod, plan: &LaunchPlan) -> serde_json::Value {
+    let running = ContainerState {
+        running: Some(ContainerStateRunning {
+            started_at: Some(Time(Timestamp::now())),
+        }),
+        ..ContainerState::default()
+    };
+    let status = container_status(pod, plan, "Running", true, "", running, Some(true));
+    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": "Running" }))
+}
+
+fn terminated_state(started_at: Timestamp, code: i32, reason: &str, msg: &str) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: code,
+            reason: Some(reason.into()),
+            message: Some(msg.into()),
+            started_at: Some(Time(started_at)),
+            finished_at: Some(Time(Timestamp::now())),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    }
+}
+
+/// `pod`'s status with phase `phase`, the Ready and ContainersReady conditions set to `ready`
+/// (with `cond_reason` when false), and the played container in `state`.
+fn container_status(
+    pod: &Pod,
+    plan: &LaunchPlan,
+    phase: &str,
+    ready: bool,
+    cond_reason: &str,
+    state: ContainerState,
+    started: Option<bool>,
+) -> PodStatus {
+    let now = Time(Timestamp::now());
+    let mut status = pod.status.clone().unwrap_or_default();
+    status.phase = Some(phase.to_string());
+    let value = if ready { "True" } else { "False" };
+    let reason = (!ready).then(|| cond_reason.to_string());
     let mut conditions = status.conditions.take().unwrap_or_default();
     for t in ["Ready", "ContainersReady"] {
         match conditions.iter_mut().find(|c| c.type_ == t) {
             Some(c) => {
-                if c.status != "False" {
+                if c.status != value {
                     c.last_transition_time = Some(now.clone());
                 }
-                c.status = "False".into();
-                c.reason = Some(cond_reason.into());
+                c.status = value.into();
+                c.reason = reason.clone();
             }
             None => conditions.push(PodCondition {
                 type_: t.into(),
-                status: "False".into(),
-                reason: Some(cond_reason.into()),
+                status: value.into(),
+                reason: reason.clone(),
                 last_transition_time: Some(now.clone()),
                 ..PodCondition::default()
             }),
         }
     }
     status.conditions = Some(conditions);
-    let terminated = ContainerState {
-        terminated: Some(ContainerStateTerminated {
-            exit_code: code,
-            reason: Some(reason.into()),
-            message: Some(msg.into()),
-            started_at: Some(Time(started_at)),
-            finished_at: Some(now),
-            ..ContainerStateTerminated::default()
-        }),
-        ..ContainerState::default()
-    };
     let mut statuses = status.container_statuses.take().unwrap_or_default();
     match statuses.iter_mut().find(|c| c.name == plan.container) {
         Some(c) => {
-            c.state = Some(terminated);
-            c.ready = false;
-            c.started = Some(false);
+            c.state = Some(state);
+            c.ready = ready;
+            c.started = Some(started.unwrap_or(false));
         }
         None => {
             let image = pod
@@ -551,11 +758,45 @@ fn terminal_status(
             statuses.push(ContainerStatus {
                 name: plan.container.clone(),
                 image,
-                state: Some(terminated),
+                state: Some(state),
+                ready,
+                started,
                 ..ContainerStatus::default()
             })
         }
     }
     status.container_statuses = Some(statuses);
-    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": phase }))
+    status
+}
+
+/// Whether a kubelet restarts a container that exited with `code` under `policy`.
+fn restarts_after(policy: &str, code: i32) -> bool {
+    policy == "Always" || (policy == "OnFailure" && code != 0)
+}
+
+/// The kubelet's crash back-off before restart number `n` (1-based): 10 s, doubling, at most
+/// 5 minutes.
+fn crash_backoff(n: u32) -> Duration {
+    let secs = 10u64.saturating_mul(1u64 << n.saturating_sub(1).min(5));
+    Duration::from_secs(secs.min(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_policy_and_back_off() {
+        for (policy, code, restarts) in [
+            ("Always", 0, true),
+            ("Always", 1, true),
+            ("OnFailure", 0, false),
+            ("OnFailure", 2, true),
+            ("Never", 1, false),
+        ] {
+            assert_eq!(restarts_after(policy, code), restarts, "{policy} {code}");
+        }
+        let secs: Vec<u64> = (1..=7).map(|n| crash_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
+    }
 }

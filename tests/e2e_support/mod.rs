@@ -2,6 +2,8 @@
 //! of $KUBECONFIG that fails loudly when there is none, waiting, cleanup, the CRDs, kubectl.
 #![allow(dead_code)] // each test target uses a different subset
 
+pub mod sessions;
+
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,256 @@
+//! End-to-end: the Helm chart on the real control plane. `helm install` puts the operator's
+//! Deployment (two replicas), ServiceAccount and RBAC in place; the e2e harness plays the two
+//! operator pods as local processes that authenticate with a token of the chart's ServiceAccount
+//! (TokenRequest, bound to the pod), so the operator gets exactly the chart's permissions: a verb
+//! missing from the chart fails this test. Then the lose-and-resume scenario with the real
+//! claude-agent-acp. Run by `bash e2e/test.sh`; `#[ignore]`d for plain `cargo test`.
+//!
+//! `KANDEV_CHART=<dir>` tests another copy of the chart (e.g. one with a verb removed), and
+//! `KANDEV_HELM_TIMEOUT` (default 3m) bounds `helm install --wait`.
+
+mod e2e_support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::{client, kubectl, repo_path, unique, wait_for, with_cleanup};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kandev_operator::api::{SessionState, TaskSession};
+use kube::api::{Api, ListParams};
+use kube::runtime::wait::await_condition;
+use kube::{Client, ResourceExt};
+
+const RELEASE: &str = "kandev-operator";
+/// The release namespace (the docs use kandev-system; a different one keeps the two apart).
+const CHART_NS: &str = "kandev-chart-e2e";
+const OPERATOR_ACCOUNT: &str = "system:serviceaccount:kandev-chart-e2e:kandev-operator";
+
+fn chart_dir() -> PathBuf {
+    std::env::var_os("KANDEV_CHART")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_path("charts/kandev-operator"))
+}
+
+/// Runs helm from PATH (`bash e2e/test.sh` puts the built one first), panicking with its output
+/// on failure.
+fn helm(args: &[&str]) -> String {
+    let out = Command::new("helm")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("helm on PATH (bash e2e/test.sh puts it there)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "helm {}:\n{text}", args.join(" "));
+    text
+}
+
+/// Removes the release and its namespace, waiting until both are gone (a namespace that is
+/// still terminating refuses the next install).
+fn uninstall() {
+    let _ = Command::new("helm")
+        .args([
+            "uninstall",
+            RELEASE,
+            "-n",
+            CHART_NS,
+            "--wait",
+            "--timeout",
+            "2m",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let _ = kubectl()
+        .args([
+            "delete",
+            "namespace",
+            CHART_NS,
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+        ])
+        .output();
+}
+
+async fn wait_long<K, C>(api: &Api<K>, name: &str, what: &str, within: Duration, cond: C)
+where
+    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+    C: kube::runtime::wait::Condition<K>,
+{
+    match tokio::time::timeout(within, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => panic!("watching {name} for {what}: {e}"),
+        Err(_) => panic!(
+            "timed out after {within:?} waiting for {name} to be {what}; now: {:#?}",
+            api.get_opt(name).await.ok().flatten()
+        ),
+    }
+}
+
+/// The played operator pods of the release.
+async fn operator_pods(client: &Client) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
+    pods.list(&ListParams::default().labels("app.kubernetes.io/name=kandev-operator"))
+        .await
+        .expect("list operator pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// `kubectl logs` of a pod (served by kwok from the harness's log of the played process).
+fn logs(pod: &str) -> String {
+    let out = kubectl()
+        .args(["logs", "-n", CHART_NS, pod])
+        .output()
+        .expect("kubectl logs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
+    let client = client().await;
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 chart path");
+    uninstall(); // leftovers of an interrupted run
+    let sessions = Sessions::new(&client, &unique("chart"));
+    let body = async {
+        let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        helm(&[
+            "install",
+            RELEASE,
+            chart,
+            "-n",
+            CHART_NS,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            &timeout,
+        ]);
+
+        // Two replicas, both played, one leader.
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), CHART_NS);
+        let deployment = deployments.get(RELEASE).await.expect("Deployment");
+        let spec = deployment.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(2), "two replicas by default");
+        let pods = operator_pods(&client).await;
+        assert_eq!(pods.len(), 2, "two operator pods");
+        let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+        for pod in &pods {
+            assert!(
+                pod.annotations().contains_key("e2e.kandev.dev/harness-pid"),
+                "pod {} is played by the harness",
+                pod.name_any()
+            );
+            assert_eq!(
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.as_deref()),
+                Some(RELEASE)
+            );
+        }
+        let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
+        wait_long(
+            &leases,
+            "kandev-operator",
+            "held by an operator pod",
+            Duration::from_secs(60),
+            |l: Option<&Lease>| {
+                l.and_then(|l| l.spec.as_ref())
+                    .and_then(|s| s.holder_identity.as_deref())
+                    .is_some_and(|h| names.iter().any(|n| n == h))
+            },
+        )
+        .await;
+        // The operator says who it is: the chart's ServiceAccount, not the harness's admin.
+        for name in &names {
+            let log = logs(name);
+            assert!(
+                log.contains(OPERATOR_ACCOUNT),
+                "operator pod {name} does not report running as {OPERATOR_ACCOUNT}:\n{log}"
+            );
+        }
+
+        // Lose and resume, with the chart's permissions only.
+        sessions.ensure_namespace().await;
+        let name = "chart-session";
+        sessions.create(name, "claude-code").await;
+        wait_long(
+            &sessions.sessions(),
+            name,
+            "WAITING_FOR_INPUT",
+            Duration::from_secs(120),
+            state_is(SessionState::WaitingForInput),
+        )
+        .await;
+        let token = sessions
+            .token_of(name)
+            .await
+            .expect("a resume token after session/new");
+        sessions.lose_pods(name).await;
+        wait_for(&sessions.sessions(), name, "needsResume", needs_resume()).await;
+        sessions.annotate(name, "chart-r1").await;
+        wait_long(
+            &sessions.sessions(),
+            name,
+            "handled chart-r1",
+            Duration::from_secs(120),
+            handled("chart-r1"),
+        )
+        .await;
+        let ts = sessions.sessions().get(name).await.expect("session");
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        let resumed = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Resumed")
+            .expect("Resumed condition");
+        assert_eq!(
+            (resumed.status.as_str(), resumed.reason.as_str()),
+            ("True", "Restored"),
+            "{resumed:?}"
+        );
+        assert_eq!(
+            sessions.token_of(name).await.as_deref(),
+            Some(token.as_str()),
+            "same token back"
+        );
+        assert_eq!(sessions.live_pods(name).await.len(), 1);
+        let reasons = sessions.event_reasons(name).await;
+        for expected in ["AgentLost", "ResumeRequested", "PodCreated", "Resumed"] {
+            assert!(
+                reasons.iter().any(|r| r == expected),
+                "event {expected} missing from {reasons:?}"
+            );
+        }
+
+        // Deleting the session: the operator stops the pod and lifts its finalizer.
+        sessions.delete(name).await;
+        wait_long(
+            &sessions.sessions(),
+            name,
+            "deleted",
+            Duration::from_secs(60),
+            |ts: Option<&TaskSession>| ts.is_none(),
+        )
+        .await;
+    };
+    let cleanup = async {
+        let _ = kubectl()
+            .args(["delete", "namespace", &sessions.namespace, "--wait=false"])
+            .output();
+        uninstall();
+    };
+    with_cleanup(body, cleanup).await;
+}

@@ -1,0 +1,161 @@
+//! TaskSessions in one namespace, as the e2e tests create, lose, resume and inspect them.
+
+use k8s_openapi::api::core::v1::{Event, Namespace as CoreNamespace, Pod};
+use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::wait::Condition;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+/// The kandev objects of one namespace.
+#[derive(Clone)]
+pub struct Sessions {
+    pub client: Client,
+    pub namespace: String,
+}
+
+impl Sessions {
+    pub fn new(client: &Client, namespace: &str) -> Self {
+        Self {
+            client: client.clone(),
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// Creates the namespace if it does not exist.
+    pub async fn ensure_namespace(&self) {
+        let api: Api<CoreNamespace> = Api::all(self.client.clone());
+        let ns: CoreNamespace =
+            serde_json::from_value(json!({"metadata": {"name": self.namespace}})).expect("ns");
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("create namespace {}: {e}", self.namespace),
+        }
+    }
+
+    pub fn sessions(&self) -> Api<TaskSession> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn executors(&self) -> Api<ExecutorRunning> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn new_session(
+        &self,
+        name: &str,
+        agent: &str,
+        workspace: serde_json::Value,
+    ) -> TaskSession {
+        serde_json::from_value(json!({
+            "apiVersion": "kandev.dev/v1alpha1",
+            "kind": "TaskSession",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "taskId": format!("task-{name}"),
+                "agent": agent,
+                "taskDescription": "Say hello.",
+                "workspace": workspace,
+            }
+        }))
+        .expect("valid TaskSession")
+    }
+
+    /// A session with a 1Gi workspace created from a template.
+    pub async fn create(&self, name: &str, agent: &str) -> TaskSession {
+        let ts = self.new_session(name, agent, json!({"template": {"size": "1Gi"}}));
+        self.sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create TaskSession")
+    }
+
+    pub async fn delete(&self, name: &str) {
+        let _ = self.sessions().delete(name, &DeleteParams::default()).await;
+    }
+
+    pub async fn token_of(&self, name: &str) -> Option<String> {
+        self.executors()
+            .get(name)
+            .await
+            .expect("ExecutorRunning")
+            .status
+            .and_then(|s| s.resume_token)
+    }
+
+    /// The session's pods that are not being deleted.
+    pub async fn live_pods(&self, name: &str) -> Vec<Pod> {
+        self.pods()
+            .list(&ListParams::default().labels(&format!("kandev.dev/session={name}")))
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+
+    /// Deletes every live pod of the session (a node drain, an eviction).
+    pub async fn lose_pods(&self, name: &str) {
+        for pod in self.live_pods(name).await {
+            self.pods()
+                .delete(&pod.name_any(), &DeleteParams::default())
+                .await
+                .expect("delete pod");
+        }
+    }
+
+    /// Reasons of the session's Events, oldest first.
+    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut list = events
+            .list(&ListParams::default().fields(&format!(
+                "involvedObject.name={name},involvedObject.kind=TaskSession"
+            )))
+            .await
+            .expect("list events")
+            .items;
+        list.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+        list.into_iter().filter_map(|e| e.reason).collect()
+    }
+
+    /// Requests a resume with `token`, as a user would (a field manager that does not start with
+    /// "kubectl": Flux prunes fields owned by those).
+    pub async fn annotate(&self, name: &str, token: &str) {
+        let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: token}}});
+        self.sessions()
+            .patch(
+                name,
+                &PatchParams::apply("kandev-e2e-user"),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .expect("annotate");
+    }
+}
+
+pub fn state_is(state: SessionState) -> impl Condition<TaskSession> {
+    move |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.state == state)
+    }
+}
+
+pub fn handled(token: &str) -> impl Condition<TaskSession> + '_ {
+    move |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.last_handled_resume_request.as_deref() == Some(token))
+    }
+}
+
+pub fn needs_resume() -> impl Condition<TaskSession> {
+    |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| s.needs_resume)
+    }
+}
