@@ -1,0 +1,188 @@
+//! The Argo CD health check and resume actions published in docs/gitops.md, run in Lua 5.1 (the
+//! language of Argo CD's gopher-lua) against sample TaskSessions. The scripts are read from the
+//! page itself, so what users copy is what is tested.
+
+use mlua::{Lua, LuaSerdeExt, Value as LuaValue};
+use serde_json::{Value, json};
+
+const HEALTH_KEY: &str = "resource.customizations.health.kandev.dev_TaskSession";
+const ACTIONS_KEY: &str = "resource.customizations.actions.kandev.dev_TaskSession";
+
+/// The `data` of the argocd-cm snippet in docs/gitops.md.
+fn argocd_cm_data() -> serde_yaml::Mapping {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gitops.md"))
+        .expect("docs/gitops.md");
+    let block = page
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("\n```").next())
+        .find(|b| b.contains(HEALTH_KEY))
+        .expect("a yaml block with the health check in docs/gitops.md");
+    let doc: serde_yaml::Value = serde_yaml::from_str(block).expect("the block is YAML");
+    doc.get("data")
+        .and_then(|d| d.as_mapping())
+        .cloned()
+        .expect("the block has data")
+}
+
+fn script(data: &serde_yaml::Mapping, key: &str) -> String {
+    data.get(key)
+        .and_then(|v| v.as_str())
+        .unwrap_or_else(|| panic!("{key} missing"))
+        .to_string()
+}
+
+/// The actions document: discovery.lua and the action.lua of each definition.
+fn actions() -> (String, Vec<(String, String)>) {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&script(&argocd_cm_data(), ACTIONS_KEY)).expect("actions YAML");
+    let discovery = doc["discovery.lua"]
+        .as_str()
+        .expect("discovery.lua")
+        .to_string();
+    let definitions = doc["definitions"]
+        .as_sequence()
+        .expect("definitions")
+        .iter()
+        .map(|d| {
+            (
+                d["name"].as_str().expect("name").to_string(),
+                d["action.lua"].as_str().expect("action.lua").to_string(),
+            )
+        })
+        .collect();
+    (discovery, definitions)
+}
+
+/// Runs `code` with the global `obj` set to `object`, as Argo CD does, and returns its result.
+fn run(code: &str, object: &Value) -> Value {
+    let lua = Lua::new();
+    let obj = lua.to_value(object).expect("object into Lua");
+    lua.globals().set("obj", obj).expect("set obj");
+    let out: LuaValue = lua
+        .load(code)
+        .eval()
+        .unwrap_or_else(|e| panic!("Lua failed: {e}"));
+    lua.from_value(out).expect("result from Lua")
+}
+
+fn session(status: Value) -> Value {
+    let mut ts = json!({
+        "apiVersion": "kandev.dev/v1alpha1",
+        "kind": "TaskSession",
+        "metadata": {"name": "fix-login", "namespace": "team-a", "generation": 1},
+        "spec": {"taskId": "T", "agent": "claude-code", "workspace": {"template": {"size": "1Gi"}}}
+    });
+    if !status.is_null() {
+        ts["status"] = status;
+    }
+    ts
+}
+
+#[test]
+fn health_check_maps_every_state() {
+    let health = script(&argocd_cm_data(), HEALTH_KEY);
+    let ready_msg = json!([{"type": "Ready", "status": "False", "reason": "ResumeFailed",
+                            "message": "session/resume timed out; token kept"}]);
+    // (status, expected health, substring of the message)
+    let cases = [
+        (Value::Null, "Progressing", "Waiting for the operator"),
+        (
+            json!({"state": "WAITING_FOR_INPUT", "observedGeneration": 0}),
+            "Progressing",
+            "latest spec",
+        ),
+        (json!({"state": "CREATED"}), "Progressing", "starting"),
+        (json!({"state": "STARTING"}), "Progressing", "starting"),
+        (json!({"state": "RUNNING"}), "Healthy", "working"),
+        (
+            json!({"state": "WAITING_FOR_INPUT", "observedGeneration": 1}),
+            "Healthy",
+            "waiting for input",
+        ),
+        (
+            json!({"state": "WAITING_FOR_INPUT", "needsResume": true,
+                   "resumeReason": "agent_not_running"}),
+            "Suspended",
+            "agent_not_running",
+        ),
+        (
+            json!({"state": "WAITING_FOR_INPUT", "needsResume": true,
+                   "resumeReason": "agent_not_running", "conditions": ready_msg}),
+            "Suspended",
+            "token kept",
+        ),
+        (
+            json!({"state": "FAILED", "errorMessage": "workspace PVC missing"}),
+            "Degraded",
+            "workspace PVC missing",
+        ),
+        (
+            json!({"state": "FAILED", "needsResume": true,
+                   "resumeReason": "failed_session_resumable"}),
+            "Degraded",
+            "resumable",
+        ),
+        (json!({"state": "COMPLETED"}), "Healthy", "completed"),
+        (json!({"state": "CANCELLED"}), "Healthy", "cancelled"),
+    ];
+    for (status, want, message) in cases {
+        let out = run(&health, &session(status.clone()));
+        assert_eq!(out["status"], want, "{status}: {out}");
+        let got = out["message"].as_str().unwrap_or_default();
+        assert!(got.contains(message), "{status}: message {got:?}");
+    }
+}
+
+#[test]
+fn resume_actions_are_offered_only_when_needed() {
+    let (discovery, _) = actions();
+    for (status, disabled) in [
+        (Value::Null, true),
+        (json!({"state": "WAITING_FOR_INPUT"}), true),
+        (
+            json!({"state": "WAITING_FOR_INPUT", "needsResume": true}),
+            false,
+        ),
+    ] {
+        let out = run(&discovery, &session(status.clone()));
+        for action in ["resume", "resume-fresh"] {
+            assert_eq!(out[action]["disabled"], disabled, "{action} for {status}");
+        }
+    }
+}
+
+#[test]
+fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
+    let (_, definitions) = actions();
+    let names: Vec<&str> = definitions.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["resume", "resume-fresh"]);
+    let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true});
+
+    let mut with_annotations = session(lost.clone());
+    with_annotations["metadata"]["annotations"] = json!({
+        "team": "a",
+        "kandev.dev/resume-requested-at": "old",
+        "kandev.dev/resume-fresh": "old"
+    });
+    for object in [session(lost), with_annotations] {
+        for (name, code) in &definitions {
+            let out = run(code, &object);
+            let annotations = &out["metadata"]["annotations"];
+            let token = annotations["kandev.dev/resume-requested-at"]
+                .as_str()
+                .expect("token set");
+            assert!(token.starts_with("argocd-") && token != "old", "{token}");
+            let fresh = annotations["kandev.dev/resume-fresh"].as_str();
+            if name == "resume-fresh" {
+                assert_eq!(fresh, Some(token), "fresh start asked for this token");
+            } else {
+                assert_ne!(fresh, Some(token), "a plain resume is not fresh");
+            }
+            if object["metadata"]["annotations"]["team"] == "a" {
+                assert_eq!(annotations["team"], "a", "other annotations kept");
+            }
+            assert_eq!(out["spec"], object["spec"], "spec untouched");
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! End-to-end: every command in docs/ runs. Each fenced `sh` block of the pages, in reading
+//! order, is run with `bash -euo pipefail` from the repository root against the e2e cluster: the
+//! Helm chart is installed as the install page says, its operator pods are played by the e2e
+//! harness (local processes with the chart ServiceAccount's token, so the chart's RBAC is what
+//! they get), and the resume page loses and resumes a real claude-agent-acp session. A block
+//! marked `sh fails` must fail. Run by `bash e2e/test.sh`; `#[ignore]`d for plain `cargo test`.
+
+mod e2e_support;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use e2e_support::{client, kubectl, repo_path, with_cleanup};
+
+/// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
+const PAGES: [&str; 7] = [
+    "install.md",
+    "resume.md",
+    "status.md",
+    "agent-profiles.md",
+    "troubleshooting.md",
+    "gitops.md",
+    "uninstall.md",
+];
+/// Upper bound for one block (a resume with a real agent takes seconds; helm --wait up to 3m).
+const BLOCK_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone, PartialEq)]
+struct Block {
+    page: String,
+    line: usize,
+    code: String,
+    must_fail: bool,
+}
+
+/// The runnable blocks of a page; panics on a fence whose kind the runner does not know, so a
+/// new kind of block is a decision, not something silently skipped.
+fn blocks(page: &str, text: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((n, line)) = lines.next() {
+        let Some(info) = line.strip_prefix("```") else {
+            continue;
+        };
+        let info = info.trim();
+        let body: Vec<&str> = lines
+            .by_ref()
+            .map(|(_, l)| l)
+            .take_while(|l| !l.starts_with("```"))
+            .collect();
+        let must_fail = match info {
+            "sh" => false,
+            "sh fails" => true,
+            "text" | "yaml" | "json" => continue,
+            other => panic!("{page}:{}: unknown block kind {other:?}", n + 1),
+        };
+        out.push(Block {
+            page: page.to_string(),
+            line: n + 1,
+            code: body.join("\n"),
+            must_fail,
+        });
+    }
+    out
+}
+
+#[test]
+fn blocks_are_found_with_their_kind() {
+    let page = "intro\n```sh\necho a\necho b\n```\n```text\n$ x\n```\n```sh fails\nfalse\n```\n";
+    let found = blocks("p.md", page);
+    assert_eq!(
+        found,
+        vec![
+            Block {
+                page: "p.md".into(),
+                line: 2,
+                code: "echo a\necho b".into(),
+                must_fail: false
+            },
+            Block {
+                page: "p.md".into(),
+                line: 9,
+                code: "false".into(),
+                must_fail: true
+            },
+        ]
+    );
+}
+
+#[test]
+fn every_page_is_run() {
+    let mut pages: Vec<String> = std::fs::read_dir(repo_path("docs"))
+        .expect("docs/")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md") && n != "README.md")
+        .collect();
+    pages.sort();
+    let mut listed: Vec<String> = PAGES.iter().map(|p| p.to_string()).collect();
+    listed.sort();
+    assert_eq!(pages, listed, "docs pages and the runner's PAGES differ");
+    for page in PAGES {
+        let text = std::fs::read_to_string(repo_path(&format!("docs/{page}"))).expect("page");
+        blocks(page, &text); // panics on an unknown block kind
+    }
+}
+
+async fn run_block(block: &Block) -> (Option<i32>, String) {
+    let mut child = tokio::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &block.code])
+        .current_dir(repo_path(""))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bash");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let io = async {
+        use tokio::io::AsyncReadExt;
+        let (a, b) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
+        a.and(b).expect("read block output");
+        child.wait().await.expect("wait for bash")
+    };
+    let status = tokio::time::timeout(BLOCK_TIMEOUT, io).await;
+    let output = format!(
+        "--- stdout\n{}--- stderr\n{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+    match status {
+        Ok(status) => (status.code(), output),
+        Err(_) => (None, format!("timed out after {BLOCK_TIMEOUT:?}\n{output}")),
+    }
+}
+
+/// Leftovers of an interrupted run: sessions (their finalizer needs the operator), the release,
+/// the namespaces and the CRDs' absence are restored to "nothing installed".
+fn clean_slate() {
+    let quiet = |args: &[&str]| {
+        let _ = kubectl()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    };
+    let sessions = kubectl()
+        .args(["get", "ts", "-n", "team-a", "-o", "name"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for ts in sessions.lines().filter(|l| !l.is_empty()) {
+        quiet(&[
+            "patch",
+            "-n",
+            "team-a",
+            ts,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ]);
+    }
+    let _ = std::process::Command::new("helm")
+        .args([
+            "uninstall",
+            "kandev-operator",
+            "-n",
+            "kandev-system",
+            "--wait",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    quiet(&[
+        "delete",
+        "namespace",
+        "team-a",
+        "kandev-system",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+}
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn every_command_in_the_docs_runs() {
+    client().await; // fails loudly without a cluster
+    assert!(
+        which("helm") && which("kubectl-kandev") && which("kubectl"),
+        "helm, kubectl and kubectl-kandev must be on PATH (bash e2e/test.sh puts them there)"
+    );
+    clean_slate();
+    let body = async {
+        for page in PAGES {
+            let text = std::fs::read_to_string(repo_path(&format!("docs/{page}"))).expect("page");
+            for block in blocks(page, &text) {
+                let started = Instant::now();
+                let (code, output) = run_block(&block).await;
+                eprintln!(
+                    "docs/{}:{} exit {code:?} in {:.1}s",
+                    block.page,
+                    block.line,
+                    started.elapsed().as_secs_f64()
+                );
+                let ok = if block.must_fail {
+                    matches!(code, Some(c) if c != 0)
+                } else {
+                    code == Some(0)
+                };
+                assert!(
+                    ok,
+                    "docs/{}:{}: expected {}, got exit {code:?}\n--- block\n{}\n{output}",
+                    block.page,
+                    block.line,
+                    if block.must_fail {
+                        "a failure"
+                    } else {
+                        "success"
+                    },
+                    block.code
+                );
+            }
+        }
+    };
+    with_cleanup(body, async { clean_slate() }).await;
+}
+
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| Path::new(&dir).join(program).is_file())
+    })
+}
