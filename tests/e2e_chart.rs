@@ -15,13 +15,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client, kubectl, repo_path, unique, wait_for, with_cleanup};
+use e2e_support::{client, kubectl, repo_path, unique, wait_for, wait_for_within, with_cleanup};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::{SessionState, TaskSession};
 use kube::api::{Api, ListParams};
-use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
 
 const RELEASE: &str = "kandev-operator";
@@ -35,21 +34,40 @@ fn chart_dir() -> PathBuf {
         .unwrap_or_else(|| repo_path("charts/kandev-operator"))
 }
 
-/// Runs helm from PATH (`bash e2e/test.sh` puts the built one first), panicking with its output
-/// on failure.
-fn helm(args: &[&str]) -> String {
+/// Runs `helm install --wait` from PATH (`bash e2e/test.sh` puts the built one first); on
+/// failure, panics with helm's output, the operator pods and their last log lines (where a
+/// missing RBAC permission is named).
+fn helm_install(args: &[&str]) {
     let out = Command::new("helm")
         .args(args)
         .stdin(Stdio::null())
         .output()
         .expect("helm on PATH (bash e2e/test.sh puts it there)");
-    let text = format!(
-        "{}{}",
+    if out.status.success() {
+        return;
+    }
+    let kubectl_text = |args: &[&str]| {
+        kubectl()
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    panic!(
+        "helm {}:\n{}{}\n--- operator pods\n{}\n--- operator logs\n{}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        kubectl_text(&["get", "pods", "-n", CHART_NS, "-o", "wide"]),
+        kubectl_text(&[
+            "logs",
+            "-n",
+            CHART_NS,
+            "-l",
+            "app.kubernetes.io/name=kandev-operator",
+            "--tail=5",
+        ]),
     );
-    assert!(out.status.success(), "helm {}:\n{text}", args.join(" "));
-    text
 }
 
 /// Removes the release and its namespace, waiting until both are gone (a namespace that is
@@ -78,21 +96,6 @@ fn uninstall() {
             "--timeout=120s",
         ])
         .output();
-}
-
-async fn wait_long<K, C>(api: &Api<K>, name: &str, what: &str, within: Duration, cond: C)
-where
-    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
-    C: kube::runtime::wait::Condition<K>,
-{
-    match tokio::time::timeout(within, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => panic!("watching {name} for {what}: {e}"),
-        Err(_) => panic!(
-            "timed out after {within:?} waiting for {name} to be {what}; now: {:#?}",
-            api.get_opt(name).await.ok().flatten()
-        ),
-    }
 }
 
 /// The played operator pods of the release.
@@ -126,7 +129,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
     let sessions = Sessions::new(&client, &unique("chart"));
     let body = async {
         let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
-        helm(&[
+        helm_install(&[
             "install",
             RELEASE,
             chart,
@@ -160,7 +163,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
             );
         }
         let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
-        wait_long(
+        wait_for_within(
             &leases,
             "kandev-operator",
             "held by an operator pod",
@@ -185,7 +188,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         sessions.ensure_namespace().await;
         let name = "chart-session";
         sessions.create(name, "claude-code").await;
-        wait_long(
+        wait_for_within(
             &sessions.sessions(),
             name,
             "WAITING_FOR_INPUT",
@@ -200,7 +203,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         sessions.lose_pods(name).await;
         wait_for(&sessions.sessions(), name, "needsResume", needs_resume()).await;
         sessions.annotate(name, "chart-r1").await;
-        wait_long(
+        wait_for_within(
             &sessions.sessions(),
             name,
             "handled chart-r1",
@@ -237,7 +240,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
 
         // Deleting the session: the operator stops the pod and lifts its finalizer.
         sessions.delete(name).await;
-        wait_long(
+        wait_for_within(
             &sessions.sessions(),
             name,
             "deleted",

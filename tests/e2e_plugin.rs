@@ -10,14 +10,13 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use e2e_support::{client, install_crd, kubectl, repo_path, unique, wait_for, with_cleanup};
+use e2e_support::operator::Operator;
+use e2e_support::sessions::{Sessions, needs_resume, state_is};
+use e2e_support::{client_with_crds, kubectl, unique, wait_for, with_cleanup};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kandev_operator::api::{
-    ExecutorRunning, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState, TaskSession,
-};
+use kandev_operator::api::{RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::Condition;
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
@@ -47,43 +46,12 @@ profiles:
     historyContextInjection: false
 "#;
 
-/// The operator binary as a child process (killed when dropped).
-struct Operator {
-    _child: tokio::process::Child,
-}
-
-impl Operator {
-    fn start() -> Operator {
-        let dir = repo_path("target/e2e-logs");
-        std::fs::create_dir_all(&dir).expect("log dir");
-        let profiles = dir.join("plugin-test-profiles.yaml");
-        std::fs::write(&profiles, TEST_PROFILES).expect("profiles file");
-        let log = dir.join(format!("{}.log", unique("plugin-operator")));
-        let out = std::fs::File::create(&log).expect("operator log");
-        let err = out.try_clone().expect("operator log");
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kandev-operator"))
-            .args([
-                "run",
-                "--acp-timeout-seconds",
-                "30",
-                "--resync-seconds",
-                "2",
-            ])
-            .args(["--agentctl-image", "kandev.dev/agentctl:e2e"])
-            .arg("--agent-profiles")
-            .arg(&profiles)
-            .arg("--no-leader-election")
-            .env("RUST_LOG", "info,kandev_operator=debug")
-            .env_remove("KANDEV_FAULT_EXIT_AFTER")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start kandev-operator");
-        eprintln!("operator log: {}", log.display());
-        Operator { _child: child }
-    }
+/// The operator for the plugin's tests, with [`TEST_PROFILES`] and without leader election.
+fn start_operator() -> Operator {
+    Operator::builder()
+        .log_prefix("plugin-operator")
+        .profiles("plugin-test-profiles.yaml", TEST_PROFILES)
+        .start()
 }
 
 /// What one plugin run did.
@@ -157,15 +125,10 @@ async fn via_kubectl(args: &[&str]) -> Run {
     finish(child, &format!("kubectl kandev {}", args.join(" "))).await
 }
 
-async fn setup() -> Client {
-    let client = client().await;
-    install_crd(&client, "crds/tasksessions.kandev.dev.yaml").await;
-    install_crd(&client, "crds/executorrunnings.kandev.dev.yaml").await;
-    client
-}
-
-/// A fresh namespace whose default ServiceAccount exists (pods are refused before it does).
-async fn namespace(client: &Client) -> String {
+/// A cluster client with the CRDs installed, and a fresh namespace whose default ServiceAccount
+/// exists (pods are refused before it does).
+async fn setup() -> Sessions {
+    let client = client_with_crds().await;
     let name = unique("plugin");
     let ns: Namespace =
         serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
@@ -181,13 +144,13 @@ async fn namespace(client: &Client) -> String {
         |sa: Option<&ServiceAccount>| sa.is_some(),
     )
     .await;
-    name
+    Sessions::new(&client, &name)
 }
 
 /// Deletes the namespace's sessions (while the operator still runs, so its finalizer is
 /// removed), waits for them to go, then deletes the namespace.
-async fn cleanup(client: &Client, ns: &str) {
-    let api = sessions(client, ns);
+async fn cleanup(sessions: &Sessions) {
+    let api = sessions.sessions();
     let _ = api
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await;
@@ -198,92 +161,32 @@ async fn cleanup(client: &Client, ns: &str) {
             _ => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
-    let _ = Api::<Namespace>::all(client.clone())
-        .delete(ns, &DeleteParams::default())
+    let _ = Api::<Namespace>::all(sessions.client.clone())
+        .delete(&sessions.namespace, &DeleteParams::default())
         .await;
 }
 
-fn sessions(client: &Client, ns: &str) -> Api<TaskSession> {
-    Api::namespaced(client.clone(), ns)
-}
-
-fn pods(client: &Client, ns: &str) -> Api<Pod> {
-    Api::namespaced(client.clone(), ns)
-}
-
-async fn create_session(client: &Client, ns: &str, name: &str, agent: &str, task: Option<&str>) {
-    let ts: TaskSession = serde_json::from_value(json!({
-        "apiVersion": "kandev.dev/v1alpha1",
-        "kind": "TaskSession",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "taskId": format!("task-{name}"),
-            "agent": agent,
-            "taskDescription": task,
-            "workspace": {"template": {"size": "1Gi"}},
-        }
-    }))
-    .expect("valid TaskSession");
-    sessions(client, ns)
-        .create(&PostParams::default(), &ts)
-        .await
-        .expect("create TaskSession");
-}
-
-fn state_is(state: SessionState) -> impl Condition<TaskSession> {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| s.state == state)
-    }
-}
-
-fn needs_resume() -> impl Condition<TaskSession> {
-    |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| s.needs_resume)
-    }
-}
-
-async fn token_of(client: &Client, ns: &str, name: &str) -> Option<String> {
-    Api::<ExecutorRunning>::namespaced(client.clone(), ns)
-        .get(name)
-        .await
-        .expect("ExecutorRunning")
-        .status
-        .and_then(|s| s.resume_token)
-}
-
 /// The session's only live pod.
-async fn the_pod(client: &Client, ns: &str, name: &str) -> Pod {
-    let live: Vec<Pod> = pods(client, ns)
-        .list(&ListParams::default().labels(&format!("kandev.dev/session={name}")))
-        .await
-        .expect("list pods")
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
+async fn the_pod(sessions: &Sessions, name: &str) -> Pod {
+    let live = sessions.live_pods(name).await;
     assert_eq!(live.len(), 1, "one live pod: {live:#?}");
     live.into_iter().next().expect("pod")
 }
 
-async fn started(client: &Client, ns: &str, name: &str) -> String {
+async fn started(sessions: &Sessions, name: &str) -> String {
     wait_for(
-        &sessions(client, ns),
+        &sessions.sessions(),
         name,
         "WAITING_FOR_INPUT",
         state_is(SessionState::WaitingForInput),
     )
     .await;
-    token_of(client, ns, name).await.expect("a resume token")
+    sessions.token_of(name).await.expect("a resume token")
 }
 
-async fn lose_pod(client: &Client, ns: &str, name: &str) {
-    let pod = the_pod(client, ns, name).await;
-    pods(client, ns)
-        .delete(&pod.name_any(), &DeleteParams::default())
-        .await
-        .expect("delete pod");
+async fn lose_pod(sessions: &Sessions, name: &str) {
+    let pod = the_pod(sessions, name).await;
+    sessions.delete_pod(&pod).await;
 }
 
 /// The value after `label` on a line of `text` (`  request: kandev-…`).
@@ -302,15 +205,17 @@ fn field<'a>(text: &'a str, label: &str) -> Option<&'a str> {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn status_and_resume_wait_on_a_lost_session() {
-    let client = setup().await;
-    let ns = namespace(&client).await;
-    let operator = Operator::start();
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
     let name = unique("claude");
     let body = async {
         // With a first prompt (it fails without credentials, but claude-agent-acp then keeps
         // the session on disk, so `session/resume` finds it after the loss).
-        create_session(&client, &ns, &name, "claude-code", Some("Say hello.")).await;
-        let token = started(&client, &ns, &name).await;
+        sessions
+            .create_with_task(&name, "claude-code", Some("Say hello."))
+            .await;
+        let token = started(&sessions, &name).await;
 
         // Running: the table through kubectl's plugin discovery, then JSON.
         let run = via_kubectl(&["status", &name, "-n", &ns])
@@ -340,7 +245,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
         assert_eq!(json["pod"]["liveness"], "Running");
 
         // Lost: the live evaluation says so even before the operator wrote it.
-        lose_pod(&client, &ns, &name).await;
+        lose_pod(&sessions, &name).await;
         let json = plugin(&["status", &name, "-n", &ns, "-o", "json"])
             .await
             .expect_code(0)
@@ -354,13 +259,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
                 .contains(&json["pod"]["liveness"].as_str().unwrap_or("")),
             "{json:#}"
         );
-        wait_for(
-            &sessions(&client, &ns),
-            &name,
-            "needsResume",
-            needs_resume(),
-        )
-        .await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
         let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
         assert!(run.stdout.contains("Needs resume:  yes"), "{}", run.stdout);
         assert!(
@@ -391,7 +290,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
         let request = field(&run.stdout, "request:")
             .expect("request line")
             .to_string();
-        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        let ts = sessions.sessions().get(&name).await.expect("session");
         assert_eq!(
             ts.annotations().get(RESUME_ANNOTATION),
             Some(&request),
@@ -414,7 +313,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
             "{managers:?}"
         );
         assert_eq!(
-            token_of(&client, &ns, &name).await.as_deref(),
+            sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
         );
 
@@ -427,7 +326,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
             .json();
         assert_eq!(json["outcome"], "already_running");
         assert_eq!(json["request"], Value::Null);
-        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        let ts = sessions.sessions().get(&name).await.expect("session");
         assert_eq!(ts.annotations().get(RESUME_ANNOTATION), Some(&request));
 
         // Missing sessions.
@@ -454,7 +353,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
             .json();
         assert_eq!(json["namespace"], ns.as_str());
     };
-    with_cleanup(body, cleanup(&client, &ns)).await;
+    with_cleanup(body, cleanup(&sessions)).await;
     drop(operator);
 }
 
@@ -484,13 +383,15 @@ fn kubeconfig_with_namespace(ns: &str) -> tempfile::NamedTempFile {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
-    let client = setup().await;
-    let ns = namespace(&client).await;
-    let operator = Operator::start();
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
     let name = unique("echo");
     let body = async {
-        create_session(&client, &ns, &name, "plugin-echo", Some("Say hello.")).await;
-        let token = started(&client, &ns, &name).await;
+        sessions
+            .create_with_task(&name, "plugin-echo", Some("Say hello."))
+            .await;
+        let token = started(&sessions, &name).await;
         assert_eq!(token, "plugin-session");
 
         let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(0);
@@ -499,14 +400,8 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             "[USER]: Say hello.\n[ASSISTANT]: echo: Say hello.\n"
         );
 
-        lose_pod(&client, &ns, &name).await;
-        wait_for(
-            &sessions(&client, &ns),
-            &name,
-            "needsResume",
-            needs_resume(),
-        )
-        .await;
+        lose_pod(&sessions, &name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
         let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(4);
         assert!(run.stderr.contains("resume it first"), "{}", run.stderr);
 
@@ -526,7 +421,7 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             );
         }
         assert_eq!(
-            token_of(&client, &ns, &name).await.as_deref(),
+            sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
         );
 
@@ -571,7 +466,7 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             run.stdout
         );
     };
-    with_cleanup(body, cleanup(&client, &ns)).await;
+    with_cleanup(body, cleanup(&sessions)).await;
     drop(operator);
 }
 
@@ -580,26 +475,28 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
-    let client = setup().await;
-    let ns = namespace(&client).await;
-    let operator = Operator::start();
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
     let name = unique("hang");
     let body = async {
-        create_session(&client, &ns, &name, "plugin-hang-once", None).await;
-        let token = started(&client, &ns, &name).await;
+        sessions
+            .create_with_task(&name, "plugin-hang-once", None)
+            .await;
+        let token = started(&sessions, &name).await;
 
         let child = plugin_command(&["prompt", &name, "are you there", "-n", &ns])
             .spawn()
             .expect("start kubectl-kandev");
         // The prompt reached the agent (agentctl events → RUNNING); then the pod goes.
         wait_for(
-            &sessions(&client, &ns),
+            &sessions.sessions(),
             &name,
             "RUNNING (prompt in flight)",
             state_is(SessionState::Running),
         )
         .await;
-        lose_pod(&client, &ns, &name).await;
+        lose_pod(&sessions, &name).await;
         let run = finish(child, "kubectl-kandev prompt (pod deleted mid-turn)")
             .await
             .expect_code(0);
@@ -612,11 +509,11 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
             );
         }
         assert_eq!(
-            token_of(&client, &ns, &name).await.as_deref(),
+            sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
         );
     };
-    with_cleanup(body, cleanup(&client, &ns)).await;
+    with_cleanup(body, cleanup(&sessions)).await;
     drop(operator);
 }
 
@@ -627,11 +524,11 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn refusals_and_timeouts_without_an_operator() {
-    let client = setup().await;
-    let ns = namespace(&client).await;
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
     let name = unique("idle");
     let body = async {
-        create_session(&client, &ns, &name, "plugin-echo", None).await;
+        sessions.create_with_task(&name, "plugin-echo", None).await;
         let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
         assert!(
             run.stdout.contains("State:         CREATED"),
@@ -642,16 +539,16 @@ async fn refusals_and_timeouts_without_an_operator() {
         assert!(run.stdout.contains("has not started yet"), "{}", run.stdout);
 
         // An active session without a pod: a request is made, and nobody handles it.
-        set_status(
-            &client,
-            &ns,
-            &name,
-            json!({"state": "WAITING_FOR_INPUT", "taskState": "REVIEW"}),
-        )
-        .await;
+        sessions
+            .set_status(
+                &name,
+                json!({"state": "WAITING_FOR_INPUT", "taskState": "REVIEW"}),
+            )
+            .await;
         let fresh_flag =
             json!({"metadata": {"annotations": {RESUME_FRESH_ANNOTATION: "old-request"}}});
-        sessions(&client, &ns)
+        sessions
+            .sessions()
             .patch(
                 &name,
                 &PatchParams::apply("kandev-e2e-user"),
@@ -684,7 +581,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             "{}",
             run.stderr
         );
-        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        let ts = sessions.sessions().get(&name).await.expect("session");
         let first = ts
             .annotations()
             .get(RESUME_ANNOTATION)
@@ -702,7 +599,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             .expect_code(0);
         let second = run.stdout.trim().to_string();
         assert!(second.starts_with("kandev-") && second != first, "{run:#?}");
-        let ts = sessions(&client, &ns).get(&name).await.expect("session");
+        let ts = sessions.sessions().get(&name).await.expect("session");
         assert_eq!(ts.annotations().get(RESUME_ANNOTATION), Some(&second));
         assert_eq!(
             ts.annotations().get(RESUME_FRESH_ANNOTATION),
@@ -722,14 +619,13 @@ async fn refusals_and_timeouts_without_an_operator() {
         );
 
         // Terminal: refused before anything is requested.
-        set_status(
-            &client,
-            &ns,
-            &name,
-            json!({"state": "COMPLETED", "taskState": "COMPLETED"}),
-        )
-        .await;
-        let before = sessions(&client, &ns).get(&name).await.expect("session");
+        sessions
+            .set_status(
+                &name,
+                json!({"state": "COMPLETED", "taskState": "COMPLETED"}),
+            )
+            .await;
+        let before = sessions.sessions().get(&name).await.expect("session");
         let run = plugin(&["resume", &name, "-n", &ns, "--wait"])
             .await
             .expect_code(4);
@@ -742,7 +638,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             .await
             .expect_code(4);
         assert!(run.stderr.contains("COMPLETED"), "{}", run.stderr);
-        let after = sessions(&client, &ns).get(&name).await.expect("session");
+        let after = sessions.sessions().get(&name).await.expect("session");
         assert_eq!(
             before.annotations().get(RESUME_ANNOTATION),
             after.annotations().get(RESUME_ANNOTATION),
@@ -767,16 +663,5 @@ async fn refusals_and_timeouts_without_an_operator() {
             run.stderr
         );
     };
-    with_cleanup(body, cleanup(&client, &ns)).await;
-}
-
-async fn set_status(client: &Client, ns: &str, name: &str, status: Value) {
-    sessions(client, ns)
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": status})),
-        )
-        .await
-        .expect("patch status");
+    with_cleanup(body, cleanup(&sessions)).await;
 }

@@ -2,6 +2,7 @@
 //! of $KUBECONFIG that fails loudly when there is none, waiting, cleanup, the CRDs, kubectl.
 #![allow(dead_code)] // each test target uses a different subset
 
+pub mod operator;
 pub mod sessions;
 
 use std::future::Future;
@@ -75,17 +76,42 @@ where
     }
 }
 
+/// A client for $KUBECONFIG (see [`client`]) with the kandev CRDs installed and established.
+pub async fn client_with_crds() -> Client {
+    let client = client().await;
+    install_crd(&client, "crds/tasksessions.kandev.dev.yaml").await;
+    install_crd(&client, "crds/executorrunnings.kandev.dev.yaml").await;
+    client
+}
+
+/// Waits up to [`WAIT`] for `cond` on the object `name`; panics (with the object as it is now)
+/// when it does not hold by then.
 pub async fn wait_for<K, C>(api: &Api<K>, name: &str, what: &str, cond: C) -> Option<K>
 where
     K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
     C: Condition<K>,
 {
-    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
+    wait_for_within(api, name, what, WAIT, cond).await
+}
+
+/// [`wait_for`] with another time limit.
+pub async fn wait_for_within<K, C>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    cond: C,
+) -> Option<K>
+where
+    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+    C: Condition<K>,
+{
+    match tokio::time::timeout(within, await_condition(api.clone(), name, cond)).await {
         Ok(Ok(obj)) => obj,
         Ok(Err(e)) => panic!("watching {name} for {what}: {e}"),
         Err(_) => {
             let now = api.get_opt(name).await.ok().flatten();
-            panic!("timed out after {WAIT:?} waiting for {name} to be {what}; now: {now:#?}")
+            panic!("timed out after {within:?} waiting for {name} to be {what}; now: {now:#?}")
         }
     }
 }

@@ -7,6 +7,9 @@ use kube::runtime::wait::Condition;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+/// The first prompt of the sessions that [`Sessions::create`] makes.
+pub const FIRST_PROMPT: &str = "Say hello.";
+
 /// The kandev objects of one namespace.
 #[derive(Clone)]
 pub struct Sessions {
@@ -46,10 +49,22 @@ impl Sessions {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// A TaskSession (not created) whose first prompt is [`FIRST_PROMPT`].
     pub fn new_session(
         &self,
         name: &str,
         agent: &str,
+        workspace: serde_json::Value,
+    ) -> TaskSession {
+        self.new_session_with_task(name, agent, Some(FIRST_PROMPT), workspace)
+    }
+
+    /// A TaskSession (not created) with `task` as its first prompt, or none.
+    pub fn new_session_with_task(
+        &self,
+        name: &str,
+        agent: &str,
+        task: Option<&str>,
         workspace: serde_json::Value,
     ) -> TaskSession {
         serde_json::from_value(json!({
@@ -59,16 +74,27 @@ impl Sessions {
             "spec": {
                 "taskId": format!("task-{name}"),
                 "agent": agent,
-                "taskDescription": "Say hello.",
+                "taskDescription": task,
                 "workspace": workspace,
             }
         }))
         .expect("valid TaskSession")
     }
 
-    /// A session with a 1Gi workspace created from a template.
+    /// A session with a 1Gi workspace created from a template, first prompt [`FIRST_PROMPT`].
     pub async fn create(&self, name: &str, agent: &str) -> TaskSession {
-        let ts = self.new_session(name, agent, json!({"template": {"size": "1Gi"}}));
+        self.create_with_task(name, agent, Some(FIRST_PROMPT)).await
+    }
+
+    /// [`Sessions::create`] with `task` as the first prompt, or none.
+    pub async fn create_with_task(
+        &self,
+        name: &str,
+        agent: &str,
+        task: Option<&str>,
+    ) -> TaskSession {
+        let ts =
+            self.new_session_with_task(name, agent, task, json!({"template": {"size": "1Gi"}}));
         self.sessions()
             .create(&PostParams::default(), &ts)
             .await
@@ -77,6 +103,18 @@ impl Sessions {
 
     pub async fn delete(&self, name: &str) {
         let _ = self.sessions().delete(name, &DeleteParams::default()).await;
+    }
+
+    /// Merges `status` into the session's status (as if the operator had written it).
+    pub async fn set_status(&self, name: &str, status: serde_json::Value) {
+        self.sessions()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": status})),
+            )
+            .await
+            .expect("patch status");
     }
 
     pub async fn token_of(&self, name: &str) -> Option<String> {
@@ -100,13 +138,18 @@ impl Sessions {
             .collect()
     }
 
-    /// Deletes every live pod of the session (a node drain, an eviction).
+    /// Deletes `pod` (a node drain, an eviction).
+    pub async fn delete_pod(&self, pod: &Pod) {
+        self.pods()
+            .delete(&pod.name_any(), &DeleteParams::default())
+            .await
+            .expect("delete pod");
+    }
+
+    /// Deletes every live pod of the session.
     pub async fn lose_pods(&self, name: &str) {
         for pod in self.live_pods(name).await {
-            self.pods()
-                .delete(&pod.name_any(), &DeleteParams::default())
-                .await
-                .expect("delete pod");
+            self.delete_pod(&pod).await;
         }
     }
 

@@ -1,0 +1,144 @@
+//! The operator binary as a local child process of a test, against the cluster of $KUBECONFIG:
+//! its log (stdout and stderr) goes to `target/e2e-logs/<prefix>-<unique>.log`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::{repo_path, unique};
+
+/// Reconcile period of a test operator unless a test sets another.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(2);
+
+/// The env variable of the operator's fault points (it exits with code 3 after that step).
+const FAULT_ENV: &str = "KANDEV_FAULT_EXIT_AFTER";
+
+/// A running operator process, killed when dropped.
+pub struct Operator {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+/// How to start an [`Operator`]; `Operator::builder()` gives one without agent profiles, with
+/// [`DEFAULT_RESYNC`], no fault point and no leader election.
+pub struct OperatorBuilder {
+    log_prefix: String,
+    profiles: Option<(String, String)>,
+    resync: Duration,
+    fault: Option<String>,
+    lease: Option<Lease>,
+}
+
+struct Lease {
+    name: String,
+    namespace: String,
+    identity: String,
+}
+
+impl Operator {
+    pub fn builder() -> OperatorBuilder {
+        OperatorBuilder {
+            log_prefix: "operator".to_string(),
+            profiles: None,
+            resync: DEFAULT_RESYNC,
+            fault: None,
+            lease: None,
+        }
+    }
+
+    /// The file the operator logs to.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Waits for the operator to exit on its own (a fault point), returning its exit code.
+    pub async fn exited(&mut self, within: Duration) -> Option<i32> {
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(Ok(status)) => status.code(),
+            _ => panic!(
+                "operator did not exit within {within:?}; log {}",
+                self.log.display()
+            ),
+        }
+    }
+}
+
+impl OperatorBuilder {
+    /// The log file's name starts with `prefix` ("operator" unless set).
+    pub fn log_prefix(mut self, prefix: &str) -> Self {
+        self.log_prefix = prefix.to_string();
+        self
+    }
+
+    /// Agent profiles besides the built-in ones: `yaml` is written to `target/e2e-logs/<file>`
+    /// and passed with `--agent-profiles`.
+    pub fn profiles(mut self, file: &str, yaml: &str) -> Self {
+        self.profiles = Some((file.to_string(), yaml.to_string()));
+        self
+    }
+
+    /// `--resync-seconds` (whole seconds).
+    pub fn resync(mut self, period: Duration) -> Self {
+        self.resync = period;
+        self
+    }
+
+    /// Sets the fault point: the operator exits with code 3 right after `step`.
+    pub fn fault(mut self, step: &str) -> Self {
+        self.fault = Some(step.to_string());
+        self
+    }
+
+    /// One replica electing a leader on Lease `lease` in `namespace` as `identity` (its
+    /// POD_NAME); without this the operator runs with `--no-leader-election`.
+    pub fn leader_election(mut self, lease: &str, namespace: &str, identity: &str) -> Self {
+        self.lease = Some(Lease {
+            name: lease.to_string(),
+            namespace: namespace.to_string(),
+            identity: identity.to_string(),
+        });
+        self
+    }
+
+    pub fn start(self) -> Operator {
+        let dir = repo_path("target/e2e-logs");
+        std::fs::create_dir_all(&dir).expect("log dir");
+        let profiles = self.profiles.as_ref().map(|(file, yaml)| {
+            let path = dir.join(file);
+            std::fs::write(&path, yaml).expect("profiles file");
+            path
+        });
+        let log = dir.join(format!("{}.log", unique(&self.log_prefix)));
+        let out = std::fs::File::create(&log).expect("operator log");
+        let err = out.try_clone().expect("operator log");
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kandev-operator"));
+        cmd.args(["run", "--acp-timeout-seconds", "30"])
+            .args(["--resync-seconds", &self.resync.as_secs().to_string()])
+            .args(["--agentctl-image", "kandev.dev/agentctl:e2e"]);
+        if let Some(profiles) = &profiles {
+            cmd.arg("--agent-profiles").arg(profiles);
+        }
+        cmd.env("RUST_LOG", "info,kandev_operator=debug")
+            .env_remove(FAULT_ENV)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        if let Some(step) = &self.fault {
+            cmd.env(FAULT_ENV, step);
+        }
+        match &self.lease {
+            Some(lease) => {
+                cmd.args(["--lease-name", &lease.name])
+                    .args(["--lease-namespace", &lease.namespace])
+                    .env("POD_NAME", &lease.identity);
+            }
+            None => {
+                cmd.arg("--no-leader-election");
+            }
+        }
+        let child = cmd.spawn().expect("start kandev-operator");
+        eprintln!("operator log: {}", log.display());
+        Operator { child, log }
+    }
+}
