@@ -630,7 +630,20 @@ impl<'a> Session<'a> {
                         format!("started ACP session {session_id}; waiting for input"),
                     )
                 };
-                let rejected = token.as_deref().filter(|_| !fresh);
+                let rejected = token
+                    .as_deref()
+                    .filter(|_| !fresh && why.agent_rejected_token());
+                let (reason, message) = match token.as_deref().filter(|_| !fresh) {
+                    // A profile without native resume starts over by design; the recorded
+                    // history travels with the next prompt where the profile injects it.
+                    Some(old) if !why.agent_rejected_token() => (
+                        "StartedWithoutNativeResume",
+                        format!(
+                            "the agent profile does not restore sessions natively ({why}); started ACP session {session_id} in place of {old}"
+                        ),
+                    ),
+                    _ => (reason, message),
+                };
                 match rejected {
                     Some(old) => {
                         // DESIGN §3 step 5: token rejected → WAITING_FOR_INPUT, token replaced,

@@ -63,6 +63,16 @@ pub enum FreshReason {
 }
 
 impl FreshReason {
+    /// Whether the agent itself turned the saved session down (an unknown session, or restore
+    /// unsupported), as opposed to a fresh start nobody tried to avoid (no token, or a profile
+    /// that never restores natively and relies on history injection instead).
+    pub fn agent_rejected_token(self) -> bool {
+        match self {
+            Self::NoResumeToken | Self::ProfileHasNoNativeResume => false,
+            Self::RestoreUnsupportedByAgent | Self::MethodNotFound | Self::UnknownSession => true,
+        }
+    }
+
     /// Stable name for conditions, Events and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -184,6 +194,19 @@ pub fn next_step_after_failure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_agent_rejects_a_token() {
+        for (why, rejected) in [
+            (FreshReason::NoResumeToken, false),
+            (FreshReason::ProfileHasNoNativeResume, false),
+            (FreshReason::RestoreUnsupportedByAgent, true),
+            (FreshReason::MethodNotFound, true),
+            (FreshReason::UnknownSession, true),
+        ] {
+            assert_eq!(why.agent_rejected_token(), rejected, "{why}");
+        }
+    }
     use RestoreErrorClass as C;
     use pretty_assertions::assert_eq;
 
