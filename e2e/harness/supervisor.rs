@@ -409,7 +409,11 @@ impl Supervisor {
     }
 
     async fn delete_kwok_objects(&self, plan: &LaunchPlan) {
-        for kind in ["Exec", "Logs"] {
+        self.delete_kwok(plan, &["Exec", "Logs"]).await;
+    }
+
+    async fn delete_kwok(&self, plan: &LaunchPlan, kinds: &[&str]) {
+        for &kind in kinds {
             if let Err(e) = kwok::delete(&self.client, kind, &plan.namespace, &plan.name).await {
                 warn!(pod = %format!("{}/{}", plan.namespace, plan.name), kind, error = %e, "cannot delete kwok object");
             }
@@ -465,7 +469,8 @@ impl Supervisor {
         let backoff = crash_backoff(restarts);
         warn!(pod = %key, %status, restarts, backoff_s = backoff.as_secs(),
               "local process exited on its own: restarting it after a back-off (CrashLoopBackOff)");
-        self.delete_kwok_objects(&t.plan).await;
+        // exec fails while the container is down; its logs stay readable (kubectl logs).
+        self.delete_kwok(&t.plan, &["Exec"]).await;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &t.plan.namespace);
         if let Ok(Some(pod)) = pods.get_opt(&t.plan.name).await
             && pod.metadata.uid.as_deref() == Some(uid.as_str())
