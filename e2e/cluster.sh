@@ -297,8 +297,9 @@ cmd_down() {
   stop_harness
   if [[ -d "$KWOK_WORKDIR/clusters/$name" && -x "$bin/kwokctl" ]]; then
     log "deleting kwok cluster $name"
-    "$bin/kwokctl" --name "$name" --config "$kwok_config" delete cluster --kubeconfig "$kubeconfig" >&2 ||
-      log "kwokctl delete failed; killing what is left"
+    local out
+    out="$("$bin/kwokctl" --name "$name" --config "$kwok_config" delete cluster --kubeconfig "$kubeconfig" 2>&1)" ||
+      { printf '%s\n' "$out" >&2; log "kwokctl delete failed; killing what is left"; }
   fi
   local pids i
   pids="$(cluster_pids)"
@@ -355,7 +356,8 @@ cmd_up() {
       --enable-crds Exec,ClusterExec,Logs,ClusterLogs \
       --extra-args kwok-controller=node-ip=127.0.0.1 \
       --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
-      --wait 3m >&2 || die "kwokctl create cluster failed (logs: $KWOK_WORKDIR/clusters/$name/logs)"
+      --wait 3m >"$dir/kwokctl.log" 2>&1 ||
+      { tail -n 20 "$dir/kwokctl.log" >&2; die "kwokctl create cluster failed (logs: $dir/kwokctl.log, $KWOK_WORKDIR/clusters/$name/logs)"; }
     if [[ -d "$KWOK_WORKDIR/cache" ]] && find "$KWOK_WORKDIR/cache" -path '*http*' | grep -q .; then
       die "kwokctl downloaded something: $(find "$KWOK_WORKDIR/cache" -path '*http*' | head -3)"
     fi
