@@ -31,12 +31,19 @@ const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 
 /// A pod the harness plays: its container runs `kandev-e2e-harness <args>` locally, with an
 /// emptyDir mounted at /run/kandev as working directory.
+/// A pod the harness plays, shaped like the operator's agentctl pods (`restartPolicy: Never`: a
+/// dead agent is a lost pod, not a restart).
 fn managed_pod(name: &str, args: &[&str]) -> Pod {
+    with_restart_policy(name, args, "Never")
+}
+
+fn with_restart_policy(name: &str, args: &[&str], policy: &str) -> Pod {
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"kandev.dev/managed": "true", "app.kubernetes.io/part-of": "kandev-e2e"}},
         "spec": {
+            "restartPolicy": policy,
             "terminationGracePeriodSeconds": 5,
             "containers": [{
                 "name": "main",
@@ -82,21 +89,33 @@ fn is_lost() -> impl Condition<Pod> {
 
 /// Creates a managed pod and waits until the harness plays it; returns the pod and the local pid.
 async fn start_played_pod(client: &Client, name: &str, args: &[&str]) -> (Pod, u32) {
+    start(client, managed_pod(name, args)).await
+}
+
+async fn start(client: &Client, pod: Pod) -> (Pod, u32) {
     let api = pods(client);
-    api.create(&PostParams::default(), &managed_pod(name, args))
+    let name = pod.metadata.name.clone().expect("name");
+    api.create(&PostParams::default(), &pod)
         .await
         .expect("create pod");
-    let pod = wait_for(&api, name, "Running and played by the harness", is_played())
-        .await
-        .expect("pod exists");
-    let pid = pod
-        .metadata
+    let pod = wait_for(
+        &api,
+        &name,
+        "Running and played by the harness",
+        is_played(),
+    )
+    .await
+    .expect("pod exists");
+    let pid = pid_of(&pod).expect("numeric pid annotation");
+    (pod, pid)
+}
+
+fn pid_of(pod: &Pod) -> Option<u32> {
+    pod.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(PID_ANNOTATION))
         .and_then(|p| p.parse::<u32>().ok())
-        .expect("numeric pid annotation");
-    (pod, pid)
 }
 
 fn proc_path(pid: u32, what: &str) -> PathBuf {
@@ -433,6 +452,68 @@ async fn killing_the_local_process_makes_the_pod_look_lost() {
 
 // ---------------------------------------------------------------------------------------------
 // (g) `kubectl logs` / the log API show what the pod's process printed
+
+/// A container the kubelet would restart (restartPolicy Always, like the operator's Deployment)
+/// is restarted after a back-off: CrashLoopBackOff with a restart count, then a new process,
+/// Ready again; the pod is never Failed.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_crashed_container_with_restart_policy_always_is_restarted() {
+    let client = client().await;
+    let name = unique("e2e-crash");
+    with_cleanup(
+        async {
+            let (_pod, pid) = start(&client, with_restart_policy(&name, &["idle"], "Always")).await;
+            let killed = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status()
+                .expect("kill");
+            assert!(killed.success());
+            let api = pods(&client);
+            let waiting = |pod: Option<&Pod>| {
+                pod.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .and_then(|cs| cs.first())
+                    .and_then(|c| c.state.as_ref())
+                    .and_then(|st| st.waiting.as_ref())
+                    .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+            };
+            let pod = wait_for(&api, &name, "in CrashLoopBackOff", waiting)
+                .await
+                .expect("pod");
+            let status = pod.status.as_ref().expect("status");
+            assert_eq!(status.phase.as_deref(), Some("Running"));
+            let container = &status.container_statuses.as_ref().expect("statuses")[0];
+            assert_eq!(container.restart_count, 1);
+            assert!(!container.ready);
+            let last = container
+                .last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref());
+            assert_eq!(last.map(|t| t.exit_code), Some(128 + 9), "{container:?}");
+
+            let restarted = move |pod: Option<&Pod>| {
+                pod.is_some_and(|p| {
+                    pid_of(p).is_some_and(|new| new != pid)
+                        && p.status
+                            .as_ref()
+                            .and_then(|s| s.container_statuses.as_ref())
+                            .and_then(|cs| cs.first())
+                            .is_some_and(|c| {
+                                c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                            })
+                })
+            };
+            let pod = wait_for(&api, &name, "restarted and ready", restarted)
+                .await
+                .expect("pod");
+            let new_pid = pid_of(&pod).expect("pid");
+            assert!(alive(new_pid), "the restarted process runs");
+        },
+        delete_pod_quietly(&client, &name),
+    )
+    .await;
+}
 
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]

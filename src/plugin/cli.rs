@@ -136,8 +136,9 @@ pub struct ResumeArgs {
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Start a fresh agent session instead of restoring the saved one: also sets
-    /// kandev.dev/resume-fresh to the request's token (the saved resume token is ignored, not
-    /// deleted). Without it, a leftover resume-fresh annotation is removed in the same patch.
+    /// kandev.dev/resume-fresh to the request's token. The saved resume token is not tried; once
+    /// the fresh session runs, its id replaces it. Without --fresh, a leftover resume-fresh
+    /// annotation is removed in the same patch.
     #[arg(long)]
     pub fresh: bool,
     /// Output format.
