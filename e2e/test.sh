@@ -81,11 +81,11 @@ mapfile -t targets < <(find tests -maxdepth 1 -name 'e2e_*.rs' -printf '%f\n' | 
 args=()
 for t in "${targets[@]}"; do args+=(--test "$t"); done
 t=$SECONDS
-log "cargo test ${args[*]} -- --ignored --test-threads=1 $*"
+log "cargo test --no-fail-fast ${args[*]} -- --ignored --test-threads=1 $*"
 # In its own process group (job control on), in the background: a SIGTERM/SIGINT to this script
 # interrupts `wait` at once and cleanup() stops cargo and the test binary together.
 set -m
-cargo test "${args[@]}" -- --ignored --test-threads=1 "$@" &
+cargo test --no-fail-fast "${args[@]}" -- --ignored --test-threads=1 "$@" &
 tests_pid=$!
 set +m
 rc=0
