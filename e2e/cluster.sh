@@ -148,57 +148,22 @@ spec:
   next:
     statusTemplate: |
 $node_conditions
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: kandev-pod-ready
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
-    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
-    - {key: '.metadata.labels["kandev.dev/managed"]', operator: NotIn, values: ['true']}
-    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: NotIn, values: ['kandev-operator']}
-  next:
-    statusTemplate: |
-$pod_running
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: kandev-pod-ready-managed
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
-    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
-    - {key: '.metadata.labels["kandev.dev/managed"]', operator: In, values: ['true']}
-    - {key: '.metadata.annotations["$harness_annotation"]', operator: Exists}
-  next:
-    statusTemplate: |
-$pod_running
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: kandev-pod-ready-operator
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
-    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
-    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: In, values: ['kandev-operator']}
-    - {key: '.metadata.annotations["$harness_annotation"]', operator: Exists}
-  next:
-    statusTemplate: |
-$pod_running
+EOF
+  # Pods nobody plays become Running at once; played pods once the harness annotated them.
+  local label key value not_played=()
+  for label in "${played_labels[@]}"; do
+    key="${label%%=*}" value="${label#*=}"
+    not_played+=("{key: '.metadata.labels[\"$key\"]', operator: NotIn, values: ['$value']}")
+  done
+  pod_ready_stage kandev-pod-ready "${not_played[@]}" >>"$kwok_config"
+  for label in "${played_labels[@]}"; do
+    key="${label%%=*}" value="${label#*=}"
+    label="${key##*/}-$value"
+    pod_ready_stage "kandev-pod-ready-${label//[^a-z0-9-]/-}" \
+      "{key: '.metadata.labels[\"$key\"]', operator: In, values: ['$value']}" \
+      "{key: '.metadata.annotations[\"$harness_annotation\"]', operator: Exists}" >>"$kwok_config"
+  done
+  cat >>"$kwok_config" <<EOF
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
@@ -212,6 +177,29 @@ spec:
   next:
     delete: true
 EOF
+}
+
+# A kwok Stage that marks a Pending, not-yet-Ready pod Running ($pod_running, from the caller)
+# when it also matches the matchExpressions given as arguments.
+pod_ready_stage() {
+  local name=$1 expr
+  shift
+  cat <<EOF
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: $name
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn, values: ['True']}
+EOF
+  for expr in "$@"; do printf '    - %s\n' "$expr"; done
+  printf '  next:\n    statusTemplate: |\n%s\n' "$pod_running"
 }
 
 start_harness() {
