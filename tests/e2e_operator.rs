@@ -11,8 +11,9 @@ use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
 use e2e_support::{client_with_crds, unique, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Pod;
-use kandev_operator::api::{SessionState, TaskState};
+use kandev_operator::api::{SessionState, TaskSession, TaskState};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -27,6 +28,10 @@ const TEST_PROFILES: &str = r#"
 profiles:
   test-inconclusive:
     launch: ["kandev-test-agent", "--advertise", "resume,load", "--on-resume", "error:-32603"]
+    nativeSessionResume: true
+    historyContextInjection: false
+  test-new-fails:
+    launch: ["kandev-test-agent", "--on-new", "error:-32603"]
     nativeSessionResume: true
     historyContextInjection: false
 "#;
@@ -327,6 +332,99 @@ async fn refusals_and_bad_input() {
     .expect("session");
     let message = ts.status.and_then(|s| s.error_message).unwrap_or_default();
     assert!(message.contains("does-not-exist"), "{message}");
+    sessions.delete(&name).await;
+
+    // The agent cannot start a session: FAILED, and no agent pod left idling.
+    let name = unique("newfails");
+    sessions.create(&name, "test-new-fails").await;
+    let ts = wait_for(
+        &sessions.sessions(),
+        &name,
+        "FAILED",
+        state_is(SessionState::Failed),
+    )
+    .await
+    .expect("session");
+    let message = ts.status.and_then(|s| s.error_message).unwrap_or_default();
+    assert!(message.contains("starting the agent failed"), "{message}");
+    assert!(
+        sessions
+            .event_reasons(&name)
+            .await
+            .iter()
+            .any(|r| r == "LaunchFailed"),
+        "LaunchFailed event"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !sessions.live_pods(&name).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pod of a failed first launch is deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let agent_not_running = |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
+            !s.conditions
+                .iter()
+                .any(|c| c.type_ == "AgentRunning" && c.status == "True")
+        })
+    };
+    wait_for(
+        &sessions.sessions(),
+        &name,
+        "AgentRunning not True",
+        agent_not_running,
+    )
+    .await;
+    sessions.delete(&name).await;
+
+    // The user's workspace PVC (claimName) vanished while the session was lost: the resume fails
+    // to launch, and Resumed reports this request's outcome.
+    let name = unique("pvcgone");
+    let claim = format!("{name}-ws");
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(sessions.client.clone(), &sessions.namespace);
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("pvc");
+    claims
+        .create(&PostParams::default(), &pvc)
+        .await
+        .expect("create the workspace PVC");
+    let ts = sessions.new_session(&name, "claude-code", json!({"claimName": claim}));
+    sessions
+        .sessions()
+        .create(&PostParams::default(), &ts)
+        .await
+        .expect("create");
+    started_and_waiting(&sessions, &name).await;
+    sessions.lose_pods(&name).await;
+    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+    claims
+        .delete(&claim, &Default::default())
+        .await
+        .expect("delete the workspace PVC");
+    let gone = |pvc: Option<&PersistentVolumeClaim>| pvc.is_none();
+    wait_for(&claims, &claim, "deleted", gone).await;
+    sessions.annotate(&name, "p1").await;
+    let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
+        .await
+        .expect("session");
+    let status = ts.status.expect("status");
+    assert_eq!(status.state, SessionState::Failed, "{status:#?}");
+    let resumed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Resumed")
+        .expect("Resumed");
+    assert_eq!(
+        (resumed.status.as_str(), resumed.reason.as_str()),
+        ("False", "LaunchFailed"),
+        "{resumed:?}"
+    );
     sessions.delete(&name).await;
 
     for terminal in ["COMPLETED", "CANCELLED"] {

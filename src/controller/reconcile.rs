@@ -763,14 +763,15 @@ impl<'a> Session<'a> {
         token_kept: bool,
         is_resume: bool,
     ) -> Result<Action, Error> {
+        // Either way no agent runs: the pod goes (nothing idles, AgentRunning tells the truth).
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        if let Err(err) = api.delete(&pod.name_any(), &Default::default()).await {
+            warn!(%err, "could not delete the agentctl pod of a failed start");
+        }
         if !is_resume {
             return self
                 .fail_launch(&format!("starting the agent failed: {reason}"))
                 .await;
-        }
-        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        if let Err(err) = api.delete(&pod.name_any(), &Default::default()).await {
-            warn!(%err, "could not delete the agentctl pod of a failed restore");
         }
         let kept = if token_kept {
             "the resume token is kept"
@@ -809,11 +810,21 @@ impl<'a> Session<'a> {
         self.status.task_state = TaskState::Failed;
         self.status.error_message = Some(reason.to_string());
         self.finish_request();
-        self.set_conditions(&[
+        let mut wanted = vec![
             Want::new(conditions::READY, false, "LaunchFailed", reason),
             Want::new(conditions::STALLED, true, "LaunchFailed", reason),
             Want::new(conditions::RECONCILING, false, "LaunchFailed", ""),
-        ]);
+        ];
+        if was_resume {
+            // The outcome of this request, not a leftover of the previous one.
+            wanted.push(Want::new(
+                conditions::RESUMED,
+                false,
+                "LaunchFailed",
+                reason,
+            ));
+        }
+        self.set_conditions(&wanted);
         self.write_status().await?;
         if was_resume {
             metrics::global().resume_handled(ResumeOutcome::Failed);
