@@ -20,6 +20,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::{SessionState, TaskSession};
+use kandev_operator::controller::conditions;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 
@@ -214,11 +215,8 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         let ts = sessions.sessions().get(name).await.expect("session");
         let status = ts.status.expect("status");
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-        let resumed = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Resumed")
-            .expect("Resumed condition");
+        let resumed =
+            conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed condition");
         assert_eq!(
             (resumed.status.as_str(), resumed.reason.as_str()),
             ("True", "Restored"),

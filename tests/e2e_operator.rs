@@ -14,6 +14,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::{SessionState, TaskSession, TaskState};
+use kandev_operator::controller::conditions;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -80,6 +81,19 @@ async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
 
 // ---------------------------------------------------------------------------------------------
 
+/// Waits for the session to be FAILED and returns its errorMessage.
+async fn failed_with(sessions: &Sessions, name: &str) -> String {
+    let ts = wait_for(
+        &sessions.sessions(),
+        name,
+        "FAILED",
+        state_is(SessionState::Failed),
+    )
+    .await
+    .expect("session");
+    ts.status.and_then(|s| s.error_message).unwrap_or_default()
+}
+
 /// New session → pod Running → WAITING_FOR_INPUT with a token; pod lost → needsResume and no new
 /// pod; annotate → the same token restored by session/resume, once per token.
 #[tokio::test]
@@ -108,12 +122,10 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         status.resume_reason.map(|r| r.as_str()),
         Some("agent_not_running")
     );
-    assert!(
-        status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "NeedsResume" && c.status == "True")
-    );
+    assert!(conditions::is_true(
+        &status.conditions,
+        conditions::NEEDS_RESUME
+    ));
     tokio::time::sleep(RESYNC * 4).await;
     assert!(
         sessions.live_pods(&name).await.is_empty(),
@@ -134,11 +146,8 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
     assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
     assert_eq!(status.task_state, TaskState::Review);
     assert!(!status.needs_resume);
-    let resumed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Resumed")
-        .expect("Resumed condition");
+    let resumed =
+        conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed condition");
     assert_eq!(
         (resumed.status.as_str(), resumed.reason.as_str()),
         ("True", "Restored"),
@@ -237,11 +246,7 @@ async fn rejected_and_inconclusive_restores() {
         SessionState::WaitingForInput,
         "token rejected is not FAILED: {status:#?}"
     );
-    let resumed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Resumed")
-        .expect("Resumed");
+    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
     assert_eq!(
         (resumed.status.as_str(), resumed.reason.as_str()),
         ("False", "TokenRejected")
@@ -268,11 +273,7 @@ async fn rejected_and_inconclusive_restores() {
         .await
         .expect("session");
     let status = ts.status.expect("status");
-    let resumed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Resumed")
-        .expect("Resumed");
+    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
     assert_eq!(resumed.status, "False");
     assert!(
         resumed.message.contains("token is kept"),
@@ -322,30 +323,14 @@ async fn refusals_and_bad_input() {
         .create(&PostParams::default(), &ts)
         .await
         .expect("create");
-    let ts = wait_for(
-        &sessions.sessions(),
-        &name,
-        "FAILED",
-        state_is(SessionState::Failed),
-    )
-    .await
-    .expect("session");
-    let message = ts.status.and_then(|s| s.error_message).unwrap_or_default();
+    let message = failed_with(&sessions, &name).await;
     assert!(message.contains("does-not-exist"), "{message}");
     sessions.delete(&name).await;
 
     // The agent cannot start a session: FAILED, and no agent pod left idling.
     let name = unique("newfails");
     sessions.create(&name, "test-new-fails").await;
-    let ts = wait_for(
-        &sessions.sessions(),
-        &name,
-        "FAILED",
-        state_is(SessionState::Failed),
-    )
-    .await
-    .expect("session");
-    let message = ts.status.and_then(|s| s.error_message).unwrap_or_default();
+    let message = failed_with(&sessions, &name).await;
     assert!(message.contains("starting the agent failed"), "{message}");
     assert!(
         sessions
@@ -364,11 +349,8 @@ async fn refusals_and_bad_input() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let agent_not_running = |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
-            !s.conditions
-                .iter()
-                .any(|c| c.type_ == "AgentRunning" && c.status == "True")
-        })
+        ts.and_then(|t| t.status.as_ref())
+            .is_some_and(|s| !conditions::is_true(&s.conditions, conditions::AGENT_RUNNING))
     };
     wait_for(
         &sessions.sessions(),
@@ -415,11 +397,7 @@ async fn refusals_and_bad_input() {
         .expect("session");
     let status = ts.status.expect("status");
     assert_eq!(status.state, SessionState::Failed, "{status:#?}");
-    let resumed = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Resumed")
-        .expect("Resumed");
+    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
     assert_eq!(
         (resumed.status.as_str(), resumed.reason.as_str()),
         ("False", "LaunchFailed"),
@@ -438,11 +416,7 @@ async fn refusals_and_bad_input() {
             .expect("session");
         let status = ts.status.expect("status");
         assert_eq!(status.state.as_str(), terminal);
-        let resumed = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Resumed")
-            .expect("Resumed");
+        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
         assert_eq!(
             (resumed.status.as_str(), resumed.reason.as_str()),
             ("False", "TerminalState")

@@ -274,7 +274,7 @@ fn run(args: RunArgs) -> Result<(), String> {
             tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
         } else {
             let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
-            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace))
+            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, user.as_deref()))
                 .await
                 .map_err(|_| format!("RBAC self-check: the API server did not answer within {}s (--startup-timeout-seconds)", timeout.as_secs()))??;
             tracing::info!("RBAC self-check passed");

@@ -77,11 +77,14 @@ pub fn merge(
     out
 }
 
+/// The condition of the given type, if present.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
 /// The condition of the given type, if present and True.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+    find(conditions, type_).is_some_and(|c| c.status == "True")
 }
 
 #[cfg(test)]

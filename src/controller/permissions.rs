@@ -237,9 +237,13 @@ pub fn missing_permissions_message(missing: &[AccessCheck], user: Option<&str>) 
     )
 }
 
-/// Asks the API server about every check; `Err` names every missing permission, or says why the
-/// reviews could not be made.
-pub async fn verify(client: &Client, lease_namespace: Option<&str>) -> Result<(), String> {
+/// Asks the API server about every check; `Err` names every missing permission (and `user`, the
+/// identity the operator runs as, when known), or says why the reviews could not be made.
+pub async fn verify(
+    client: &Client,
+    lease_namespace: Option<&str>,
+    user: Option<&str>,
+) -> Result<(), String> {
     let checks = access_checks(lease_namespace);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let answers = join_all(checks.iter().map(|check| {
@@ -266,10 +270,7 @@ pub async fn verify(client: &Client, lease_namespace: Option<&str>) -> Result<()
     if missing.is_empty() {
         return Ok(());
     }
-    Err(missing_permissions_message(
-        &missing,
-        whoami(client).await.as_deref(),
-    ))
+    Err(missing_permissions_message(&missing, user))
 }
 
 /// The authenticated user name (best effort: for logs and error messages).

@@ -3,20 +3,17 @@
 //! a handled request's outcome means. Nothing here touches the cluster.
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde::Serialize;
 
 use crate::api::{
     ExecutorRunning, ExecutorRunningStatus, ResumeReason, SessionState, TaskSession,
     TaskSessionStatus, TaskState,
 };
+use crate::controller::conditions::{self, READY, RECONCILING, RESUMED};
 use crate::resume::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,
 };
-
-/// Type of the condition that reports how the last resume request ended.
-pub const RESUMED_CONDITION: &str = "Resumed";
 
 /// Everything the plugin read about one session at one moment.
 #[derive(Clone, Debug)]
@@ -110,7 +107,7 @@ impl Snapshot {
             }
             (None, None) => {}
         }
-        if let Some(reason) = condition(&status, "Reconciling")
+        if let Some(reason) = conditions::find(&status.conditions, RECONCILING)
             .filter(|c| c.status == "True")
             .map(|c| c.message.clone())
             .filter(|m| !m.is_empty())
@@ -133,10 +130,6 @@ pub fn liveness_name(liveness: PodLiveness) -> &'static str {
         PodLiveness::Terminating => "Terminating",
         PodLiveness::Failed => "Failed",
     }
-}
-
-pub fn condition<'a>(status: &'a TaskSessionStatus, type_: &str) -> Option<&'a Condition> {
-    status.conditions.iter().find(|c| c.type_ == type_)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -228,7 +221,7 @@ impl StatusView {
             last_resume: LastResumeView {
                 handled_request: status.last_handled_resume_request.clone(),
                 in_progress_request: status.active_resume_request.clone(),
-                condition: condition(&status, RESUMED_CONDITION).map(|c| ConditionView {
+                condition: conditions::find(&status.conditions, RESUMED).map(|c| ConditionView {
                     status: c.status.clone(),
                     reason: c.reason.clone(),
                     message: c.message.clone(),
@@ -438,7 +431,7 @@ pub struct ResumeOutcome {
 /// condition in place). A refusal's message names its token, which tells a fresh refusal from
 /// a stale one.
 pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> ResumeOutcome {
-    let resumed = condition(status, RESUMED_CONDITION);
+    let resumed = conditions::find(&status.conditions, RESUMED);
     if let Some(c) = resumed
         .filter(|c| c.status == "False" && c.reason == "TerminalState" && c.message.contains(token))
     {
@@ -449,7 +442,7 @@ pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> ResumeOutco
         };
     }
     if status.state == SessionState::Failed {
-        let reason = condition(status, "Ready")
+        let reason = conditions::find(&status.conditions, READY)
             .filter(|c| c.status == "False" && !c.reason.is_empty())
             .map_or_else(|| "Failed".to_string(), |c| c.reason.clone());
         return ResumeOutcome {
@@ -920,6 +913,15 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
         }
     }
 
+    /// A status in `state`, with `active` as the request in flight.
+    fn st(state: S, active: Option<&str>) -> TaskSessionStatus {
+        TaskSessionStatus {
+            state,
+            active_resume_request: active.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
     fn eval(needs: bool, resumable: bool, reason: R) -> ResumeEvaluation {
         ResumeEvaluation {
             needs_resume: needs,
@@ -930,11 +932,6 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
 
     #[test]
     fn resume_plans() {
-        let st = |state: S, active: Option<&str>| TaskSessionStatus {
-            state,
-            active_resume_request: active.map(str::to_string),
-            ..Default::default()
-        };
         let running = eval(false, false, R::AlreadyRunning);
         let lost = eval(true, true, R::AgentNotRunning);
         let terminal = eval(false, false, R::TerminalState);
@@ -977,11 +974,6 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
 
     #[test]
     fn prompt_readiness_rules() {
-        let st = |state: S, active: Option<&str>| TaskSessionStatus {
-            state,
-            active_resume_request: active.map(str::to_string),
-            ..Default::default()
-        };
         let running = eval(false, false, R::AlreadyRunning);
         let lost = eval(true, true, R::AgentNotRunning);
         let fresh_start = eval(true, true, R::AgentNotRunningFreshStart);
