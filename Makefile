@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit chart protocol e2e bins agents crds cluster-up cluster-down help
+.PHONY: demo test lint unit chart protocol e2e bench bench-smoke bench-idle bins agents crds cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
@@ -13,6 +13,8 @@ help:
 	@echo "make chart         helm lint + helm template checks of charts/kandev-operator (builds helm once, cached)"
 	@echo "make protocol      ACP client and agentctl against real npm agents (installs them once, cached)"
 	@echo "make e2e           only the end-to-end tier (starts and tears down a local cluster)"
+	@echo "make bench         the fleet benchmark: ours beside the API floor and agent-sandbox (BENCH_N, BENCH_SWEEP, …)"
+	@echo "make bench-idle    the idle-fleet benchmark: 10,000 sessions in their steady state (BENCH_IDLE_FLEET)"
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
 	@echo "make crds          regenerate crds/ (and the chart's copies) from the Rust types"
 	@echo "make manifests     regenerate deploy/install.yaml from the chart"
@@ -22,7 +24,7 @@ help:
 demo:
 	bash e2e/demo.sh $(if $(filter 1,$(KEEP)),--keep,)
 
-test: lint unit chart protocol e2e
+test: lint unit chart protocol e2e bench-smoke
 
 lint:
 	$(CARGO) fmt --check
@@ -57,6 +59,20 @@ agents:
 
 e2e:
 	bash e2e/test.sh
+
+# The fleet benchmark (docs/performance.md): its own cluster, torn down at the end. Not part of
+# `make test` (minutes, not seconds), except its smoke below.
+bench:
+	bash e2e/bench/run.sh
+
+bench-idle:
+	BENCH_IDLE_FLEET=$${BENCH_IDLE_FLEET:-10000} bash e2e/bench/run.sh
+
+# 5 sessions, one phase of ours, the floor and agent-sandbox: proves the bench still runs and
+# measures (fails on an unfinished phase, a repeated in-pod operation or an empty audit count).
+bench-smoke:
+	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_N=5 BENCH_PHASES=launch BENCH_OUT=target/bench-smoke \
+	  BENCH_CONTENDERS=ours,floor,agent-sandbox bash e2e/bench/run.sh --require-complete
 
 bins:
 	bash e2e/bin.sh

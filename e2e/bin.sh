@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test control plane from Go modules, once, cached outside the repo:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes),
-#   etcd (go.etcd.io/etcd/server/v3), kwok, kwokctl (sigs.k8s.io/kwok), helm (helm.sh/helm/v3).
+#   etcd (go.etcd.io/etcd/server/v3), kwok, kwokctl (sigs.k8s.io/kwok), helm (helm.sh/helm/v3),
+#   and agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench).
 # Usage: e2e/bin.sh            build what is missing, print the bin directory on the last line
 #        e2e/bin.sh --print    only print the bin directory
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator). A warm run takes seconds.
@@ -85,6 +86,25 @@ build_etcd() {
   stamp etcd "$ETCD_VERSION"
 }
 
+# agent-sandbox's go.mod has no replace lines: a wrapper module that requires it builds its
+# controller. Its CRDs come from the same module, into <bin>/../agent-sandbox-crds.
+build_agent_sandbox() {
+  local crds="$bin/../agent-sandbox-crds"
+  have agent-sandbox-controller "$AGENT_SANDBOX_VERSION" && [[ -d "$crds" ]] && return 0
+  log "building agent-sandbox-controller $AGENT_SANDBOX_VERSION from sigs.k8s.io/agent-sandbox"
+  local dir="$cache/src/agent-sandbox-$AGENT_SANDBOX_VERSION" mod="sigs.k8s.io/agent-sandbox"
+  mkdir -p "$dir"
+  printf 'module kandev.dev/agent-sandbox-build\n\ngo 1.26.0\n\nrequire %s %s\n' "$mod" "$AGENT_SANDBOX_VERSION" >"$dir/go.mod"
+  (cd "$dir" && with_progress agent-sandbox go build -trimpath -ldflags "-s -w" \
+    -o "$bin/agent-sandbox-controller" "$mod/cmd/agent-sandbox-controller")
+  local src
+  src="$(cd "$dir" && go mod download -json "$mod@$AGENT_SANDBOX_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  rm -rf "$crds" && mkdir -p "$crds"
+  cp "$src/k8s/crds/agents.x-k8s.io_sandboxes.yaml" "$crds/"
+  chmod u+w "$crds"/*.yaml
+  stamp agent-sandbox-controller "$AGENT_SANDBOX_VERSION"
+}
+
 build_installable() { # build_installable NAME MODULE/PATH VERSION
   have "$1" "$3" && return 0
   log "building $1 $3 (go install $2)"
@@ -98,5 +118,6 @@ build_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 build_installable kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION"
 build_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 build_kubernetes
+build_agent_sandbox
 log "control-plane binaries ready in $((SECONDS - total))s"
 echo "$bin"

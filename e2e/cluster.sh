@@ -13,7 +13,9 @@
 #
 # Environment: KANDEV_CLUSTER (default kandev-e2e), KANDEV_CACHE (default ~/.cache/kandev-operator),
 #   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set),
-#   CARGO_TARGET_DIR (its debug/ dir is put first on PATH of kwok and the harness).
+#   CARGO_TARGET_DIR (its debug/ dir is put first on PATH of kwok and the harness),
+#   KANDEV_AUDIT_POLICY (an audit policy file: kube-apiserver writes its audit log to
+#   $KWOK_WORKDIR/clusters/<name>/logs/audit.log; `make bench` counts requests per client there).
 # Every file lives in $KANDEV_CACHE/clusters/<name>/:
 #   kubeconfig, kwok/ (KWOK_WORKDIR: kwokctl config, component logs, pids, etcd data, pki),
 #   harness/ (the harness's local volumes and pod dirs), harness.pid, harness.log.
@@ -119,8 +121,8 @@ $node_conditions
       daemonEndpoints:
         kubeletEndpoint:
           Port: {{ NodePort }}
-      allocatable: {cpu: "64", memory: 256Gi, pods: "1000"}
-      capacity: {cpu: "64", memory: 256Gi, pods: "1000"}
+      allocatable: {cpu: "640", memory: 2560Gi, pods: "20000"}
+      capacity: {cpu: "640", memory: 2560Gi, pods: "20000"}
       nodeInfo:
         architecture: amd64
         operatingSystem: linux
@@ -333,8 +335,10 @@ cmd_up() {
     log "creating cluster $name (kwokctl --runtime binary, local binaries from $bin)"
     # Every component from $bin: a path that is not a URL is used from disk (symlinked into the
     # kwok workdir), so nothing is downloaded. KWOK_KUBECTL_BINARY too, for kwokctl's own kubectl.
+    local audit=()
+    [[ -n "${KANDEV_AUDIT_POLICY:-}" ]] && audit=(--kube-audit-policy "$KANDEV_AUDIT_POLICY")
     KWOK_KUBECTL_BINARY="$bin/kubectl" "$bin/kwokctl" --name "$name" --config "$kwok_config" \
-      create cluster --runtime binary \
+      create cluster --runtime binary "${audit[@]}" \
       --kubeconfig "$kubeconfig" \
       --etcd-binary "$bin/etcd" \
       --kube-apiserver-binary "$bin/kube-apiserver" \

@@ -11,6 +11,8 @@
 mod configmaps;
 mod echo;
 mod identity;
+#[path = "../kubeconfig.rs"]
+mod kubeconfig;
 mod kwok;
 mod plan;
 mod process;

@@ -1,0 +1,163 @@
+//! Idle fleet mode: K sessions (10,000 by default) in their steady state without any process —
+//! TaskSession, ExecutorRunning and a Running pod per session, written by the bench while the
+//! operator is stopped (kwok keeps the pods Running; there is no harness in this mode). Then the
+//! operator starts: how long until it has reconciled every session, and what the fleet costs
+//! the API server and the operator's memory while nothing happens.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kandev_operator::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::BoxError;
+use crate::cluster::{Bench, http_get};
+use crate::ours::{OperatorProcess, PROFILE_NAME, for_each, session_names};
+use crate::probe;
+use crate::report::{OURS, PhaseResult};
+
+/// The annotation that lets our kwok stage mark a managed pod Running (e2e/cluster.sh): set by
+/// the bench itself here, since no harness plays these pods.
+const RUNNING_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
+
+pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseResult>, BoxError> {
+    let ns = "bench-idle";
+    bench.ensure_namespace(ns).await?;
+    let names = session_names(k);
+    let started = Instant::now();
+    let sessions: Api<TaskSession> = Api::namespaced(bench.client.clone(), ns);
+    let executors: Api<ExecutorRunning> = Api::namespaced(bench.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(bench.client.clone(), ns);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    for_each(&names, |name| {
+        let (sessions, executors, pods, done) = (&sessions, &executors, &pods, &done);
+        async move {
+            steady_session(sessions, executors, pods, ns, &name).await?;
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if n % 1000 == 0 {
+                eprintln!(
+                    "[bench] idle fleet: {n}/{k} sessions written ({:.0}s)",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    eprintln!(
+        "[bench] idle fleet: {k} sessions in their steady state in {:.0}s; starting the operator",
+        started.elapsed().as_secs_f64()
+    );
+
+    let identity = bench.identity("operator").await?;
+    let mut startup = PhaseResult::new(OURS, "idle-fleet startup", k);
+    let window = bench.window(None, None).await?;
+    let operator =
+        OperatorProcess::start(bench, &format!("operator-idle-{k}"), &identity.kubeconfig).await?;
+    // Every session reconciled at least once (the finalizer and first evaluation).
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let text = http_get(&operator.metrics, "/metrics").await?;
+        let reconciled: f64 = probe::sum_by(&text, "kandev_reconciles_total", &[])
+            .values()
+            .sum();
+        if reconciled >= k as f64 {
+            break;
+        }
+        if Instant::now() > deadline {
+            startup
+                .notes
+                .push(format!("only {reconciled} reconciles within 600s"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    startup.seconds = window.started.elapsed().as_secs_f64();
+    startup.completed = k;
+    bench
+        .close(
+            window,
+            &identity.user,
+            Some(operator.pid()),
+            None,
+            &mut startup,
+        )
+        .await?;
+    if let Some(s) = probe::sample(operator.pid()) {
+        startup.rss_mib = Some(s.rss_mib);
+        startup.peak_rss_mib = Some(s.peak_rss_mib);
+    }
+
+    let mut steady = PhaseResult::new(OURS, "idle-fleet steady", k);
+    let window = bench
+        .window(Some(operator.pid()), Some(&operator.metrics))
+        .await?;
+    tokio::time::sleep(idle).await;
+    steady.seconds = idle.as_secs_f64();
+    steady.completed = k;
+    bench
+        .close(
+            window,
+            &identity.user,
+            Some(operator.pid()),
+            Some(&operator.metrics),
+            &mut steady,
+        )
+        .await?;
+    let per_second = steady.requests.total() as f64 / steady.seconds.max(1.0);
+    steady.notes.push(format!(
+        "operator API requests per second with {k} idle sessions: {per_second:.1}; the cluster is torn down afterwards, not cleaned"
+    ));
+    drop(operator);
+    Ok(vec![startup, steady])
+}
+
+/// One session as the operator leaves it after a successful launch: WAITING_FOR_INPUT, its
+/// ExecutorRunning with a token and the pod's UID, and a Running pod it owns.
+async fn steady_session(
+    sessions: &Api<TaskSession>,
+    executors: &Api<ExecutorRunning>,
+    pods: &Api<Pod>,
+    ns: &str,
+    name: &str,
+) -> Result<(), BoxError> {
+    let ts: TaskSession = serde_json::from_value(json!({
+        "apiVersion": "kandev.dev/v1alpha1", "kind": "TaskSession",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"taskId": format!("task-{name}"), "agent": PROFILE_NAME,
+                 "workspace": {"claimName": "idle-shared"}},
+    }))?;
+    let ts = sessions.create(&PostParams::default(), &ts).await?;
+    let owner = ts.controller_owner_ref(&()).ok_or("no owner reference")?;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-idle"), "namespace": ns,
+                     "labels": {MANAGED_LABEL: "true", SESSION_LABEL: name},
+                     "annotations": {RUNNING_ANNOTATION: "0"},
+                     "ownerReferences": [owner]},
+        "spec": {"automountServiceAccountToken": false,
+                 "containers": [{"name": "agentctl", "image": "kandev.dev/agentctl:bench",
+                                 "command": ["agentctl", "serve"]}]},
+    }))?;
+    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let er: ExecutorRunning = serde_json::from_value(json!({
+        "apiVersion": "kandev.dev/v1alpha1", "kind": "ExecutorRunning",
+        "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner]},
+        "spec": {"sessionName": name},
+    }))?;
+    executors.create(&PostParams::default(), &er).await?;
+    let er_status = json!({"status": {
+        "resumeToken": "bench-session", "podName": pod.name_any(), "podUID": pod.metadata.uid,
+        "status": "Running", "activity": "Idle", "resumable": true}});
+    executors
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&er_status))
+        .await?;
+    let ts_status = json!({"status": {
+        "state": "WAITING_FOR_INPUT", "taskState": "REVIEW", "executorRef": name,
+        "lastHandledResumeRequest": null}});
+    sessions
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ts_status))
+        .await?;
+    Ok(())
+}
