@@ -1,6 +1,6 @@
 # kandev-operator — the two commands a newcomer needs:
 #   make demo   the main job: local control plane, Helm chart, a real agent session lost and resumed
-#   make test   every test: lint, unit, protocol and end-to-end on a real control plane
+#   make test   every test: lint, unit, chart, protocol, end-to-end on a real control plane, bench smoke
 SHELL := /bin/bash
 CARGO ?= cargo
 
@@ -8,7 +8,7 @@ CARGO ?= cargo
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
-	@echo "make test          lint + unit tests + end-to-end tests (builds the control plane once, cached)"
+	@echo "make test          lint + unit + chart + protocol + end-to-end tests + bench smoke (builds the control plane once, cached)"
 	@echo "make unit          only the fast tier (no cluster, no npm)"
 	@echo "make chart         helm lint + helm template checks of charts/kandev-operator (builds helm once, cached)"
 	@echo "make protocol      ACP client and agentctl against real npm agents (installs them once, cached)"

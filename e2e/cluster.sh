@@ -336,7 +336,10 @@ cmd_up() {
     # Every component from $bin: a path that is not a URL is used from disk (symlinked into the
     # kwok workdir), so nothing is downloaded. KWOK_KUBECTL_BINARY too, for kwokctl's own kubectl.
     local audit=()
-    [[ -n "${KANDEV_AUDIT_POLICY:-}" ]] && audit=(--kube-audit-policy "$KANDEV_AUDIT_POLICY")
+    # No rotation (kube-apiserver rotates at 100 MB by default; a sweep writes more): the bench
+    # reads the one file from where it left off.
+    [[ -n "${KANDEV_AUDIT_POLICY:-}" ]] && audit=(--kube-audit-policy "$KANDEV_AUDIT_POLICY"
+      --extra-args kube-apiserver=audit-log-maxsize=1000000)
     KWOK_KUBECTL_BINARY="$bin/kubectl" "$bin/kwokctl" --name "$name" --config "$kwok_config" \
       create cluster --runtime binary "${audit[@]}" \
       --kubeconfig "$kubeconfig" \

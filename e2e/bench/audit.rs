@@ -116,9 +116,18 @@ impl AuditLog {
         })
     }
 
-    /// Requests logged since the last call (whole lines only), by user name.
+    /// Requests logged since the last call (whole lines only), by user name. A log shorter than
+    /// what was already read has been rotated: an error, never a silent zero.
     pub fn take(&mut self) -> std::io::Result<BTreeMap<String, Requests>> {
         let mut file = std::fs::File::open(&self.path)?;
+        let len = file.metadata()?.len();
+        if len < self.offset {
+            return Err(std::io::Error::other(format!(
+                "{} shrank from {} to {len} bytes: it was rotated, so requests would go uncounted",
+                self.path.display(),
+                self.offset
+            )));
+        }
         file.seek(SeekFrom::Start(self.offset))?;
         let mut reader = BufReader::new(file);
         let mut out: BTreeMap<String, Requests> = BTreeMap::new();
@@ -213,6 +222,10 @@ mod tests {
         let second = log.take().expect("take");
         assert_eq!(second["op"].by_verb_resource["delete pods"], 1);
         assert_eq!(second["op"].total(), 1);
+        // Rotated under our feet: an error, not zero requests.
+        std::fs::write(&path, "").expect("truncate");
+        let err = log.take().expect_err("rotation");
+        assert!(err.to_string().contains("rotated"), "{err}");
     }
 
     #[test]

@@ -256,6 +256,7 @@ impl Report {
                 opt(ratio(o, s), 2),
             );
         }
+        requests_by_verb(out, &[ours, floor, sandbox], n);
         let _ = writeln!(out, "\nTargets (fleet issue; shown, not asserted):\n");
         for (what, met) in self.targets(n) {
             let mark = match met {
@@ -346,6 +347,35 @@ impl Report {
     }
 }
 
+/// API requests per session by verb and resource, one column per contender.
+fn requests_by_verb(out: &mut String, results: &[Option<&PhaseResult>], n: usize) {
+    let keys: std::collections::BTreeSet<&String> = results
+        .iter()
+        .flatten()
+        .flat_map(|r| r.requests.by_verb_resource.keys())
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nAPI requests per session by verb and resource (audit log, N = {n}):\n\n| verb resource | {OURS} resume | {FLOOR} resume | {SANDBOX} relaunch |\n|---|---|---|---|"
+    );
+    for key in keys {
+        let cells: Vec<String> = results
+            .iter()
+            .map(|r| {
+                r.and_then(|r| {
+                    let count = *r.requests.by_verb_resource.get(key)?;
+                    Some(format!("{:.2}", count as f64 / r.n.max(1) as f64))
+                })
+                .unwrap_or_else(|| "–".to_string())
+            })
+            .collect();
+        let _ = writeln!(out, "| {key} | {} |", cells.join(" | "));
+    }
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -418,5 +448,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("– all sessions NeedsResume"), "{md}");
+        assert!(
+            md.contains("| get executorrunnings | 3.00 | – | – |"),
+            "{md}"
+        );
+        assert!(md.contains("| get sandboxes | – | – | 1.00 |"), "{md}");
     }
 }
