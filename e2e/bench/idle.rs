@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kandev_operator::controller::conditions;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::BoxError;
-use crate::cluster::{Bench, http_get};
+use crate::cluster::Bench;
 use crate::ours::{OperatorProcess, PROFILE_NAME, for_each, session_names};
 use crate::probe;
 use crate::report::{OURS, PhaseResult};
@@ -56,26 +57,36 @@ pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseRes
     let window = bench.window(None, None).await?;
     let operator =
         OperatorProcess::start(bench, &format!("operator-idle-{k}"), &identity.kubeconfig).await?;
-    // Every session reconciled at least once (the finalizer and first evaluation).
+    // Every session evaluated once: it carries the operator's AgentRunning condition.
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let text = http_get(&operator.metrics, "/metrics").await?;
-        let reconciled: f64 = probe::sum_by(&text, "kandev_reconciles_total", &[])
-            .values()
-            .sum();
-        if reconciled >= k as f64 {
+        let evaluated = sessions
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|ts| {
+                ts.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.type_ == conditions::AGENT_RUNNING)
+                })
+            })
+            .count();
+        if evaluated >= k {
+            startup.completed = k;
             break;
         }
         if Instant::now() > deadline {
-            startup
-                .notes
-                .push(format!("only {reconciled} reconciles within 600s"));
+            startup.completed = evaluated;
+            startup.notes.push(format!(
+                "only {evaluated} of {k} sessions evaluated within 600s"
+            ));
             break;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
     startup.seconds = window.started.elapsed().as_secs_f64();
-    startup.completed = k;
     bench
         .close(
             window,

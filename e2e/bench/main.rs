@@ -106,7 +106,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    // SIGTERM/SIGINT drop the run, so every child process is stopped and the sessions of the
+    // fleet in progress are left to the cluster's teardown.
+    let interrupted = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            result = run(args) => result,
+            signal = interrupted => match signal {
+                Ok(()) => Err("interrupted".into()),
+                Err(e) => Err(format!("cannot listen for signals: {e}").into()),
+            },
+        }
+    });
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kandev-bench: {e}");

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,7 +56,7 @@ impl OperatorProcess {
         let metrics = format!("127.0.0.1:{port}");
         let log = bench.work.join(format!("{name}.log"));
         let out = std::fs::File::create(&log)?;
-        let child = std::process::Command::new(sibling("kandev-operator")?)
+        let child = dies_with_us(&mut std::process::Command::new(sibling("kandev-operator")?))
             .args(["run", "--no-leader-election", "--http-address", &metrics])
             .args(["--agentctl-image", "kandev.dev/agentctl:bench"])
             .arg("--agent-profiles")
@@ -102,6 +103,21 @@ impl OperatorProcess {
 impl Drop for OperatorProcess {
     fn drop(&mut self) {
         stop_child(&mut self.child);
+    }
+}
+
+/// A child process that dies with the bench, even when the bench is killed (the operator and
+/// agent-sandbox must not outlive a run that was interrupted).
+pub fn dies_with_us(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
     }
 }
 
@@ -208,9 +224,9 @@ struct Fleet<'a> {
     /// Every pod UID ever seen per session: one `initialize` and one restore each is expected.
     pod_uids: Arc<Mutex<HashMap<String, HashSet<String>>>>,
     /// Repeated in-pod operations counted so far (each phase reports its increase).
-    duplicates: Mutex<u64>,
+    duplicates: AtomicU64,
     /// Whether the sessions' pods are live (a phase that needs them lost deletes them first).
-    running: Mutex<bool>,
+    running: AtomicBool,
     within: Duration,
 }
 
@@ -252,8 +268,8 @@ impl<'a> Fleet<'a> {
             sessions,
             pods,
             pod_uids,
-            duplicates: Mutex::new(0),
-            running: Mutex::new(false),
+            duplicates: AtomicU64::new(0),
+            running: AtomicBool::new(false),
             // Generous: a phase that does not finish is a result (reported), not a hang.
             within: Duration::from_secs(120 + 2 * n as u64),
         })
@@ -284,39 +300,9 @@ impl<'a> Fleet<'a> {
             )
             .await?;
         let total = self.count_duplicates()?;
-        let mut seen = self.duplicates.lock().map_err(|_| "lock poisoned")?;
-        result.duplicate_in_pod_ops = Some(total.saturating_sub(*seen));
-        *seen = total.max(*seen);
+        let seen = self.duplicates.fetch_max(total, Ordering::Relaxed);
+        result.duplicate_in_pod_ops = Some(total.saturating_sub(seen));
         Ok(())
-    }
-
-    /// Latencies of the sessions that got there, from `started[name]`; a note for the others.
-    fn finish(
-        &self,
-        result: &mut PhaseResult,
-        started: &HashMap<String, Instant>,
-        reached: &HashMap<String, Instant>,
-    ) {
-        let latencies = reached
-            .iter()
-            .filter_map(|(name, at)| started.get(name).map(|s| at.saturating_duration_since(*s)))
-            .collect();
-        result.set_latencies(latencies);
-        if reached.len() < self.names.len() {
-            let mut missing: Vec<&String> = self
-                .names
-                .iter()
-                .filter(|n| !reached.contains_key(*n))
-                .collect();
-            missing.sort();
-            result.notes.push(format!(
-                "{} of {} did not get there within {:?} (first: {})",
-                self.names.len() - reached.len(),
-                self.names.len(),
-                self.within,
-                missing.first().map_or("", |s| s.as_str())
-            ));
-        }
     }
 
     async fn launch(&self) -> Result<PhaseResult, BoxError> {
@@ -347,9 +333,9 @@ impl<'a> Fleet<'a> {
             .await;
         result.seconds =
             last(&reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
-        self.finish(&mut result, &started, &reached);
+        result.record(&self.names, &started, &reached);
         self.close(window, &mut result).await?;
-        *self.running.lock().map_err(|_| "lock poisoned")? = true;
+        self.running.store(true, Ordering::Relaxed);
         Ok(result)
     }
 
@@ -377,7 +363,7 @@ impl<'a> Fleet<'a> {
             }
         })
         .await?;
-        *self.running.lock().map_err(|_| "lock poisoned")? = false;
+        self.running.store(false, Ordering::Relaxed);
         Ok(accepted
             .into_iter()
             .filter_map(|(pod, at)| Some((by_name.get(&pod)?.clone(), at)))
@@ -403,7 +389,7 @@ impl<'a> Fleet<'a> {
                 .saturating_duration_since(last_delete)
                 .as_secs_f64();
         }
-        self.finish(&mut result, &deleted, &reached);
+        result.record(&self.names, &deleted, &reached);
         self.close(window, &mut result).await?;
         Ok(result)
     }
@@ -437,7 +423,7 @@ impl<'a> Fleet<'a> {
     }
 
     async fn ensure_lost(&self) -> Result<(), BoxError> {
-        if *self.running.lock().map_err(|_| "lock poisoned")? {
+        if self.running.load(Ordering::Relaxed) {
             self.delete_pods().await?;
             self.await_lost().await;
         }
@@ -453,9 +439,9 @@ impl<'a> Fleet<'a> {
         let reached = self.await_handled(&token).await;
         result.seconds =
             last(&reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
-        self.finish(&mut result, &started, &reached);
+        result.record(&self.names, &started, &reached);
         self.close(window, &mut result).await?;
-        *self.running.lock().map_err(|_| "lock poisoned")? = true;
+        self.running.store(true, Ordering::Relaxed);
         Ok(result)
     }
 
@@ -470,7 +456,7 @@ impl<'a> Fleet<'a> {
         let reached = self.await_handled(&tokens[4]).await;
         result.seconds =
             last(&reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
-        self.finish(&mut result, &started, &reached);
+        result.record(&self.names, &started, &reached);
         // Let stray launches (if any) show up before counting pods.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut live: HashMap<String, usize> = HashMap::new();
@@ -481,18 +467,23 @@ impl<'a> Fleet<'a> {
                 *live.entry(session.clone()).or_default() += 1;
             }
         }
-        let wrong = self
+        let wrong: Vec<String> = self
             .names
             .iter()
-            .filter(|n| live.get(*n).copied().unwrap_or(0) != 1)
-            .count();
-        if wrong > 0 {
-            result
-                .notes
-                .push(format!("{wrong} sessions do not have exactly one live pod"));
+            .filter_map(|n| {
+                let count = live.get(n).copied().unwrap_or(0);
+                (count != 1).then(|| format!("{n}: {count}"))
+            })
+            .collect();
+        if !wrong.is_empty() {
+            result.notes.push(format!(
+                "{} sessions do not have exactly one live pod (e.g. {})",
+                wrong.len(),
+                wrong[..wrong.len().min(3)].join(", ")
+            ));
         }
         self.close(window, &mut result).await?;
-        *self.running.lock().map_err(|_| "lock poisoned")? = true;
+        self.running.store(true, Ordering::Relaxed);
         Ok(result)
     }
 

@@ -1,9 +1,9 @@
 //! The bench's results: one [`PhaseResult`] per contender, phase and fleet size; the markdown
 //! report with the targets of the fleet issue (shown, never asserted) and the JSON dump.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +57,32 @@ impl PhaseResult {
         latencies.sort();
         self.completed = latencies.len();
         self.latencies = latencies.iter().map(Duration::as_secs_f64).collect();
+    }
+
+    /// Latencies of the `names` that got there (`reached`), each from when it `started`; a note
+    /// names the others.
+    pub fn record(
+        &mut self,
+        names: &[String],
+        started: &HashMap<String, Instant>,
+        reached: &HashMap<String, Instant>,
+    ) {
+        self.set_latencies(
+            reached
+                .iter()
+                .filter_map(|(name, at)| Some(at.saturating_duration_since(*started.get(name)?)))
+                .collect(),
+        );
+        let mut missing: Vec<&String> =
+            names.iter().filter(|n| !reached.contains_key(*n)).collect();
+        missing.sort();
+        if let Some(first) = missing.first() {
+            self.notes.push(format!(
+                "{} of {} did not get there in time (first: {first})",
+                missing.len(),
+                names.len()
+            ));
+        }
     }
 
     pub fn quantile(&self, q: f64) -> Option<f64> {
@@ -396,6 +422,25 @@ mod tests {
         r.seconds = seconds;
         r.set_latencies(lat.iter().map(|ms| Duration::from_millis(*ms)).collect());
         r
+    }
+
+    #[test]
+    fn records_latencies_from_each_start_and_names_the_missing() {
+        let t0 = Instant::now();
+        let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let started: HashMap<String, Instant> = names.iter().map(|n| (n.clone(), t0)).collect();
+        let reached = HashMap::from([
+            ("a".to_string(), t0 + Duration::from_secs(2)),
+            ("c".to_string(), t0 + Duration::from_secs(1)),
+        ]);
+        let mut r = PhaseResult::new(OURS, "resume", 3);
+        r.record(&names, &started, &reached);
+        assert_eq!(r.latencies, vec![1.0, 2.0]);
+        assert_eq!(r.completed, 2);
+        assert_eq!(
+            r.notes,
+            vec!["1 of 3 did not get there in time (first: b)".to_string()]
+        );
     }
 
     #[test]

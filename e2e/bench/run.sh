@@ -54,7 +54,9 @@ export KANDEV_BENCH_HARNESS_STATE="$cluster_dir/harness"
 export KANDEV_BENCH_SANDBOX_BIN="$bin/agent-sandbox-controller"
 export KANDEV_BENCH_SANDBOX_CRDS="$bin/../agent-sandbox-crds"
 export BENCH_COMMIT="${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo '+dirty')}"
-log "cluster up; running kandev-bench (${BENCH_IDLE_FLEET:+idle fleet of $BENCH_IDLE_FLEET}${BENCH_IDLE_FLEET:-N=${BENCH_SWEEP:-${BENCH_N:-200}}})"
+what="N=${BENCH_SWEEP:-${BENCH_N:-200}}"
+[[ -n "${BENCH_IDLE_FLEET:-}" ]] && what="idle fleet of $BENCH_IDLE_FLEET sessions"
+log "cluster up; running kandev-bench ($what)"
 # In the background, so a SIGTERM to this script reaches cleanup() at once.
 "$target_dir/debug/kandev-bench" --out "${BENCH_OUT:-$target_dir/bench}" "$@" &
 bench_pid=$!

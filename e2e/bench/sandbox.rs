@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::BoxError;
 use crate::cluster::{Bench, Watched, http_get};
-use crate::ours::{for_each, free_port, session_names, stop_child};
+use crate::ours::{dies_with_us, for_each, free_port, session_names, stop_child};
 use crate::report::{PhaseResult, SANDBOX};
 
 /// The part of agent-sandbox's `Sandbox` the bench reads and writes.
@@ -77,7 +77,7 @@ impl Contender {
         let health = format!("127.0.0.1:{}", free_port()?);
         let log = bench.work.join(format!("agent-sandbox-{n}.log"));
         let out = std::fs::File::create(&log)?;
-        let mut child = std::process::Command::new(&self.bin)
+        let mut child = dies_with_us(&mut std::process::Command::new(&self.bin))
             .arg(format!("--kubeconfig={}", identity.kubeconfig.display()))
             .args(["--leader-elect=false", "--metrics-bind-address=0"])
             .arg(format!("--health-probe-bind-address={health}"))
@@ -159,7 +159,7 @@ impl Contender {
         .await?;
         let reached = watched.until_all(&names, within, ready).await;
         launch.seconds = window.started.elapsed().as_secs_f64();
-        finish(&mut launch, &names, &started, &reached);
+        launch.record(&names, &started, &reached);
         bench
             .close(window, user, Some(pid), None, &mut launch)
             .await?;
@@ -199,7 +199,7 @@ impl Contender {
             .filter_map(|(name, at)| Some((name.clone(), at.max(*reached.get(&name)?))))
             .collect();
         relaunch.seconds = window.started.elapsed().as_secs_f64();
-        finish(&mut relaunch, &names, &deleted, &both);
+        relaunch.record(&names, &deleted, &both);
         bench
             .close(window, user, Some(pid), None, &mut relaunch)
             .await?;
@@ -208,26 +208,5 @@ impl Contender {
             relaunch.completed, relaunch.seconds
         );
         Ok(vec![launch, relaunch])
-    }
-}
-
-fn finish(
-    result: &mut PhaseResult,
-    names: &[String],
-    started: &HashMap<String, Instant>,
-    reached: &HashMap<String, Instant>,
-) {
-    result.set_latencies(
-        reached
-            .iter()
-            .filter_map(|(name, at)| Some(at.saturating_duration_since(*started.get(name)?)))
-            .collect(),
-    );
-    if reached.len() < names.len() {
-        result.notes.push(format!(
-            "{} of {} did not get there",
-            names.len() - reached.len(),
-            names.len()
-        ));
     }
 }
