@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use e2e_support::{client, kubectl, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
-const PAGES: [&str; 7] = [
+const PAGES: [&str; 8] = [
     "install.md",
     "resume.md",
     "status.md",
     "agent-profiles.md",
     "troubleshooting.md",
     "gitops.md",
+    "performance.md",
     "uninstall.md",
 ];
 /// Upper bound for one block (a resume with a real agent takes seconds; helm --wait up to 3m).

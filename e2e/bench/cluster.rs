@@ -55,8 +55,10 @@ pub async fn client_for(path: &Path) -> Result<Client, BoxError> {
     let kubeconfig = Kubeconfig::read_from(path)?;
     let mut config =
         Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    // Every call of the bench has a deadline: a stuck API server fails the bench, not hangs it.
-    config.read_timeout = Some(Duration::from_secs(60));
+    // kube sets no read timeout: bound every call, so a stuck API server fails the bench
+    // instead of hanging it. Longer than a watch's server-side timeout (290 s), so a quiet
+    // watch is never cut.
+    config.read_timeout = Some(Duration::from_secs(300));
     Ok(Client::try_from(config)?)
 }
 

@@ -41,13 +41,13 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 struct Args {
     /// Kubeconfig of the cluster (an admin: the bench creates identities for each contender).
     #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: PathBuf,
+    kubeconfig: Option<PathBuf>,
     /// kube-apiserver's audit log (the cluster must run with e2e/bench/audit-policy.yaml).
     #[arg(long, env = "KANDEV_BENCH_AUDIT_LOG")]
-    audit_log: PathBuf,
+    audit_log: Option<PathBuf>,
     /// The harness's state directory (workspaces live in its volumes/).
     #[arg(long, env = "KANDEV_BENCH_HARNESS_STATE")]
-    harness_state: PathBuf,
+    harness_state: Option<PathBuf>,
     /// Fleet size.
     #[arg(long, env = "BENCH_N", default_value_t = 200)]
     n: usize,
@@ -92,6 +92,9 @@ struct Args {
     /// `make test`: proves the bench still measures).
     #[arg(long, env = "BENCH_REQUIRE_COMPLETE")]
     require_complete: bool,
+    /// Measure nothing: render the report and plots of an earlier run's results.json into --out.
+    #[arg(long, value_name = "RESULTS_JSON")]
+    from_results: Option<PathBuf>,
     /// Commit of the code under test, for the report.
     #[arg(long, env = "BENCH_COMMIT", default_value = "unknown")]
     commit: String,
@@ -154,11 +157,25 @@ async fn run(mut args: Args) -> Result<(), BoxError> {
             );
         }
     }
+    if let Some(path) = &args.from_results {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let report: Report =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        return write(&report, &args.out);
+    }
+    let needed = |value: &Option<PathBuf>, what: &str| {
+        value
+            .clone()
+            .ok_or_else(|| format!("{what} is not set (run the bench with `make bench`)"))
+    };
     let bench = Bench::connect(
-        &args.kubeconfig,
-        &args.audit_log,
+        &needed(&args.kubeconfig, "--kubeconfig / KUBECONFIG")?,
+        &needed(&args.audit_log, "--audit-log / KANDEV_BENCH_AUDIT_LOG")?,
         args.out.join("work"),
-        args.harness_state.clone(),
+        needed(
+            &args.harness_state,
+            "--harness-state / KANDEV_BENCH_HARNESS_STATE",
+        )?,
     )
     .await?;
     let idle = Duration::from_secs(args.idle_seconds);

@@ -306,7 +306,7 @@ impl<'a> Fleet<'a> {
     }
 
     async fn launch(&self) -> Result<PhaseResult, BoxError> {
-        let mut result = PhaseResult::new(OURS, "launch", self.names.len());
+        let result = PhaseResult::new(OURS, "launch", self.names.len());
         let window = self.window().await?;
         let api = self.api();
         let started = for_each(&self.names, |name| {
@@ -331,9 +331,21 @@ impl<'a> Fleet<'a> {
                 state(ts) == Some(SessionState::WaitingForInput)
             })
             .await;
+        self.conclude(window, result, &started, &reached).await
+    }
+
+    /// Ends a phase whose sessions end up running: timed from the window's start to the last
+    /// session that got there.
+    async fn conclude(
+        &self,
+        window: crate::cluster::Window,
+        mut result: PhaseResult,
+        started: &HashMap<String, Instant>,
+        reached: &HashMap<String, Instant>,
+    ) -> Result<PhaseResult, BoxError> {
         result.seconds =
-            last(&reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
-        result.record(&self.names, &started, &reached);
+            last(reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
+        result.record(&self.names, started, reached);
         self.close(window, &mut result).await?;
         self.running.store(true, Ordering::Relaxed);
         Ok(result)
@@ -432,17 +444,12 @@ impl<'a> Fleet<'a> {
 
     async fn resume(&self) -> Result<PhaseResult, BoxError> {
         self.ensure_lost().await?;
-        let mut result = PhaseResult::new(OURS, "resume", self.names.len());
+        let result = PhaseResult::new(OURS, "resume", self.names.len());
         let window = self.window().await?;
         let token = "resume-1".to_string();
         let started = self.annotate(std::slice::from_ref(&token)).await?;
         let reached = self.await_handled(&token).await;
-        result.seconds =
-            last(&reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
-        result.record(&self.names, &started, &reached);
-        self.close(window, &mut result).await?;
-        self.running.store(true, Ordering::Relaxed);
-        Ok(result)
+        self.conclude(window, result, &started, &reached).await
     }
 
     /// Lost sessions get five resume tokens in a row: each must end on its last token with
@@ -454,9 +461,6 @@ impl<'a> Fleet<'a> {
         let tokens: Vec<String> = (1..=5).map(|i| format!("storm-{i}")).collect();
         let started = self.annotate(&tokens).await?;
         let reached = self.await_handled(&tokens[4]).await;
-        result.seconds =
-            last(&reached).map_or(0.0, |t| t.duration_since(window.started).as_secs_f64());
-        result.record(&self.names, &started, &reached);
         // Let stray launches (if any) show up before counting pods.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut live: HashMap<String, usize> = HashMap::new();
@@ -482,9 +486,7 @@ impl<'a> Fleet<'a> {
                 wrong[..wrong.len().min(3)].join(", ")
             ));
         }
-        self.close(window, &mut result).await?;
-        self.running.store(true, Ordering::Relaxed);
-        Ok(result)
+        self.conclude(window, result, &started, &reached).await
     }
 
     async fn idle(&self, period: Duration) -> Result<PhaseResult, BoxError> {
@@ -498,9 +500,9 @@ impl<'a> Fleet<'a> {
     }
 
     /// ACP calls beyond one `initialize` and one restore per pod, and prompts beyond one per
-    /// session, summed over the fleet (the test agent's call logs in the workspaces).
-    /// A session that had a pod but has no call log is an error of the bench (a wrong path
-    /// would otherwise count 0 forever).
+    /// session, summed over the fleet (the test agent's call logs in the workspaces). A session
+    /// that had a pod but has no call log is an error of the bench (a wrong path would otherwise
+    /// count 0 forever).
     fn count_duplicates(&self) -> Result<u64, BoxError> {
         let uids = self.pod_uids.lock().map(|m| m.clone()).unwrap_or_default();
         let mut total = 0;

@@ -37,7 +37,7 @@ pub fn write(report: &Report, dir: &Path) -> Result<Vec<String>, BoxError> {
     chart(
         report,
         &dir.join("api-requests.svg"),
-        "API requests per session vs fleet size",
+        "API requests per session vs fleet size (resume; agent-sandbox: relaunch)",
         "requests per session",
         &requests,
     )?;
@@ -111,6 +111,7 @@ fn chart(
     chart
         .configure_mesh()
         .x_desc("N (sessions)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_desc(y_label)
         .draw()?;
     for line in all {
