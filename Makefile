@@ -69,7 +69,7 @@ bench-idle:
 	BENCH_IDLE_FLEET=$${BENCH_IDLE_FLEET:-10000} bash e2e/bench/run.sh
 
 # 5 sessions, one phase of ours, the floor and agent-sandbox: proves the bench still runs and
-# measures (fails on an unfinished phase, a repeated in-pod operation or an empty audit count).
+# measures (fails on an unfinished phase, uncounted in-pod operations or an empty audit count).
 bench-smoke:
 	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_N=5 BENCH_PHASES=launch BENCH_OUT=target/bench-smoke \
 	  BENCH_CONTENDERS=ours,floor,agent-sandbox bash e2e/bench/run.sh --require-complete

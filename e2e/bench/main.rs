@@ -87,9 +87,9 @@ struct Args {
     /// Where the report, JSON and plots go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Fail (exit 1) unless every phase finished for every session with no repeated in-pod
-    /// operation, and every contender's requests were found in the audit log (the smoke in
-    /// `make test`: proves the bench still measures).
+    /// Fail (exit 1) unless the run measured everything: every phase finished for every
+    /// session, repeated in-pod operations were counted, and every contender's requests were
+    /// found in the audit log (the smoke in `make test`: proves the bench still measures).
     #[arg(long, env = "BENCH_REQUIRE_COMPLETE")]
     require_complete: bool,
     /// Measure nothing: render the report and plots of an earlier run's results.json into --out.
