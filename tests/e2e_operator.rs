@@ -211,7 +211,31 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         Some(token.as_str()),
         "same token again"
     );
-    assert_eq!(sessions.live_pods(&name).await.len(), 1);
+    let live = sessions.live_pods(&name).await;
+    assert_eq!(live.len(), 1);
+
+    // GitOps rollback: the manifest goes back to r1 while the agent is lost. r1 was handled
+    // before, so nothing starts; the session stays lost and resumable (DESIGN §3 handshake).
+    sessions.delete_pod(&live[0]).await;
+    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+    sessions.annotate(&name, "r1").await;
+    tokio::time::sleep(RESYNC * 3).await;
+    assert!(
+        sessions.live_pods(&name).await.is_empty(),
+        "a re-applied old token started a pod"
+    );
+    let status = sessions
+        .sessions()
+        .get(&name)
+        .await
+        .expect("session")
+        .status
+        .expect("status");
+    assert_eq!(status.last_handled_resume_request.as_deref(), Some("r2"));
+    assert_eq!(status.recent_resume_requests, ["r1", "r2"]);
+    assert_eq!(status.active_resume_request, None);
+    assert!(status.needs_resume, "{status:#?}");
+    assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
     sessions.delete(&name).await;
 }
 

@@ -219,6 +219,11 @@ pub struct TaskSessionStatus {
     /// The last resume-request token whose handling ended (success or terminal failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_handled_resume_request: Option<String>,
+    /// The most recently handled resume-request tokens, oldest first, at most 16 (the last one
+    /// is lastHandledResumeRequest). Re-applying any of them is a no-op, so a GitOps rollback
+    /// to an earlier manifest never triggers a resume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_resume_requests: Vec<String>,
     /// State to return to after a successful resume (remembered when entering STARTING).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_state: Option<SessionState>,

@@ -31,7 +31,8 @@ use crate::api::{
 };
 use crate::resume::{
     InitialPrompt, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
-    build_resume_request, evaluate_resume_eligibility, pod_liveness as liveness,
+    build_resume_request, evaluate_resume_eligibility, is_new_resume_request,
+    pod_liveness as liveness, remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -343,9 +344,13 @@ impl<'a> Session<'a> {
     /// The annotation's token when it has not been handled and is not being handled.
     fn new_resume_request(&self) -> Option<String> {
         let token = self.annotation(RESUME_ANNOTATION)?;
-        let seen = self.status.last_handled_resume_request.as_deref() == Some(token)
-            || self.status.active_resume_request.is_some();
-        (!seen).then(|| token.to_string())
+        is_new_resume_request(
+            token,
+            self.status.active_resume_request.as_deref(),
+            self.status.last_handled_resume_request.as_deref(),
+            &self.status.recent_resume_requests,
+        )
+        .then(|| token.to_string())
     }
 
     /// DESIGN §3 handshake: refuse what the rules refuse (terminal states), acknowledge a
@@ -400,6 +405,7 @@ impl<'a> Session<'a> {
         message: &str,
     ) -> Result<Option<Action>, Error> {
         self.status.last_handled_resume_request = Some(token.to_string());
+        remember_handled(&mut self.status.recent_resume_requests, token);
         self.set_conditions(&[Want::new(
             conditions::RESUMED,
             resumed,
@@ -837,6 +843,7 @@ impl<'a> Session<'a> {
     /// Ends the handling of the latched request (success or terminal failure).
     fn finish_request(&mut self) {
         if let Some(token) = self.status.active_resume_request.take() {
+            remember_handled(&mut self.status.recent_resume_requests, &token);
             self.status.last_handled_resume_request = Some(token);
         }
         self.status.previous_state = None;

@@ -173,7 +173,12 @@ impl Cluster {
         let mut token = new_token();
         // Unique against what the operator has seen; a clash is all but impossible.
         while Some(token.as_str()) == snapshot.annotation(RESUME_ANNOTATION)
-            || status.last_handled_resume_request.as_deref() == Some(token.as_str())
+            || !crate::resume::is_new_resume_request(
+                &token,
+                None,
+                status.last_handled_resume_request.as_deref(),
+                &status.recent_resume_requests,
+            )
         {
             token = new_token();
         }

@@ -1,10 +1,11 @@
-//! The pure rules of DESIGN §3: status evaluation, the resume request, ACP restore selection,
-//! restore error classification and the initial prompt dispatch.
+//! The pure rules of DESIGN §3: status evaluation, the resume-request handshake, the resume
+//! request, ACP restore selection, restore error classification and the initial prompt dispatch.
 //!
 //! Nothing here touches the cluster or an agent; callers gather facts, these functions decide,
 //! and the tables in each file's tests map line by line to DESIGN §3.
 
 mod classify;
+mod handshake;
 mod prompt;
 mod request;
 mod restore;
@@ -14,6 +15,7 @@ pub use classify::{
     AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
     RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure, classify_restore_error,
 };
+pub use handshake::{HANDLED_TOKENS_KEPT, is_new_resume_request, remember_handled};
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use restore::{
