@@ -355,20 +355,20 @@ where
         let deadline = Instant::now() + within;
         let mut reached = HashMap::new();
         while reached.len() < names.len() && Instant::now() < deadline {
-            let now: HashMap<String, _> = self
-                .store
-                .state()
-                .into_iter()
-                .map(|o| (o.name_any(), o))
-                .collect();
             for name in names {
-                if !reached.contains_key(name) && now.get(name).is_some_and(|o| done(o)) {
+                if !reached.contains_key(name)
+                    && self.store.get(&self.key(name)).is_some_and(|o| done(&o))
+                {
                     reached.insert(name.clone(), Instant::now());
                 }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         reached
+    }
+
+    fn key(&self, name: &str) -> ObjectRef<K> {
+        ObjectRef::new(name).within(&self.namespace)
     }
 
     /// [`Watched::until_all`] for one object of the watched namespace.
@@ -379,7 +379,7 @@ where
         done: impl Fn(&K) -> bool,
     ) -> Option<Instant> {
         let deadline = Instant::now() + within;
-        let key = ObjectRef::<K>::new(name).within(&self.namespace);
+        let key = self.key(name);
         while Instant::now() < deadline {
             if self.store.get(&key).is_some_and(|o| done(&o)) {
                 return Some(Instant::now());
