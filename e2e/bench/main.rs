@@ -18,6 +18,7 @@ mod kubeconfig;
 mod ours;
 mod plot;
 mod probe;
+mod process;
 mod report;
 mod sandbox;
 

@@ -18,7 +18,8 @@ use serde_json::json;
 
 use crate::BoxError;
 use crate::cluster::{Bench, Watched, http_get};
-use crate::ours::{dies_with_us, for_each, free_port, session_names, stop_child};
+use crate::ours::{for_each, session_names};
+use crate::process::{dies_with_us, free_port, stop_child};
 use crate::report::{PhaseResult, SANDBOX};
 
 /// The part of agent-sandbox's `Sandbox` the bench reads and writes.
