@@ -25,7 +25,7 @@ use crate::resume::{
 use super::outcome::RestoreOutcome;
 use super::rpc::RpcConnection;
 use super::updates::SessionUpdateEvent;
-use super::{AcpError, DISCONNECT_METHOD};
+use super::{AcpError, DISCONNECT_METHOD, LAUNCH_META};
 
 /// Per-call deadlines. Every restore step has one because an agent that never answers must not
 /// hold a resume forever (and a timeout keeps the token, so a slow agent loses nothing).
@@ -78,6 +78,8 @@ pub struct AcpClient {
     rpc: RpcConnection,
     init: Option<InitializeResponse>,
     timeouts: AcpTimeouts,
+    /// The launch whose session setup and prompt this client sends ([`LAUNCH_META`]).
+    launch: Option<String>,
 }
 
 impl AcpClient {
@@ -91,6 +93,7 @@ impl AcpClient {
             rpc: RpcConnection::new(reader, writer),
             init: None,
             timeouts: AcpTimeouts::default(),
+            launch: None,
         }
     }
 
@@ -106,6 +109,37 @@ impl AcpClient {
 
     pub fn timeouts(&self) -> AcpTimeouts {
         self.timeouts
+    }
+
+    /// Tags the session setup and prompt requests that follow with `launch` ([`LAUNCH_META`]),
+    /// so that agentctl carries out each of them once per launch.
+    pub fn set_launch(&mut self, launch: &str) {
+        self.launch = Some(launch.to_owned());
+    }
+
+    /// `params` of `method`, with the launch in `_meta` for the methods agentctl deduplicates.
+    fn params<T: Serialize>(
+        &self,
+        method: &'static str,
+        request: &T,
+    ) -> Result<serde_json::Value, AcpError> {
+        let mut params = encode(method, request)?;
+        let tagged = matches!(
+            method,
+            method::SESSION_NEW
+                | method::SESSION_LOAD
+                | method::SESSION_RESUME
+                | method::SESSION_PROMPT
+        );
+        if let (true, Some(launch), Some(object)) = (tagged, &self.launch, params.as_object_mut()) {
+            let meta = object
+                .entry("_meta")
+                .or_insert_with(|| serde_json::json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(LAUNCH_META.to_owned(), serde_json::json!(launch));
+            }
+        }
+        Ok(params)
     }
 
     /// Sends `initialize` (protocol v1), records the agent's answer and returns its summary.
@@ -265,7 +299,7 @@ impl AcpClient {
             session_id.to_owned(),
             vec![ContentBlock::from(text.to_owned())],
         );
-        let params = encode(method::SESSION_PROMPT, &request)?;
+        let params = self.params(method::SESSION_PROMPT, &request)?;
         self.rpc
             .send_detached(method::SESSION_PROMPT, params)
             .map_err(|failure| AcpError::Call {
@@ -466,7 +500,7 @@ impl AcpClient {
         request: &Req,
         limit: Option<Duration>,
     ) -> Result<Resp, AcpError> {
-        let params = encode(method, request)?;
+        let params = self.params(method, request)?;
         let value = self
             .rpc
             .call(method, params, limit)

@@ -32,6 +32,12 @@ use crate::resume::RestoreFailure;
 /// connect` while the agent keeps running (kwok never delivers stdin EOF to an exec'd process).
 pub const DISCONNECT_METHOD: &str = "_kandev/disconnect";
 
+/// Key in the `_meta` of `session/new|load|resume` and `session/prompt` requests that names the
+/// launch they belong to. agentctl answers a repeat of such a request (a reconcile that acted on
+/// a lagging cache, or a retry after a failed status write) from what the first one got, and
+/// sends at most one prompt per launch: the agent sees each launch's restore once.
+pub const LAUNCH_META: &str = "kandev.dev/launch";
+
 /// Everything that can go wrong in this layer.
 #[derive(Debug, thiserror::Error)]
 pub enum AcpError {

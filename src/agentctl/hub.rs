@@ -14,13 +14,19 @@
 //! * requests from the agent go to the connected client; with none connected agentctl answers
 //!   them itself with a safe default (permission → cancelled, anything else → -32601), also for
 //!   requests still open when a client leaves, so the agent never waits forever;
-//! * events and history are derived from the agent stream, whether or not a client is there.
+//! * events and history are derived from the agent stream, whether or not a client is there;
+//! * a session setup or prompt tagged with a launch ([`LAUNCH_META`] in `_meta`) reaches the agent
+//!   once per launch: a repeat with the same method and session is answered with the first one's
+//!   answer (or takes over its answer while it is still open), so a restore that the operator
+//!   runs twice (a reconcile on a lagging cache, a retry after a failed status write) restores
+//!   once and sends the task prompt once.
 
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
 use super::wire::{self, Message};
+use crate::acp::LAUNCH_META;
 use crate::history::{ContextLimits, HistoryEntry, wrap_prompt_once};
 
 /// Identifies one socket connection for its lifetime; never reused.
@@ -174,6 +180,22 @@ struct Pending {
     client_id: Value,
     method: String,
     session_id: Option<String>,
+    /// Set for a launch-tagged request: its answer is kept for repeats.
+    launch: Option<LaunchKey>,
+}
+
+/// A launch-tagged request: the launch, the method and the session it names (if any).
+type LaunchKey = (String, String, Option<String>);
+
+/// Launch-tagged requests remembered at most (a pod serves one launch, which sends a handful).
+const LAUNCH_REQUESTS_KEPT: usize = 64;
+
+/// What became of a launch-tagged request.
+enum LaunchRequest {
+    /// Forwarded to the agent under this agent-side id, not answered yet.
+    Open(u64),
+    /// The agent's answer, without its id.
+    Answered(Map<String, Value>),
 }
 
 /// An agent request forwarded to a client, by the agent's id.
@@ -210,6 +232,8 @@ pub struct Hub {
     inject_next_prompt_of: Option<String>,
     /// The last session set up successfully, for [`Hub::snapshot`].
     current_session: Option<String>,
+    /// Launch-tagged requests seen, for their repeats.
+    launch_requests: HashMap<LaunchKey, LaunchRequest>,
 }
 
 impl Hub {
@@ -224,6 +248,7 @@ impl Hub {
             sessions: HashMap::new(),
             inject_next_prompt_of: None,
             current_session: None,
+            launch_requests: HashMap::new(),
         }
     }
 
@@ -456,8 +481,29 @@ impl Hub {
                 }
             };
         }
+        let launch = take_launch(&mut raw).map(|launch| {
+            let session_id = raw
+                .get("params")
+                .and_then(|p| p.get("sessionId"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            (launch, method.clone(), session_id)
+        });
+        if let Some(key) = &launch
+            && let Some(out) = self.repeated_launch_request(conn, &id, key)
+        {
+            return out;
+        }
         let agent_id = self.alloc_id();
         raw.insert("id".into(), json!(agent_id));
+        if let Some(key) = &launch {
+            if self.launch_requests.len() >= LAUNCH_REQUESTS_KEPT {
+                self.launch_requests
+                    .retain(|_, request| matches!(request, LaunchRequest::Open(_)));
+            }
+            self.launch_requests
+                .insert(key.clone(), LaunchRequest::Open(agent_id));
+        }
         if let (Some(cwd), "session/new" | "session/load" | "session/resume") =
             (&self.config.session_cwd, method.as_str())
             && let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut)
@@ -515,9 +561,37 @@ impl Hub {
                 client_id: id,
                 method,
                 session_id,
+                launch,
             },
         );
         out
+    }
+
+    /// The answer to a repeat of a launch-tagged request, without involving the agent: the
+    /// first answer, or the first request's answer once it comes (the repeat takes it over).
+    /// `None` for a request seen the first time.
+    fn repeated_launch_request(
+        &mut self,
+        conn: ConnId,
+        id: &Value,
+        key: &LaunchKey,
+    ) -> Option<Vec<Output>> {
+        let (launch, method, _) = key;
+        match self.launch_requests.get(key)? {
+            LaunchRequest::Answered(answer) => {
+                tracing::info!(%launch, %method, "repeated request of this launch answered from its first answer");
+                let mut answer = answer.clone();
+                answer.insert("id".into(), id.clone());
+                Some(vec![Output::ToClient(conn, Value::Object(answer))])
+            }
+            LaunchRequest::Open(agent_id) => {
+                let pending = self.pending.get_mut(agent_id)?;
+                tracing::info!(%launch, %method, "repeated request of this launch waits for the first one's answer");
+                pending.conn = conn;
+                pending.client_id = id.clone();
+                Some(Vec::new())
+            }
+        }
     }
 
     fn agent_response(&mut self, id: Value, mut raw: Map<String, Value>) -> Vec<Output> {
@@ -538,6 +612,12 @@ impl Hub {
             tracing::warn!(agent_id, "agent answered an unknown request id; dropped");
             return Vec::new();
         };
+        if let Some(key) = &pending.launch {
+            let mut answer = raw.clone();
+            answer.remove("id");
+            self.launch_requests
+                .insert(key.clone(), LaunchRequest::Answered(answer));
+        }
         let result = raw.get("result");
         let error = raw.get("error");
         let mut out = Vec::new();
@@ -891,6 +971,18 @@ pub fn inject_history(message: &mut Value, entries: &[HistoryEntry]) -> bool {
 }
 
 /// agentctl's answer to an agent request no client can take.
+/// Removes [`LAUNCH_META`] from the request's `_meta` (the agent has no use for it, and `_meta`
+/// goes when nothing else is in it) and returns it.
+fn take_launch(raw: &mut Map<String, Value>) -> Option<String> {
+    let params = raw.get_mut("params")?.as_object_mut()?;
+    let meta = params.get_mut("_meta")?.as_object_mut()?;
+    let launch = meta.remove(LAUNCH_META)?;
+    if meta.is_empty() {
+        params.remove("_meta");
+    }
+    launch.as_str().map(str::to_owned)
+}
+
 pub fn default_answer(id: Value, method: &str) -> Value {
     crate::acp::default_answer_to_agent_request(
         id,
@@ -1384,6 +1476,104 @@ mod tests {
                 }
             )]
         );
+    }
+
+    /// The stale-cache double restore, as agentctl sees it: the operator runs the same launch's
+    /// restore again (new connection, same ids), and the task prompt again.
+    #[test]
+    fn a_launch_reaches_the_agent_once_however_often_the_operator_repeats_it() {
+        let mut hub = ready_hub(HubConfig::default());
+        let meta = json!({"kandev.dev/launch": "r1", "trace": "t"});
+        let resume = |id: u64| {
+            line(
+                json!({"jsonrpc":"2.0","id":id,"method":"session/resume","params":{"sessionId":"s1","cwd":"/w","_meta":meta}}),
+            )
+        };
+        hub.attach(1, false).expect("attach");
+        let first = hub.client_line(1, &resume(2));
+        let sent = to_agent(&first);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(
+            sent[0]["params"]["_meta"],
+            json!({"trace": "t"}),
+            "the launch tag stays with agentctl"
+        );
+        let agent_id = sent[0]["id"].clone();
+
+        // The first client is gone before the answer; the repeat takes the answer over.
+        hub.client_closed(1);
+        hub.attach(2, false).expect("attach");
+        assert_eq!(
+            hub.client_line(2, &resume(2)),
+            vec![],
+            "waits, nothing to the agent"
+        );
+        let answered = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":agent_id,"result":{}})));
+        assert_eq!(
+            to_client(&answered),
+            vec![(2, json!({"jsonrpc":"2.0","id":2,"result":{}}))]
+        );
+        assert_eq!(events(&answered).len(), 1, "one session_created");
+
+        // Answered already: a third try gets the same answer at once.
+        hub.client_closed(2);
+        hub.attach(3, false).expect("attach");
+        let third = hub.client_line(3, &resume(7));
+        assert_eq!(to_agent(&third), Vec::<Value>::new());
+        assert_eq!(
+            to_client(&third),
+            vec![(3, json!({"jsonrpc":"2.0","id":7,"result":{}}))]
+        );
+        assert_eq!(events(&third), vec![]);
+
+        // The task prompt of the launch goes once; an untagged prompt (a user's) always goes.
+        let prompt = |id: u64, meta: Value| {
+            line(
+                json!({"jsonrpc":"2.0","id":id,"method":"session/prompt","params":{"sessionId":"s1","prompt":[{"type":"text","text":"do it"}],"_meta":meta}}),
+            )
+        };
+        assert_eq!(
+            to_agent(&hub.client_line(3, &prompt(8, meta.clone()))).len(),
+            1
+        );
+        assert_eq!(
+            to_agent(&hub.client_line(3, &prompt(9, meta.clone()))).len(),
+            0
+        );
+        assert_eq!(
+            to_agent(&hub.client_line(3, &prompt(10, json!({})))).len(),
+            1
+        );
+
+        // Another launch, another method or another session is a new request.
+        let other = line(
+            json!({"jsonrpc":"2.0","id":11,"method":"session/resume","params":{"sessionId":"s1","cwd":"/w","_meta":{"kandev.dev/launch":"r2"}}}),
+        );
+        assert_eq!(to_agent(&hub.client_line(3, &other)).len(), 1);
+        let load = line(
+            json!({"jsonrpc":"2.0","id":12,"method":"session/load","params":{"sessionId":"s1","cwd":"/w","_meta":{"kandev.dev/launch":"r1"}}}),
+        );
+        let sent = to_agent(&hub.client_line(3, &load));
+        assert_eq!(sent.len(), 1);
+        assert!(
+            sent[0]["params"].get("_meta").is_none(),
+            "empty _meta removed"
+        );
+    }
+
+    #[test]
+    fn a_failed_setup_is_answered_the_same_way_again() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).expect("attach");
+        let resume = line(
+            json!({"jsonrpc":"2.0","id":2,"method":"session/resume","params":{"sessionId":"gone","cwd":"/w","_meta":{"kandev.dev/launch":"r1"}}}),
+        );
+        let agent_id = to_agent(&hub.client_line(1, &resume))[0]["id"].clone();
+        let error = json!({"code":-32002,"message":"Resource not found"});
+        hub.agent_line(&line(json!({"jsonrpc":"2.0","id":agent_id,"error":error})));
+        let again = hub.client_line(1, &resume);
+        assert_eq!(to_agent(&again), Vec::<Value>::new());
+        assert_eq!(to_client(&again)[0].1["error"], error);
     }
 
     fn new_session(hub: &mut Hub, conn: ConnId, client_id: u64, session: &str) {
