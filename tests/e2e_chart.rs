@@ -229,7 +229,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         );
         assert_eq!(sessions.live_pods(name).await.len(), 1);
         let reasons = sessions.event_reasons(name).await;
-        for expected in ["AgentLost", "ResumeRequested", "PodCreated", "Resumed"] {
+        for expected in ["AgentLost", "ResumeRequested", "Resumed"] {
             assert!(
                 reasons.iter().any(|r| r == expected),
                 "event {expected} missing from {reasons:?}"

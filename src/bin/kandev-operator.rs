@@ -67,6 +67,9 @@ struct RunArgs {
     /// Timeout of one ACP call made into an agent pod, in seconds.
     #[arg(long, default_value_t = 60)]
     acp_timeout_seconds: u64,
+    /// Sessions reconciled at the same time, at most (each holds at most one exec into its pod).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_reconciles: u16,
     /// Do not elect a leader (only for a single replica, e.g. local development).
     #[arg(long)]
     no_leader_election: bool,
@@ -250,6 +253,7 @@ fn run(args: RunArgs) -> Result<(), String> {
         },
         resync: Duration::from_secs(args.resync_seconds),
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
     };
     let runtime =
         tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;

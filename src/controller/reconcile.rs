@@ -7,16 +7,18 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
 use super::conditions::{self, Want};
+use super::expectations::Expectations;
 use super::follower::Followers;
 use super::metrics::{self, ResumeOutcome};
 use super::pods::{self, PodSettings};
@@ -26,8 +28,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
-    NegotiatedCapabilities, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionState,
-    TaskSession, TaskSessionStatus, TaskState,
+    NegotiatedCapabilities, RESUME_ANNOTATION, ResumeReason, SessionState, TaskSession,
+    TaskSessionStatus, TaskState,
 };
 use crate::resume::{
     InitialPrompt, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
@@ -57,6 +59,12 @@ pub enum Error {
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     #[error("TaskSession has no namespace")]
     NoNamespace,
+    /// The status was decided on an older version of the TaskSession than the API server's:
+    /// nothing was written, the next reconcile decides again on the newer one.
+    #[error("the TaskSession changed since this reconcile read it; deciding again")]
+    Conflict,
+    #[error("the ExecutorRunning and pod caches have not finished their first list")]
+    CacheNotReady,
 }
 
 impl Error {
@@ -71,6 +79,8 @@ impl Error {
                 _ => "finalizer",
             },
             Self::NoNamespace => "no_namespace",
+            Self::Conflict => "conflict",
+            Self::CacheNotReady => "cache_not_ready",
         }
     }
 }
@@ -85,8 +95,10 @@ pub struct OperatorSettings {
     pub pod: PodSettings,
     /// How often a steady session is re-evaluated even without a watch event.
     pub resync: Duration,
-    /// Timeout of one ACP call made over exec.
+    /// Timeout of one ACP call made over exec (and of opening the exec).
     pub acp_timeout: Duration,
+    /// Sessions reconciled at the same time, at most.
+    pub max_concurrent_reconciles: u16,
 }
 
 /// Shared by every reconcile.
@@ -97,6 +109,12 @@ pub struct Context {
     pub settings: OperatorSettings,
     /// `agentctl events` followers of running pods.
     pub followers: Followers,
+    /// Caches of the child objects, filled by the controller's watches: a reconcile reads
+    /// ExecutorRunnings and pods from here, never from the API server.
+    pub executors: Store<ExecutorRunning>,
+    pub pods: Store<Pod>,
+    /// Writes not yet seen in the caches, and retry backoff, per session.
+    pub expectations: Expectations,
 }
 
 /// Runs the controller until a shutdown signal. Watches TaskSessions (every change, annotation
@@ -106,24 +124,47 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    // One watch per kind; each child watch fills a cache and triggers the owner's reconcile.
+    // managedFields are dropped before caching: nothing reads them and they are most of a
+    // small object.
+    let (executors, executors_writer) = reflector::store();
+    let executor_events = watcher(
+        Api::<ExecutorRunning>::all(client.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .modify(|er| er.managed_fields_mut().clear())
+    .reflect(executors_writer)
+    .applied_objects();
+    let (pods, pods_writer) = reflector::store();
+    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), managed)
+        .default_backoff()
+        .modify(|pod| pod.managed_fields_mut().clear())
+        .reflect(pods_writer)
+        .applied_objects();
+    let (sessions, sessions_writer) = reflector::store();
+    let session_events = watcher(Api::<TaskSession>::all(client.clone()), Default::default())
+        .default_backoff()
+        .modify(|ts| ts.managed_fields_mut().clear())
+        .reflect(sessions_writer)
+        .applied_objects();
+    let concurrency = settings.max_concurrent_reconciles;
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client: client.clone(),
         agents,
         settings,
-        followers: Followers::default(),
+        followers: Followers::new(pods.clone()),
+        executors,
+        pods,
+        expectations: Expectations::default(),
     });
-    let sessions: Api<TaskSession> = Api::all(client.clone());
-    let executors: Api<ExecutorRunning> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
-    let controller = Controller::new(sessions, watcher::Config::default())
-        .owns(executors, watcher::Config::default())
-        .owns(
-            pods,
-            watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true")),
-        );
-    metrics::global().track_sessions(controller.store());
-    controller
+    metrics::global().track_sessions(sessions.clone());
+    Controller::for_stream(session_events, sessions)
+        .owns_stream(executor_events)
+        .owns_stream(pod_events)
+        .with_config(controller::Config::default().concurrency(concurrency))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -135,21 +176,50 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
         .await;
 }
 
-fn error_policy(ts: Arc<TaskSession>, err: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(session = %ts.name_any(), error = %err, kind = err.metric_label(), "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+/// Per-session exponential backoff with jitter. A conflict is the normal end of a decision made
+/// on a cache that lagged: the watch event that follows reconciles again, the requeue is only
+/// the fallback.
+fn error_policy(ts: Arc<TaskSession>, err: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.expectations.failed(&ts.uid().unwrap_or_default());
+    if matches!(err, Error::Conflict) {
+        tracing::debug!(session = %ts.name_any(), "status changed meanwhile; deciding again");
+    } else {
+        warn!(session = %ts.name_any(), error = %err, kind = err.metric_label(), retry_in = ?delay, "reconcile failed; retrying");
+    }
+    Action::requeue(delay)
 }
 
 #[tracing::instrument(name = "reconcile", skip_all, fields(session = %ts.name_any(), namespace = ts.namespace().unwrap_or_default()))]
 async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
+    let uid = ts.uid().unwrap_or_default();
     let result = async {
         let ns = ts.namespace().ok_or(Error::NoNamespace)?;
+        // Before the first list of the child caches, a session would look as if it had no pod.
+        let ready = async {
+            ctx.executors.wait_until_ready().await?;
+            ctx.pods.wait_until_ready().await
+        };
+        if !matches!(
+            tokio::time::timeout(Duration::from_secs(30), ready).await,
+            Ok(Ok(()))
+        ) {
+            return Err(Error::CacheNotReady);
+        }
+        if ctx
+            .expectations
+            .is_stale(&uid, ts.metadata.resource_version.as_deref())
+        {
+            // Our last status write has not reached the cache: deciding now would repeat what
+            // was just done. The write's watch event reconciles again; this is the fallback.
+            tracing::debug!("cached TaskSession predates our last write; waiting for it");
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        }
         let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
         finalizer(&api, FINALIZER, ts, |event| async {
             match event {
-                Finalizer::Apply(ts) => Session::load(ts, &ctx).await?.apply().await,
-                Finalizer::Cleanup(ts) => Session::load(ts, &ctx).await?.cleanup(),
+                Finalizer::Apply(ts) => Session::load(ts, &ctx)?.apply().await,
+                Finalizer::Cleanup(ts) => Session::load(ts, &ctx)?.cleanup(),
             }
         })
         .await
@@ -160,6 +230,9 @@ async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Er
         result.as_ref().err().map(Error::metric_label),
         started.elapsed(),
     );
+    if result.is_ok() {
+        ctx.expectations.succeeded(&uid);
+    }
     result
 }
 
@@ -169,34 +242,41 @@ struct Session<'a> {
     ts: Arc<TaskSession>,
     name: String,
     ns: String,
+    uid: String,
+    /// The version every status write is based on: the cached one, then each write's result.
+    resource_version: Option<String>,
     status: TaskSessionStatus,
     executor: Option<ExecutorRunning>,
     pods: Vec<Pod>,
 }
 
 impl<'a> Session<'a> {
-    async fn load(ts: Arc<TaskSession>, ctx: &'a Context) -> Result<Session<'a>, Error> {
+    /// Reads the session's ExecutorRunning and pods (those it owns) from the caches.
+    fn load(ts: Arc<TaskSession>, ctx: &'a Context) -> Result<Session<'a>, Error> {
         let ns = ts.namespace().ok_or(Error::NoNamespace)?;
         let name = ts.name_any();
-        let executor = Api::<ExecutorRunning>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&pods::executor_name(&ts))
-            .await
-            .map_err(kube_err("reading the ExecutorRunning"))?;
-        let selector = format!(
-            "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
-            pods::session_label_value(&name)
-        );
-        let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(kube_err("listing agentctl pods"))?
-            .items;
+        let uid = ts.uid().unwrap_or_default();
+        let executor = ctx
+            .executors
+            .get(&ObjectRef::new(&pods::executor_name(&ts)).within(&ns))
+            .map(Arc::unwrap_or_clone);
+        let pods = ctx
+            .pods
+            .state_filter(|pod| {
+                pod.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && pod.owner_references().iter().any(|o| o.uid == uid)
+            })
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect();
         let status = ts.status.clone().unwrap_or_default();
         Ok(Session {
             ctx,
+            resource_version: ts.metadata.resource_version.clone(),
             ts,
             name,
             ns,
+            uid,
             status,
             executor,
             pods,
@@ -315,6 +395,7 @@ impl<'a> Session<'a> {
         self.ctx
             .followers
             .retain(|uid| !uids.iter().any(|u| u == uid));
+        self.ctx.expectations.forget(&self.uid);
         info!(
             pods = uids.len(),
             "session deleted; stopped following its agentctl pods"
@@ -354,8 +435,9 @@ impl<'a> Session<'a> {
     }
 
     /// DESIGN §3 handshake: refuse what the rules refuse (terminal states), acknowledge a
-    /// request for an agent that already runs, otherwise latch the token into status before
-    /// acting. Returns `Some` when this reconcile is done.
+    /// request for an agent that already runs, otherwise latch the token. The latch is persisted
+    /// with `STARTING` by [`Self::start_launch`], in the same write and before any pod exists
+    /// (at once when a launch is already starting). Returns `Some` when this reconcile is done.
     async fn accept_or_refuse(&mut self, token: &str) -> Result<Option<Action>, Error> {
         let pod = self.current_pod().cloned();
         let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
@@ -383,14 +465,17 @@ impl<'a> Session<'a> {
             "ResumeRequested",
             format!("handling resume request {token:?}"),
         )]);
-        self.write_status().await?;
-        self.event(
-            EventType::Normal,
-            "ResumeRequested",
-            "Resume",
-            &format!("resume request {token:?} accepted"),
-        )
-        .await;
+        if self.status.state == SessionState::Starting {
+            // The pod of this request comes next: the latch must be persisted before it.
+            self.write_status().await?;
+            self.event(
+                EventType::Normal,
+                "ResumeRequested",
+                "Resume",
+                &format!("resume request {token:?} accepted"),
+            )
+            .await;
+        }
         Ok(None)
     }
 
@@ -429,8 +514,18 @@ impl<'a> Session<'a> {
             return self.start_launch().await;
         }
         let pod = match self.launch_pod() {
-            Some(pod) => pod.clone(),
-            None => return self.create_pod().await,
+            Some(pod) => {
+                self.ctx.expectations.pod_seen(&self.uid);
+                pod.clone()
+            }
+            None => {
+                let name = pods::pod_name(&self.name, self.launch_id());
+                if self.ctx.expectations.awaits_pod(&self.uid, &name) {
+                    // Created a moment ago: its watch event reconciles again.
+                    return Ok(Action::requeue(Duration::from_secs(2)));
+                }
+                return self.create_pod().await;
+            }
         };
         match liveness(Some(&pod)) {
             PodLiveness::Pending => Ok(Action::requeue(Duration::from_secs(2))),
@@ -496,7 +591,8 @@ impl<'a> Session<'a> {
         self.status.executor_ref = Some(pods::executor_name(&self.ts));
         self.status.error_message = None;
         let message = format!(
-            "launching agentctl for {}",
+            "launching agentctl pod {} for {}",
+            pods::pod_name(&self.name, self.launch_id()),
             describe_launch(self.launch_id())
         );
         self.set_conditions(&[
@@ -505,8 +601,20 @@ impl<'a> Session<'a> {
             Want::new(conditions::STALLED, false, "Starting", ""),
         ]);
         self.write_status().await?;
-        self.event(EventType::Normal, "Starting", "Launch", &message)
-            .await;
+        // One Event per launch start: a resume's says which request it handles.
+        match self.status.active_resume_request.as_deref() {
+            Some(token) => {
+                let pod = pods::pod_name(&self.name, token);
+                let note =
+                    format!("resume request {token:?} accepted; launching agentctl pod {pod}");
+                self.event(EventType::Normal, "ResumeRequested", "Resume", &note)
+                    .await
+            }
+            None => {
+                self.event(EventType::Normal, "Starting", "Launch", &message)
+                    .await
+            }
+        }
         fault_point("starting");
         Ok(Action::requeue(Duration::from_millis(100)))
     }
@@ -522,13 +630,8 @@ impl<'a> Session<'a> {
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         match api.create(&PostParams::default(), &pod).await {
             Ok(_) => {
-                self.event(
-                    EventType::Normal,
-                    "PodCreated",
-                    "Launch",
-                    &format!("created agentctl pod {name}"),
-                )
-                .await;
+                self.ctx.expectations.created_pod(&self.uid, &name);
+                info!(pod = %name, "created the agentctl pod");
                 fault_point("pod-created");
             }
             // Created by an earlier run of this step: adopt it.
@@ -560,12 +663,21 @@ impl<'a> Session<'a> {
         let request = self.resume_request(&profile, state_at_start);
 
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let mut connection = match PodConnection::open(&pods_api, &pod_name, pods::CONTAINER).await
-        {
+        let open = PodConnection::open(&pods_api, &pod_name, pods::CONTAINER);
+        let opened = match tokio::time::timeout(self.ctx.settings.acp_timeout, open).await {
+            Ok(opened) => opened.map_err(|err| err.to_string()),
+            Err(_) => Err(format!(
+                "opening the exec did not finish within {:?}",
+                self.ctx.settings.acp_timeout
+            )),
+        };
+        let mut connection = match opened {
             Ok(connection) => connection,
             Err(err) => {
                 // agentctl may not listen yet right after the pod turned Running; the pod's own
-                // liveness decides on the next pass whether this is a launch failure.
+                // liveness decides on the next pass whether this is a launch failure. The
+                // condition is written once, not on every try.
+                let before = self.status.clone();
                 let message = format!("waiting for agentctl in pod {pod_name}: {err}");
                 self.set_conditions(&[Want::new(
                     conditions::RECONCILING,
@@ -573,11 +685,16 @@ impl<'a> Session<'a> {
                     "WaitingForAgentctl",
                     &message,
                 )]);
-                self.write_status().await?;
-                return Ok(Action::requeue(Duration::from_secs(3)));
+                if self.status != before {
+                    self.write_status().await?;
+                }
+                return Ok(Action::requeue(Duration::from_secs(2)));
             }
         };
         let client = &mut connection.client;
+        // Repeated setup requests and the initial prompt of the same launch are answered by
+        // agentctl from what it did the first time, without reaching the agent again.
+        client.set_launch(self.launch_id());
         let timeouts = AcpTimeouts::uniform(self.ctx.settings.acp_timeout);
         let cwd = std::path::PathBuf::from(&self.ts.spec.workspace.mount_path);
         let restore_started = std::time::Instant::now();
@@ -611,7 +728,7 @@ impl<'a> Session<'a> {
                     .await
             }
             RestoreOutcome::Restored { method, session_id } => {
-                self.record_executor(pod, Some(&session_id), capabilities)
+                self.record_executor(pod, Some(&session_id), capabilities, false)
                     .await?;
                 let message = format!(
                     "restored ACP session {session_id} with {}",
@@ -621,7 +738,7 @@ impl<'a> Session<'a> {
                     .await
             }
             RestoreOutcome::Fresh { session_id, why } => {
-                self.record_executor(pod, Some(&session_id), capabilities)
+                self.record_executor(pod, Some(&session_id), capabilities, started_prompt)
                     .await?;
                 let (state, reason, message) = if started_prompt {
                     (
@@ -679,14 +796,21 @@ impl<'a> Session<'a> {
     }
 
     /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
-    /// follower writes other fields of the same record).
+    /// follower writes other fields of the same record). The activity is what the event
+    /// follower's first line will report, so that line changes nothing.
     async fn record_executor(
-        &self,
+        &mut self,
         pod: &Pod,
         token: Option<&str>,
         capabilities: Option<NegotiatedCapabilities>,
+        prompt_started: bool,
     ) -> Result<(), Error> {
         let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let activity = if prompt_started {
+            AgentActivity::Working
+        } else {
+            AgentActivity::Idle
+        };
         let patch = json!({"status": {
             "resumeToken": token,
             "resumable": token.is_some(),
@@ -694,18 +818,19 @@ impl<'a> Session<'a> {
             "podUID": pod.metadata.uid,
             "agentExecutionId": pod.metadata.uid,
             "status": ExecutorPhase::Running,
-            // `activity` belongs to the event follower, whose first line is a snapshot.
-            "activity": null,
+            "activity": activity,
             "capabilities": capabilities,
             "lastSeenAt": Time(Timestamp::now()),
         }});
-        api.patch_status(
-            &pods::executor_name(&self.ts),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(kube_err("recording the executor"))?;
+        let recorded = api
+            .patch_status(
+                &pods::executor_name(&self.ts),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(kube_err("recording the executor"))?;
+        self.executor = Some(recorded);
         Ok(())
     }
 
@@ -748,9 +873,12 @@ impl<'a> Session<'a> {
                 ResumeOutcome::Fresh
             });
         }
-        self.ctx
-            .followers
-            .ensure(&self.ctx.client, pod, &pods::executor_name(&self.ts));
+        self.ctx.followers.ensure(
+            &self.ctx.client,
+            pod,
+            &pods::executor_name(&self.ts),
+            &self.executor_status(),
+        );
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
             self.event(EventType::Normal, event_reason, "Restore", message)
@@ -759,8 +887,9 @@ impl<'a> Session<'a> {
         Ok(Action::requeue(self.ctx.settings.resync))
     }
 
-    /// A restore that failed without proving the token useless keeps it (DESIGN §3): the pod is
-    /// removed (nothing idles), the request counts as handled, and a new token retries.
+    /// A restore that failed without proving the token useless keeps it (DESIGN §3): the request
+    /// counts as handled, a new token retries, and the pod is removed (nothing idles,
+    /// AgentRunning tells the truth) once the status that explains it is written.
     async fn restore_failed(
         mut self,
         pod: &Pod,
@@ -769,15 +898,19 @@ impl<'a> Session<'a> {
         token_kept: bool,
         is_resume: bool,
     ) -> Result<Action, Error> {
-        // Either way no agent runs: the pod goes (nothing idles, AgentRunning tells the truth).
-        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        if let Err(err) = api.delete(&pod.name_any(), &Default::default()).await {
-            warn!(%err, "could not delete the agentctl pod of a failed start");
-        }
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let pod_name = pod.name_any();
+        let delete_pod = async move {
+            if let Err(err) = pods.delete(&pod_name, &Default::default()).await {
+                warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a failed start");
+            }
+        };
         if !is_resume {
-            return self
+            let action = self
                 .fail_launch(&format!("starting the agent failed: {reason}"))
-                .await;
+                .await?;
+            delete_pod.await;
+            return Ok(action);
         }
         let kept = if token_kept {
             "the resume token is kept"
@@ -803,6 +936,7 @@ impl<'a> Session<'a> {
             Want::new(conditions::RECONCILING, false, "ResumeFailed", ""),
         ]);
         self.write_status().await?;
+        delete_pod.await;
         metrics::global().resume_handled(ResumeOutcome::Failed);
         self.event(EventType::Warning, "ResumeFailed", "Restore", &message)
             .await;
@@ -858,9 +992,12 @@ impl<'a> Session<'a> {
             .as_ref()
             .filter(|p| liveness(Some(p)) == PodLiveness::Running)
         {
-            self.ctx
-                .followers
-                .ensure(&self.ctx.client, pod, &pods::executor_name(&self.ts));
+            self.ctx.followers.ensure(
+                &self.ctx.client,
+                pod,
+                &pods::executor_name(&self.ts),
+                &self.executor_status(),
+            );
             self.follow_agent_activity();
         }
         let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
@@ -978,22 +1115,36 @@ impl<'a> Session<'a> {
         );
     }
 
-    /// Writes the whole status with server-side apply under one field manager.
+    /// Writes the whole status with server-side apply under one field manager, on the condition
+    /// that the TaskSession is still the version this reconcile decided on: a decision made on
+    /// a lagging cache fails with [`Error::Conflict`] instead of overwriting newer status.
     async fn write_status(&mut self) -> Result<(), Error> {
         self.status.observed_generation = self.ts.metadata.generation;
         let api: Api<TaskSession> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let patch = json!({
             "apiVersion": TaskSession::api_version(&()),
             "kind": TaskSession::kind(&()),
+            "metadata": {"resourceVersion": self.resource_version},
             "status": self.status,
         });
-        api.patch_status(
-            &self.name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(kube_err("writing the TaskSession status"))?;
+        let written = api
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|err| match err {
+                kube::Error::Api(status) if status.code == 409 => Error::Conflict,
+                other => kube_err("writing the TaskSession status")(other),
+            })?;
+        let version = written.metadata.resource_version;
+        self.ctx.expectations.wrote_status(
+            &self.uid,
+            self.resource_version.as_deref(),
+            version.as_deref(),
+        );
+        self.resource_version = version;
         Ok(())
     }
 

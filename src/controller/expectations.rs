@@ -1,0 +1,229 @@
+//! What this operator wrote and has not yet seen come back through its watches, per
+//! TaskSession UID, plus each session's retry backoff.
+//!
+//! Reconciles read from reflector caches, and a cache lags behind the operator's own writes: a
+//! reconcile that runs right after a status write (a requeue, or an event of a child object)
+//! can still see the object as it was before that write, and would decide a second time on
+//! what it already did. The rules here keep such a reconcile from acting:
+//! * after a TaskSession status write that changed the object, the cached object is stale while
+//!   it still carries the resourceVersion the write was based on;
+//! * after a pod create, the pod is awaited in the cache instead of being created again;
+//! * the status write itself carries the resourceVersion it was decided on, so whatever slips
+//!   past these rules fails with a conflict instead of overwriting newer status.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a created pod is awaited in the cache before the operator tries again.
+const POD_WAIT: Duration = Duration::from_secs(30);
+/// First and largest retry delay after a failed reconcile.
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Default)]
+struct Expected {
+    /// The resourceVersions of the TaskSession our status writes since the cache last caught
+    /// up were based on (a reconcile can write more than once).
+    stale_versions: Vec<String>,
+    /// A pod this operator created and the cache does not show yet.
+    created_pod: Option<(String, Instant)>,
+    /// Failed reconciles in a row.
+    failures: u32,
+}
+
+impl Expected {
+    fn is_empty(&self) -> bool {
+        self.stale_versions.is_empty() && self.created_pod.is_none() && self.failures == 0
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Expectations {
+    by_session: Mutex<HashMap<String, Expected>>,
+}
+
+impl Expectations {
+    fn with<T>(&self, session: &str, f: impl FnOnce(&mut Expected) -> T) -> T {
+        let mut map = self
+            .by_session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = map.entry(session.to_string()).or_default();
+        let out = f(entry);
+        if entry.is_empty() {
+            map.remove(session);
+        }
+        out
+    }
+
+    /// A status write turned `base` into `written`. A write that changed nothing keeps the
+    /// version, and then there is nothing to wait for.
+    pub fn wrote_status(&self, session: &str, base: Option<&str>, written: Option<&str>) {
+        if let Some(base) = base.filter(|base| Some(*base) != written) {
+            self.with(session, |e| {
+                if e.stale_versions.len() >= 8 {
+                    e.stale_versions.remove(0);
+                }
+                e.stale_versions.push(base.to_string());
+            });
+        }
+    }
+
+    /// Whether the cached TaskSession (at `version`) predates one of our status writes. Any
+    /// other version ends the wait, whoever wrote it.
+    pub fn is_stale(&self, session: &str, version: Option<&str>) -> bool {
+        self.with(session, |e| {
+            let stale = version.is_some_and(|v| e.stale_versions.iter().any(|s| s == v));
+            if !stale {
+                e.stale_versions.clear();
+            }
+            stale
+        })
+    }
+
+    /// This operator created `pod` for the session.
+    pub fn created_pod(&self, session: &str, pod: &str) {
+        self.with(session, |e| {
+            e.created_pod = Some((pod.to_string(), Instant::now()))
+        });
+    }
+
+    /// Whether `pod`, absent from the cache, was created a moment ago (so it is on its way and
+    /// must not be created again).
+    pub fn awaits_pod(&self, session: &str, pod: &str) -> bool {
+        self.with(session, |e| match &e.created_pod {
+            Some((name, at)) if name == pod && at.elapsed() < POD_WAIT => true,
+            _ => {
+                e.created_pod = None;
+                false
+            }
+        })
+    }
+
+    /// The pod showed up in the cache.
+    pub fn pod_seen(&self, session: &str) {
+        self.with(session, |e| e.created_pod = None);
+    }
+
+    /// A reconcile succeeded: the next failure starts the backoff over.
+    pub fn succeeded(&self, session: &str) {
+        self.with(session, |e| e.failures = 0);
+    }
+
+    /// A reconcile failed: the delay before the next try, doubling per failure in a row from
+    /// 0.5 s up to 5 min, with up to 25 % jitter so that sessions failing together (an API
+    /// server outage) do not retry in lockstep.
+    pub fn failed(&self, session: &str) -> Duration {
+        let failures = self.with(session, |e| {
+            e.failures = e.failures.saturating_add(1);
+            e.failures
+        });
+        backoff(failures, jitter_seed(session))
+    }
+
+    /// The session is gone.
+    pub fn forget(&self, session: &str) {
+        let mut map = self
+            .by_session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.remove(session);
+    }
+}
+
+/// The delay after `failures` failures in a row; `seed` picks the jitter (0–25 %).
+pub fn backoff(failures: u32, seed: u64) -> Duration {
+    let exponent = failures.saturating_sub(1).min(20);
+    let base = BACKOFF_MIN
+        .saturating_mul(1u32 << exponent)
+        .min(BACKOFF_MAX);
+    let jitter = base.mul_f64((seed % 1000) as f64 / 4000.0);
+    (base + jitter).min(BACKOFF_MAX)
+}
+
+/// Differs between sessions and between calls, without a random-number crate.
+fn jitter_seed(session: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write(session.as_bytes());
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stale-cache double restore: our write moved the object from "1" to "2"; a reconcile
+    /// that still sees "1" (the watch event of the write has not arrived) must not act.
+    #[test]
+    fn a_cache_that_predates_our_write_is_stale_until_it_moves() {
+        let e = Expectations::default();
+        assert!(!e.is_stale("s", Some("1")), "nothing written yet");
+        e.wrote_status("s", Some("1"), Some("2"));
+        assert!(e.is_stale("s", Some("1")), "delayed watch event");
+        assert!(e.is_stale("s", Some("1")), "still delayed");
+        assert!(!e.is_stale("s", Some("2")), "our write arrived");
+        assert!(
+            !e.is_stale("s", Some("1")),
+            "the wait ended: a relist that goes back is not ours to judge"
+        );
+        e.wrote_status("s", Some("2"), Some("5"));
+        assert!(!e.is_stale("s", Some("4")), "someone else wrote after us");
+        assert!(!e.is_stale("other", Some("2")), "per session");
+        // Two writes in one reconcile: both versions before the last one are stale.
+        e.wrote_status("s", Some("6"), Some("7"));
+        e.wrote_status("s", Some("7"), Some("8"));
+        assert!(e.is_stale("s", Some("6")));
+        assert!(e.is_stale("s", Some("7")));
+        assert!(!e.is_stale("s", Some("8")));
+    }
+
+    #[test]
+    fn a_write_that_changed_nothing_waits_for_nothing() {
+        let e = Expectations::default();
+        e.wrote_status("s", Some("3"), Some("3"));
+        assert!(!e.is_stale("s", Some("3")));
+        e.wrote_status("s", None, Some("3"));
+        assert!(!e.is_stale("s", None));
+    }
+
+    #[test]
+    fn a_created_pod_is_awaited_not_created_twice() {
+        let e = Expectations::default();
+        assert!(!e.awaits_pod("s", "p1"));
+        e.created_pod("s", "p1");
+        assert!(e.awaits_pod("s", "p1"));
+        assert!(!e.awaits_pod("s", "p2"), "another launch's pod");
+        e.created_pod("s", "p1");
+        e.pod_seen("s");
+        assert!(!e.awaits_pod("s", "p1"));
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        for (failures, low_ms, high_ms) in [
+            (1, 500, 625),
+            (2, 1000, 1250),
+            (3, 2000, 2500),
+            (10, 256_000, 300_000),
+            (40, 300_000, 300_000),
+        ] {
+            for seed in [0, 999, 12_345] {
+                let delay = backoff(failures, seed).as_millis();
+                assert!(
+                    (low_ms..=high_ms).contains(&delay),
+                    "{failures} failures, seed {seed}: {delay} ms"
+                );
+            }
+        }
+        let e = Expectations::default();
+        assert!(e.failed("s") < Duration::from_millis(700));
+        assert!(e.failed("s") >= Duration::from_millis(1000));
+        e.succeeded("s");
+        assert!(e.failed("s") < Duration::from_millis(700), "starts over");
+        e.forget("s");
+        assert!(e.by_session.lock().expect("lock").is_empty());
+    }
+}
