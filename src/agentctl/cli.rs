@@ -53,7 +53,10 @@ pub enum Command {
     /// closed; `initialize` is answered from the cached response; the client leaves with
     /// {"jsonrpc":"2.0","method":"_kandev/disconnect"} or by closing the socket, and the agent
     /// keeps running), or {"mode":"events"} for a stream of event lines (a snapshot of the current
-    /// state, then session_created, prompt_started, prompt_finished, agent_exited). The conversation is recorded under
+    /// state, then session_created, prompt_started, prompt_finished, agent_exited). A
+    /// session/new|load|resume or session/prompt whose params carry
+    /// "_meta":{"kandev.dev/launch":<id>} reaches the agent once per launch id, method and
+    /// session: a repeat gets the first one's answer. The conversation is recorded under
     /// <workspace>/.kandev/sessions/<session-name>.jsonl (updates the agent replays during
     /// session/load are history already and not recorded again); for profiles with
     /// historyContextInjection, the first prompt after a fresh session/new is wrapped once in

@@ -5,8 +5,8 @@
 //! reconcile that runs right after a status write (a requeue, or an event of a child object)
 //! can still see the object as it was before that write, and would decide a second time on
 //! what it already did. The rules here keep such a reconcile from acting:
-//! * after a TaskSession status write that changed the object, the cached object is stale while
-//!   it still carries the resourceVersion the write was based on;
+//! * after a TaskSession write that changed the object (its status, its finalizer), the cached
+//!   object is stale while it still carries the resourceVersion the write was based on;
 //! * after a pod create, the pod is awaited in the cache instead of being created again;
 //! * the status write itself carries the resourceVersion it was decided on, so whatever slips
 //!   past these rules fails with a conflict instead of overwriting newer status.
@@ -58,9 +58,9 @@ impl Expectations {
         out
     }
 
-    /// A status write turned `base` into `written`. A write that changed nothing keeps the
+    /// A write of the TaskSession (its status, its finalizer) turned `base` into `written`. A write that changed nothing keeps the
     /// version, and then there is nothing to wait for.
-    pub fn wrote_status(&self, session: &str, base: Option<&str>, written: Option<&str>) {
+    pub fn wrote(&self, session: &str, base: Option<&str>, written: Option<&str>) {
         if let Some(base) = base.filter(|base| Some(*base) != written) {
             self.with(session, |e| {
                 if e.stale_versions.len() >= 8 {
@@ -71,7 +71,7 @@ impl Expectations {
         }
     }
 
-    /// Whether the cached TaskSession (at `version`) predates one of our status writes. Any
+    /// Whether the cached TaskSession (at `version`) predates one of our writes. Any
     /// other version ends the wait, whoever wrote it.
     pub fn is_stale(&self, session: &str, version: Option<&str>) -> bool {
         self.with(session, |e| {
@@ -161,7 +161,7 @@ mod tests {
     fn a_cache_that_predates_our_write_is_stale_until_it_moves() {
         let e = Expectations::default();
         assert!(!e.is_stale("s", Some("1")), "nothing written yet");
-        e.wrote_status("s", Some("1"), Some("2"));
+        e.wrote("s", Some("1"), Some("2"));
         assert!(e.is_stale("s", Some("1")), "delayed watch event");
         assert!(e.is_stale("s", Some("1")), "still delayed");
         assert!(!e.is_stale("s", Some("2")), "our write arrived");
@@ -169,12 +169,12 @@ mod tests {
             !e.is_stale("s", Some("1")),
             "the wait ended: a relist that goes back is not ours to judge"
         );
-        e.wrote_status("s", Some("2"), Some("5"));
+        e.wrote("s", Some("2"), Some("5"));
         assert!(!e.is_stale("s", Some("4")), "someone else wrote after us");
         assert!(!e.is_stale("other", Some("2")), "per session");
         // Two writes in one reconcile: both versions before the last one are stale.
-        e.wrote_status("s", Some("6"), Some("7"));
-        e.wrote_status("s", Some("7"), Some("8"));
+        e.wrote("s", Some("6"), Some("7"));
+        e.wrote("s", Some("7"), Some("8"));
         assert!(e.is_stale("s", Some("6")));
         assert!(e.is_stale("s", Some("7")));
         assert!(!e.is_stale("s", Some("8")));
@@ -183,9 +183,9 @@ mod tests {
     #[test]
     fn a_write_that_changed_nothing_waits_for_nothing() {
         let e = Expectations::default();
-        e.wrote_status("s", Some("3"), Some("3"));
+        e.wrote("s", Some("3"), Some("3"));
         assert!(!e.is_stale("s", Some("3")));
-        e.wrote_status("s", None, Some("3"));
+        e.wrote("s", None, Some("3"));
         assert!(!e.is_stale("s", None));
     }
 

@@ -108,9 +108,9 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         group: "",
         resource: "persistentvolumeclaims",
         subresource: "",
-        verbs: &["get", "create"],
+        verbs: &["get", "list", "watch", "create"],
         scope: Scope::AllNamespaces,
-        why: "the workspace PVC is checked before a launch and created from the session's template",
+        why: "the workspace PVC is checked before a launch (from a metadata cache) and created from the session's template",
     },
     Permission {
         group: "events.k8s.io",

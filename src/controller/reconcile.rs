@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -63,7 +63,7 @@ pub enum Error {
     /// nothing was written, the next reconcile decides again on the newer one.
     #[error("the TaskSession changed since this reconcile read it; deciding again")]
     Conflict,
-    #[error("the ExecutorRunning and pod caches have not finished their first list")]
+    #[error("the ExecutorRunning, pod and PVC caches have not finished their first list")]
     CacheNotReady,
 }
 
@@ -113,6 +113,8 @@ pub struct Context {
     /// ExecutorRunnings and pods from here, never from the API server.
     pub executors: Store<ExecutorRunning>,
     pub pods: Store<Pod>,
+    /// Which PVCs exist (metadata only), for the workspace check before a launch.
+    pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     /// Writes not yet seen in the caches, and retry backoff, per session.
     pub expectations: Expectations,
 }
@@ -143,6 +145,20 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
         .modify(|pod| pod.managed_fields_mut().clear())
         .reflect(pods_writer)
         .applied_objects();
+    // Only whether a claim exists matters: metadata, without labels and annotations.
+    let (claims, claims_writer) = reflector::store();
+    let claim_events = watcher(
+        Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .modify(|pvc| {
+        pvc.metadata.managed_fields = None;
+        pvc.metadata.annotations = None;
+        pvc.metadata.labels = None;
+    })
+    .reflect(claims_writer)
+    .applied_objects();
     let (sessions, sessions_writer) = reflector::store();
     let session_events = watcher(Api::<TaskSession>::all(client.clone()), Default::default())
         .default_backoff()
@@ -158,12 +174,15 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
         followers: Followers::new(pods.clone()),
         executors,
         pods,
+        claims,
         expectations: Expectations::default(),
     });
     metrics::global().track_sessions(sessions.clone());
     Controller::for_stream(session_events, sessions)
         .owns_stream(executor_events)
         .owns_stream(pod_events)
+        // Claims only fill their cache; they trigger nothing.
+        .watches_stream(claim_events, |_| std::iter::empty())
         .with_config(controller::Config::default().concurrency(concurrency))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
@@ -176,16 +195,49 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
         .await;
 }
 
+/// Adds [`FINALIZER`] on the condition that the session is still the cached version (kube's
+/// finalizer helper would do it with a JSON patch test that fails on a lagging cache, and retry
+/// without end); the next reconcile, on the written version, does the work.
+async fn add_finalizer(
+    api: &Api<TaskSession>,
+    ts: &TaskSession,
+    expectations: &Expectations,
+) -> Result<Action, Error> {
+    let mut finalizers = ts.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_string());
+    let patch = json!({"metadata": {
+        "resourceVersion": ts.metadata.resource_version,
+        "finalizers": finalizers,
+    }});
+    let written = api
+        .patch(
+            &ts.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|err| match err {
+            kube::Error::Api(status) if status.code == 409 => Error::Conflict,
+            other => kube_err("adding the finalizer")(other),
+        })?;
+    expectations.wrote(
+        &ts.uid().unwrap_or_default(),
+        ts.metadata.resource_version.as_deref(),
+        written.metadata.resource_version.as_deref(),
+    );
+    Ok(Action::await_change())
+}
+
 /// Per-session exponential backoff with jitter. A conflict is the normal end of a decision made
 /// on a cache that lagged: the watch event that follows reconciles again, the requeue is only
 /// the fallback.
 fn error_policy(ts: Arc<TaskSession>, err: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.expectations.failed(&ts.uid().unwrap_or_default());
-    if matches!(err, Error::Conflict) {
-        tracing::debug!(session = %ts.name_any(), "status changed meanwhile; deciding again");
-    } else {
-        warn!(session = %ts.name_any(), error = %err, kind = err.metric_label(), retry_in = ?delay, "reconcile failed; retrying");
+    if err.metric_label() == "conflict" {
+        tracing::debug!(session = %ts.name_any(), "the session changed meanwhile; deciding again");
+        return Action::requeue(Duration::from_secs(1));
     }
+    let delay = ctx.expectations.failed(&ts.uid().unwrap_or_default());
+    warn!(session = %ts.name_any(), error = %err, kind = err.metric_label(), retry_in = ?delay, "reconcile failed; retrying");
     Action::requeue(delay)
 }
 
@@ -198,7 +250,8 @@ async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Er
         // Before the first list of the child caches, a session would look as if it had no pod.
         let ready = async {
             ctx.executors.wait_until_ready().await?;
-            ctx.pods.wait_until_ready().await
+            ctx.pods.wait_until_ready().await?;
+            ctx.claims.wait_until_ready().await
         };
         if !matches!(
             tokio::time::timeout(Duration::from_secs(30), ready).await,
@@ -210,12 +263,17 @@ async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Er
             .expectations
             .is_stale(&uid, ts.metadata.resource_version.as_deref())
         {
-            // Our last status write has not reached the cache: deciding now would repeat what
+            // Our last write has not reached the cache: deciding now would repeat what
             // was just done. The write's watch event reconciles again; this is the fallback.
             tracing::debug!("cached TaskSession predates our last write; waiting for it");
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
         let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
+        if ts.metadata.deletion_timestamp.is_none()
+            && !ts.finalizers().iter().any(|f| f == FINALIZER)
+        {
+            return add_finalizer(&api, &ts, &ctx.expectations).await;
+        }
         finalizer(&api, FINALIZER, ts, |event| async {
             match event {
                 Finalizer::Apply(ts) => Session::load(ts, &ctx)?.apply().await,
@@ -549,32 +607,37 @@ impl<'a> Session<'a> {
         };
         let claim = pods::workspace_claim_name(&self.ts);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        if let Some(pvc) = pods::build_workspace_claim(&self.ts) {
-            if pvcs
-                .get_opt(&claim)
+        // The claim cache answers; only a miss is confirmed live (it may be a moment old).
+        let cached = self
+            .ctx
+            .claims
+            .get(&ObjectRef::new(&claim).within(&self.ns))
+            .is_some();
+        let exists = cached
+            || pvcs
+                .get_metadata_opt(&claim)
                 .await
                 .map_err(kube_err("reading the workspace PVC"))?
-                .is_none()
-            {
-                pvcs.create(&PostParams::default(), &pvc)
+                .is_some();
+        match pods::build_workspace_claim(&self.ts) {
+            Some(pvc) if !exists => match pvcs.create(&PostParams::default(), &pvc).await {
+                Ok(_) => {
+                    self.event(
+                        EventType::Normal,
+                        "WorkspaceCreated",
+                        "Launch",
+                        &format!("created PVC {claim}"),
+                    )
                     .await
-                    .map_err(kube_err("creating the workspace PVC"))?;
-                self.event(
-                    EventType::Normal,
-                    "WorkspaceCreated",
-                    "Launch",
-                    &format!("created PVC {claim}"),
-                )
-                .await;
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(kube_err("creating the workspace PVC")(e)),
+            },
+            None if !exists => {
+                let reason = format!("workspace PVC {claim:?} not found in namespace {}", self.ns);
+                return self.fail_launch(&reason).await;
             }
-        } else if pvcs
-            .get_opt(&claim)
-            .await
-            .map_err(kube_err("reading the workspace PVC"))?
-            .is_none()
-        {
-            let reason = format!("workspace PVC {claim:?} not found in namespace {}", self.ns);
-            return self.fail_launch(&reason).await;
+            _ => {}
         }
         if self.executor.is_none() {
             let er = pods::build_executor(&self.ts);
@@ -854,11 +917,14 @@ impl<'a> Session<'a> {
         self.status.error_message = None;
         let was_resume = self.status.active_resume_request.is_some();
         self.finish_request();
+        // Ready and Reconciling as the steady-state evaluation words them, so that it finds
+        // nothing to write after this; the outcome is in `Resumed` and the Event.
+        let steady = camel(&state.as_str().to_ascii_lowercase());
         let mut wanted = vec![
-            Want::new(conditions::READY, true, reason, message),
+            Want::new(conditions::READY, true, steady, ""),
             Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
             Want::new(conditions::NEEDS_RESUME, false, "AlreadyRunning", ""),
-            Want::new(conditions::RECONCILING, false, reason, ""),
+            Want::new(conditions::RECONCILING, false, "Idle", ""),
             Want::new(conditions::STALLED, false, reason, ""),
         ];
         if was_resume {
@@ -1139,7 +1205,7 @@ impl<'a> Session<'a> {
                 other => kube_err("writing the TaskSession status")(other),
             })?;
         let version = written.metadata.resource_version;
-        self.ctx.expectations.wrote_status(
+        self.ctx.expectations.wrote(
             &self.uid,
             self.resource_version.as_deref(),
             version.as_deref(),
