@@ -126,7 +126,26 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         &status.conditions,
         conditions::NEEDS_RESUME
     ));
+    // A pod that only carries the session's labels is not its agent: labels prove nothing, the
+    // controller ownerReference does.
+    let stray: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-stray"), "labels": pod.labels()},
+        "spec": {"containers": [{"name": "agentctl", "image": "stray"}],
+                 "nodeSelector": {"e2e.kandev.dev/nowhere": "true"}},
+    }))
+    .expect("pod");
+    sessions
+        .pods()
+        .create(&PostParams::default(), &stray)
+        .await
+        .expect("stray pod");
     tokio::time::sleep(RESYNC * 4).await;
+    let ts = sessions.sessions().get(&name).await.expect("session");
+    assert!(
+        ts.status.expect("status").needs_resume,
+        "a stray pod with the session's labels made the session look running"
+    );
+    sessions.delete_pod(&stray).await;
     assert!(
         sessions.live_pods(&name).await.is_empty(),
         "lazy recovery: nothing relaunched"

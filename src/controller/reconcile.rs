@@ -89,6 +89,14 @@ fn kube_err(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { action, source }
 }
 
+/// For a write with a resourceVersion precondition: 409 is [`Error::Conflict`].
+fn conflict_or(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
+    move |source| match source {
+        kube::Error::Api(status) if status.code == 409 => Error::Conflict,
+        source => Error::Kube { action, source },
+    }
+}
+
 /// Settings of the running operator.
 #[derive(Clone, Debug)]
 pub struct OperatorSettings {
@@ -216,10 +224,7 @@ async fn add_finalizer(
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(|err| match err {
-            kube::Error::Api(status) if status.code == 409 => Error::Conflict,
-            other => kube_err("adding the finalizer")(other),
-        })?;
+        .map_err(conflict_or("adding the finalizer"))?;
     expectations.wrote(
         &ts.uid().unwrap_or_default(),
         ts.metadata.resource_version.as_deref(),
@@ -309,7 +314,8 @@ struct Session<'a> {
 }
 
 impl<'a> Session<'a> {
-    /// Reads the session's ExecutorRunning and pods (those it owns) from the caches.
+    /// Reads the session's ExecutorRunning and pods (those whose controller is this session, by
+    /// UID: labels alone prove nothing) from the caches.
     fn load(ts: Arc<TaskSession>, ctx: &'a Context) -> Result<Session<'a>, Error> {
         let ns = ts.namespace().ok_or(Error::NoNamespace)?;
         let name = ts.name_any();
@@ -322,7 +328,10 @@ impl<'a> Session<'a> {
             .pods
             .state_filter(|pod| {
                 pod.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && pod.owner_references().iter().any(|o| o.uid == uid)
+                    && pod
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.uid == uid && o.controller == Some(true))
             })
             .into_iter()
             .map(Arc::unwrap_or_clone)
@@ -1200,10 +1209,7 @@ impl<'a> Session<'a> {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(|err| match err {
-                kube::Error::Api(status) if status.code == 409 => Error::Conflict,
-                other => kube_err("writing the TaskSession status")(other),
-            })?;
+            .map_err(conflict_or("writing the TaskSession status"))?;
         let version = written.metadata.resource_version;
         self.ctx.expectations.wrote(
             &self.uid,
