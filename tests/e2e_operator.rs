@@ -94,6 +94,109 @@ async fn failed_with(sessions: &Sessions, name: &str) -> String {
     ts.status.and_then(|s| s.error_message).unwrap_or_default()
 }
 
+/// A launch whose pod cannot be scheduled stalls once the launch deadline passes, with the
+/// scheduler's reason: a first launch is FAILED, a resume keeps its token and stays
+/// needsResume, no pod is left, and a new token on a healthy operator resumes.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
+    let sessions = setup().await;
+    let stalling = || {
+        operator().args(&[
+            "--pod-node-selector",
+            "e2e.kandev.dev/nowhere=true",
+            "--launch-deadline-seconds",
+            "4",
+        ])
+    };
+    let stalled = |ts: &TaskSession| {
+        let status = ts.status.clone().expect("status");
+        let stalled = conditions::find(&status.conditions, conditions::STALLED)
+            .expect("Stalled condition")
+            .clone();
+        (status, stalled)
+    };
+
+    // First launch: FAILED, Stalled=True/Unschedulable with the scheduler's words.
+    let first = unique("stall-first");
+    let resumed = unique("stall-resume");
+    {
+        let _operator = stalling().start();
+        sessions.create(&first, "claude-code").await;
+        let message = failed_with(&sessions, &first).await;
+        assert!(message.contains("not scheduled within 4s"), "{message}");
+        let ts = sessions.sessions().get(&first).await.expect("session");
+        let (_, condition) = stalled(&ts);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Unschedulable"),
+            "{condition:?}"
+        );
+        assert!(
+            sessions.live_pods(&first).await.is_empty(),
+            "the stalled pod is removed"
+        );
+        assert!(
+            sessions
+                .event_reasons(&first)
+                .await
+                .iter()
+                .any(|r| r == "LaunchStalled")
+        );
+    }
+
+    // A resume: the token is kept and a new token retries.
+    let (token, pod) = {
+        let _operator = operator().start();
+        sessions.create(&resumed, "claude-code").await;
+        started_and_waiting(&sessions, &resumed).await
+    };
+    sessions.delete_pod(&pod).await;
+    {
+        let _operator = stalling().start();
+        wait_for(
+            &sessions.sessions(),
+            &resumed,
+            "needsResume",
+            needs_resume(),
+        )
+        .await
+        .expect("session");
+        sessions.annotate(&resumed, "r1").await;
+        let ts = wait_for(&sessions.sessions(), &resumed, "handled r1", handled("r1"))
+            .await
+            .expect("session");
+        let (status, condition) = stalled(&ts);
+        assert_eq!(condition.reason, "Unschedulable", "{condition:?}");
+        assert!(status.needs_resume, "{status:#?}");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert!(
+            sessions.live_pods(&resumed).await.is_empty(),
+            "the stalled pod is removed"
+        );
+        assert_eq!(
+            sessions.token_of(&resumed).await.as_deref(),
+            Some(token.as_str()),
+            "token kept"
+        );
+    }
+    let _operator = operator().start();
+    sessions.annotate(&resumed, "r2").await;
+    let ts = wait_for(&sessions.sessions(), &resumed, "handled r2", handled("r2"))
+        .await
+        .expect("session");
+    let status = ts.status.expect("status");
+    assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+    assert!(!status.needs_resume);
+    assert_eq!(
+        sessions.token_of(&resumed).await.as_deref(),
+        Some(token.as_str()),
+        "same token back"
+    );
+    sessions.delete(&first).await;
+    sessions.delete(&resumed).await;
+}
+
 /// New session → pod Running → WAITING_FOR_INPUT with a token; pod lost → needsResume and no new
 /// pod; annotate → the same token restored by session/resume, once per token.
 #[tokio::test]

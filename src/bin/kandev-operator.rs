@@ -70,6 +70,11 @@ struct RunArgs {
     /// Sessions reconciled at the same time, at most (each holds at most one exec into its pod).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_reconciles: u16,
+    /// Seconds from creating an agent pod to agentctl answering in it, at most; then the launch
+    /// is stalled with the pod's reason (image pull, missing Secret, unschedulable, …), the pod
+    /// is removed and a resume keeps its token.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    launch_deadline_seconds: u64,
     /// Do not elect a leader (only for a single replica, e.g. local development).
     #[arg(long)]
     no_leader_election: bool,
@@ -254,6 +259,7 @@ fn run(args: RunArgs) -> Result<(), String> {
         resync: Duration::from_secs(args.resync_seconds),
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
+        launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
     };
     let runtime =
         tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;

@@ -32,8 +32,8 @@ use crate::api::{
     TaskSessionStatus, TaskState,
 };
 use crate::resume::{
-    InitialPrompt, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
-    build_resume_request, evaluate_resume_eligibility, is_new_resume_request,
+    InitialPrompt, LaunchStall, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
+    build_resume_request, evaluate_resume_eligibility, is_new_resume_request, launch_stall,
     pod_liveness as liveness, remember_handled,
 };
 
@@ -107,6 +107,9 @@ pub struct OperatorSettings {
     pub acp_timeout: Duration,
     /// Sessions reconciled at the same time, at most.
     pub max_concurrent_reconciles: u16,
+    /// From the agentctl pod's creation to agentctl answering exec, at most; then the launch is
+    /// stalled.
+    pub launch_deadline: Duration,
 }
 
 /// Shared by every reconcile.
@@ -595,7 +598,10 @@ impl<'a> Session<'a> {
             }
         };
         match liveness(Some(&pod)) {
-            PodLiveness::Pending => Ok(Action::requeue(Duration::from_secs(2))),
+            PodLiveness::Pending => match self.stall(&pod, None) {
+                Some(stall) => self.stall_launch(&pod, stall).await,
+                None => Ok(Action::requeue(Duration::from_secs(2))),
+            },
             PodLiveness::Running => self.restore(&pod).await,
             lost => {
                 let reason = format!(
@@ -747,8 +753,12 @@ impl<'a> Session<'a> {
             Ok(connection) => connection,
             Err(err) => {
                 // agentctl may not listen yet right after the pod turned Running; the pod's own
-                // liveness decides on the next pass whether this is a launch failure. The
-                // condition is written once, not on every try.
+                // liveness decides on the next pass whether this is a launch failure, the launch
+                // deadline whether it is stalled. The condition is written once, not on every
+                // try.
+                if let Some(stall) = self.stall(pod, Some(&err)) {
+                    return self.stall_launch(pod, stall).await;
+                }
                 let before = self.status.clone();
                 let message = format!("waiting for agentctl in pod {pod_name}: {err}");
                 self.set_conditions(&[Want::new(
@@ -973,13 +983,7 @@ impl<'a> Session<'a> {
         token_kept: bool,
         is_resume: bool,
     ) -> Result<Action, Error> {
-        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let pod_name = pod.name_any();
-        let delete_pod = async move {
-            if let Err(err) = pods.delete(&pod_name, &Default::default()).await {
-                warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a failed start");
-            }
-        };
+        let delete_pod = self.pod_deletion(pod);
         if !is_resume {
             let action = self
                 .fail_launch(&format!("starting the agent failed: {reason}"))
@@ -995,15 +999,7 @@ impl<'a> Session<'a> {
         let message = format!(
             "restore failed ({class}): {reason}; {kept}. Set a new {RESUME_ANNOTATION} token to retry"
         );
-        self.status.state = self
-            .status
-            .previous_state
-            .unwrap_or(SessionState::WaitingForInput);
-        self.status.needs_resume = true;
-        self.status.is_resumable = true;
-        self.status.resume_reason = Some(ResumeReason::AgentNotRunning);
-        self.status.error_message = Some(message.clone());
-        self.finish_request();
+        self.resume_not_done(&message);
         self.set_conditions(&[
             Want::new(conditions::RESUMED, false, camel(class), &message),
             Want::new(conditions::READY, false, "ResumeFailed", &message),
@@ -1018,33 +1014,105 @@ impl<'a> Session<'a> {
         Ok(Action::requeue(self.ctx.settings.resync))
     }
 
+    /// Deletes `pod` when awaited: after the status that explains why is written.
+    fn pod_deletion(&self, pod: &Pod) -> impl Future<Output = ()> + 'static {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let pod_name = pod.name_any();
+        async move {
+            if let Err(err) = pods.delete(&pod_name, &Default::default()).await {
+                warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a launch that did not finish");
+            }
+        }
+    }
+
+    /// A resume ended without a running agent: back to the state before it, `needsResume`, the
+    /// request handled (a new token retries), `message` in `errorMessage`.
+    fn resume_not_done(&mut self, message: &str) {
+        self.status.state = self
+            .status
+            .previous_state
+            .unwrap_or(SessionState::WaitingForInput);
+        self.status.needs_resume = true;
+        self.status.is_resumable = true;
+        self.status.resume_reason = Some(ResumeReason::AgentNotRunning);
+        self.status.error_message = Some(message.to_string());
+        self.finish_request();
+    }
+
+    /// The launch's stall, once the launch deadline has passed since `pod` was created.
+    fn stall(&self, pod: &Pod, agentctl_error: Option<&str>) -> Option<LaunchStall> {
+        let created = pod.metadata.creation_timestamp.as_ref()?.0;
+        let age = Timestamp::now().duration_since(created);
+        let age = std::time::Duration::try_from(age).unwrap_or_default();
+        launch_stall(pod, age, self.ctx.settings.launch_deadline, agentctl_error)
+    }
+
+    /// The launch did not reach a running agentctl within the deadline: `Stalled` with the
+    /// pod's reason, the pod removed once the status says why, the request handled. A resume
+    /// keeps its token and the session stays `needsResume` (a new token retries); a first launch
+    /// is `FAILED`.
+    async fn stall_launch(mut self, pod: &Pod, stall: LaunchStall) -> Result<Action, Error> {
+        let delete_pod = self.pod_deletion(pod);
+        if self.status.active_resume_request.is_none() {
+            let action = self
+                .fail_launch_as(stall.reason, "LaunchStalled", &stall.message)
+                .await?;
+            delete_pod.await;
+            return Ok(action);
+        }
+        let message = format!(
+            "{}; the resume token is kept. Set a new {RESUME_ANNOTATION} token to retry",
+            stall.message
+        );
+        self.resume_not_done(&message);
+        self.set_conditions(&[
+            Want::new(conditions::STALLED, true, stall.reason, &message),
+            Want::new(conditions::RESUMED, false, stall.reason, &message),
+            Want::new(conditions::READY, false, stall.reason, &message),
+            Want::new(conditions::NEEDS_RESUME, true, stall.reason, &message),
+            Want::new(conditions::RECONCILING, false, stall.reason, ""),
+        ]);
+        self.write_status().await?;
+        delete_pod.await;
+        metrics::global().resume_handled(ResumeOutcome::Failed);
+        self.event(EventType::Warning, "LaunchStalled", "Launch", &message)
+            .await;
+        Ok(Action::requeue(self.ctx.settings.resync))
+    }
+
     /// DESIGN §3 step 5 "Launch failure → FAILED with the reason"; the request is handled.
-    async fn fail_launch(mut self, reason: &str) -> Result<Action, Error> {
+    async fn fail_launch(self, reason: &str) -> Result<Action, Error> {
+        self.fail_launch_as("LaunchFailed", "LaunchFailed", reason)
+            .await
+    }
+
+    /// [`Self::fail_launch`] with `code` as the conditions' reason and `event` as the Event's.
+    async fn fail_launch_as(
+        mut self,
+        code: &str,
+        event: &str,
+        reason: &str,
+    ) -> Result<Action, Error> {
         let was_resume = self.status.active_resume_request.is_some();
         self.status.state = SessionState::Failed;
         self.status.task_state = TaskState::Failed;
         self.status.error_message = Some(reason.to_string());
         self.finish_request();
         let mut wanted = vec![
-            Want::new(conditions::READY, false, "LaunchFailed", reason),
-            Want::new(conditions::STALLED, true, "LaunchFailed", reason),
-            Want::new(conditions::RECONCILING, false, "LaunchFailed", ""),
+            Want::new(conditions::READY, false, code, reason),
+            Want::new(conditions::STALLED, true, code, reason),
+            Want::new(conditions::RECONCILING, false, code, ""),
         ];
         if was_resume {
             // The outcome of this request, not a leftover of the previous one.
-            wanted.push(Want::new(
-                conditions::RESUMED,
-                false,
-                "LaunchFailed",
-                reason,
-            ));
+            wanted.push(Want::new(conditions::RESUMED, false, code, reason));
         }
         self.set_conditions(&wanted);
         self.write_status().await?;
         if was_resume {
             metrics::global().resume_handled(ResumeOutcome::Failed);
         }
-        self.event(EventType::Warning, "LaunchFailed", "Launch", reason)
+        self.event(EventType::Warning, event, "Launch", reason)
             .await;
         Ok(Action::await_change())
     }

@@ -1,5 +1,6 @@
 //! The pure rules of DESIGN §3: status evaluation, the resume-request handshake, the resume
-//! request, ACP restore selection, restore error classification and the initial prompt dispatch.
+//! request, ACP restore selection, restore error classification, the initial prompt dispatch and
+//! the cause of a stalled launch.
 //!
 //! Nothing here touches the cluster or an agent; callers gather facts, these functions decide,
 //! and the tables in each file's tests map line by line to DESIGN §3.
@@ -9,6 +10,7 @@ mod handshake;
 mod prompt;
 mod request;
 mod restore;
+mod stall;
 mod status;
 
 pub use classify::{
@@ -22,6 +24,7 @@ pub use restore::{
     AgentRestoreCapabilities, FreshReason, NextStep, RestoreMethod, RestorePlan,
     next_step_after_failure, select_restore_method,
 };
+pub use stall::{LaunchStall, launch_stall};
 pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,

@@ -27,6 +27,7 @@ pub struct OperatorBuilder {
     resync: Duration,
     fault: Option<String>,
     lease: Option<Lease>,
+    args: Vec<String>,
 }
 
 struct Lease {
@@ -43,6 +44,7 @@ impl Operator {
             resync: DEFAULT_RESYNC,
             fault: None,
             lease: None,
+            args: Vec::new(),
         }
     }
 
@@ -83,6 +85,12 @@ impl OperatorBuilder {
         self
     }
 
+    /// More command-line arguments of `kandev-operator run`.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
     /// Sets the fault point: the operator exits with code 3 right after `step`.
     pub fn fault(mut self, step: &str) -> Self {
         self.fault = Some(step.to_string());
@@ -118,6 +126,7 @@ impl OperatorBuilder {
         if let Some(profiles) = &profiles {
             cmd.arg("--agent-profiles").arg(profiles);
         }
+        cmd.args(&self.args);
         cmd.env("RUST_LOG", "info,kandev_operator=debug")
             .env_remove(FAULT_ENV)
             .stdin(Stdio::null())

@@ -1,0 +1,179 @@
+//! Why a launch is stuck: once the launch deadline has passed since the agentctl pod was created
+//! and agentctl still does not answer, the pod's own status names the cause.
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// A launch that did not reach a running agentctl within the deadline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchStall {
+    /// CamelCase condition reason: `ImagePullBackOff`, `CreateContainerConfigError`,
+    /// `Unschedulable`, `PVCNotBound`, `PodPending` or `AgentctlUnreachable`.
+    pub reason: &'static str,
+    /// What the pod says, for the condition and the Event.
+    pub message: String,
+}
+
+/// The stall of the launch whose pod is `pod`, `age` after the pod was created; `None` while
+/// the deadline has not passed. `agentctl_error` is the last error of opening the exec into a
+/// running pod, if any.
+pub fn launch_stall(
+    pod: &Pod,
+    age: std::time::Duration,
+    deadline: std::time::Duration,
+    agentctl_error: Option<&str>,
+) -> Option<LaunchStall> {
+    if age < deadline {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    let waiting = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let waiting = c.state.as_ref()?.waiting.as_ref()?;
+            Some((
+                c.name.as_str(),
+                waiting.reason.as_deref().unwrap_or(""),
+                waiting.message.as_deref().unwrap_or(""),
+            ))
+        })
+        .find(|(_, reason, _)| !reason.is_empty() && *reason != "ContainerCreating");
+    let within = format!("within {}s", deadline.as_secs());
+    if let Some((container, reason, message)) = waiting {
+        let reason = match reason {
+            "ImagePullBackOff" | "ErrImagePull" | "InvalidImageName" | "ErrImageNeverPull" => {
+                "ImagePullBackOff"
+            }
+            "CreateContainerConfigError" => "CreateContainerConfigError",
+            _ => "PodPending",
+        };
+        return Some(LaunchStall {
+            reason,
+            message: format!(
+                "agentctl did not start {within}: container {container}: {}",
+                describe(reason, message)
+            ),
+        });
+    }
+    let unscheduled = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    if let Some(condition) = unscheduled {
+        let message = condition.message.as_deref().unwrap_or("");
+        let reason = if message.contains("PersistentVolumeClaim") {
+            "PVCNotBound"
+        } else {
+            "Unschedulable"
+        };
+        return Some(LaunchStall {
+            reason,
+            message: format!(
+                "agentctl pod not scheduled {within}: {}",
+                describe(reason, message)
+            ),
+        });
+    }
+    if status.and_then(|s| s.phase.as_deref()) == Some("Running") {
+        return Some(LaunchStall {
+            reason: "AgentctlUnreachable",
+            message: format!(
+                "agentctl does not answer exec {within}: {}",
+                agentctl_error.unwrap_or("no answer")
+            ),
+        });
+    }
+    Some(LaunchStall {
+        reason: "PodPending",
+        message: format!("agentctl pod still Pending {within}"),
+    })
+}
+
+fn describe(reason: &str, message: &str) -> String {
+    if message.is_empty() {
+        reason.to_string()
+    } else {
+        format!("{reason}: {message}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).expect("pod")
+    }
+
+    fn waiting(reason: &str, message: &str) -> serde_json::Value {
+        json!({"phase": "Pending", "containerStatuses": [{"name": "agentctl", "image": "i",
+            "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": message}}}]})
+    }
+
+    #[test]
+    fn the_pod_names_the_cause_once_the_deadline_passed() {
+        let deadline = Duration::from_secs(120);
+        let late = Duration::from_secs(121);
+        let cases = [
+            (
+                waiting("ImagePullBackOff", "Back-off pulling image \"nope:1\""),
+                "ImagePullBackOff",
+                "Back-off pulling image \"nope:1\"",
+            ),
+            (
+                waiting("ErrImagePull", "not found"),
+                "ImagePullBackOff",
+                "not found",
+            ),
+            (
+                waiting("CreateContainerConfigError", "secret \"creds\" not found"),
+                "CreateContainerConfigError",
+                "secret \"creds\" not found",
+            ),
+            (
+                json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."}]}),
+                "Unschedulable",
+                "didn't match Pod's node affinity/selector",
+            ),
+            (
+                json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."}]}),
+                "PVCNotBound",
+                "unbound immediate PersistentVolumeClaims",
+            ),
+            (
+                waiting("ContainerCreating", ""),
+                "PodPending",
+                "still Pending within 120s",
+            ),
+            (
+                json!({"phase": "Running"}),
+                "AgentctlUnreachable",
+                "connection refused",
+            ),
+        ];
+        for (status, reason, message) in cases {
+            let stall = launch_stall(&pod(status), late, deadline, Some("connection refused"))
+                .expect("stalled");
+            assert_eq!(stall.reason, reason, "{stall:?}");
+            assert!(stall.message.contains(message), "{stall:?}");
+            assert!(stall.message.contains("120s"), "{stall:?}");
+        }
+        assert_eq!(
+            launch_stall(
+                &pod(waiting("ImagePullBackOff", "")),
+                Duration::from_secs(119),
+                deadline,
+                None
+            ),
+            None,
+            "not before the deadline"
+        );
+    }
+}
