@@ -56,6 +56,17 @@ pub fn session_label_value(session: &str) -> String {
     }
 }
 
+/// Whether `pod`'s controller ownerReference is `ts` (by UID: a pod that only carries the
+/// session's labels is not its agent).
+pub fn controlled_by(pod: &Pod, ts: &TaskSession) -> bool {
+    let uid = ts.metadata.uid.as_deref();
+    uid.is_some()
+        && pod
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
+}
+
 /// The pod name for one launch: deterministic in (session, request), so a create that races
 /// with a restart answers AlreadyExists and the existing pod is adopted.
 pub fn pod_name(session: &str, request: &str) -> String {
@@ -333,6 +344,29 @@ mod tests {
         assert!(pod_name(&long, "t1").len() <= 253);
         assert_eq!(session_label_value("demo"), "demo");
         assert_eq!(session_label_value(&long).len(), 63);
+    }
+
+    #[test]
+    fn only_the_controller_reference_makes_a_pod_the_sessions() {
+        let ts = session(claim("ws"));
+        let registry = crate::agents::AgentRegistry::builtin().expect("built-ins");
+        let profile = registry.get("claude-code").expect("claude-code");
+        let ours = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), profile);
+        assert!(controlled_by(&ours, &ts));
+        let mut labels_only = ours.clone();
+        labels_only.metadata.owner_references = None;
+        assert!(!controlled_by(&labels_only, &ts), "labels prove nothing");
+        let mut not_controller = ours.clone();
+        if let Some(refs) = not_controller.metadata.owner_references.as_mut() {
+            refs[0].controller = Some(false);
+        }
+        assert!(!controlled_by(&not_controller, &ts));
+        let mut recreated = ts.clone();
+        recreated.metadata.uid = Some("uid-2".into());
+        assert!(
+            !controlled_by(&ours, &recreated),
+            "same name, another session"
+        );
     }
 
     #[test]

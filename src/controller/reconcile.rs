@@ -331,10 +331,7 @@ impl<'a> Session<'a> {
             .pods
             .state_filter(|pod| {
                 pod.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && pod
-                        .owner_references()
-                        .iter()
-                        .any(|o| o.uid == uid && o.controller == Some(true))
+                    && pods::controlled_by(pod, &ts)
             })
             .into_iter()
             .map(Arc::unwrap_or_clone)

@@ -150,7 +150,11 @@ impl Cluster {
             .list(&ListParams::default().labels(&selector))
             .await
             .map_err(|e| self.kube_error(format!("listing the agentctl pods of {name:?}"), e))?
-            .items;
+            .items
+            .into_iter()
+            // What the operator counts: the labels select, the controller reference decides.
+            .filter(|pod| pods::controlled_by(pod, &session))
+            .collect();
         Ok(Snapshot {
             namespace: self.namespace.clone(),
             session,
