@@ -45,6 +45,8 @@ pub const FINALIZER: &str = "kandev.dev/cleanup";
 pub use crate::api::RESUME_FRESH_ANNOTATION;
 /// Launch id of a session's first launch (resumes use their request token).
 const INITIAL_LAUNCH: &str = "initial";
+/// Fallback recheck of a launch waiting for its pod: the pod's watch events are what move it on.
+const POD_RECHECK: Duration = Duration::from_secs(10);
 
 /// Errors of one reconcile; each becomes a log line, a metric label and a requeue.
 #[derive(Debug, thiserror::Error)]
@@ -589,7 +591,7 @@ impl<'a> Session<'a> {
                 let name = pods::pod_name(&self.name, self.launch_id());
                 if self.ctx.expectations.awaits_pod(&self.uid, &name) {
                     // Created a moment ago: its watch event reconciles again.
-                    return Ok(Action::requeue(Duration::from_secs(2)));
+                    return Ok(Action::requeue(POD_RECHECK));
                 }
                 return self.create_pod().await;
             }
@@ -597,7 +599,11 @@ impl<'a> Session<'a> {
         match liveness(Some(&pod)) {
             PodLiveness::Pending => match self.stall(&pod, None) {
                 Some(stall) => self.stall_launch(&pod, stall).await,
-                None => Ok(Action::requeue(Duration::from_secs(2))),
+                // The pod's watch events drive the launch; this only catches the deadline.
+                None => Ok(Action::requeue(
+                    self.until_deadline(&pod)
+                        .clamp(Duration::from_millis(500), POD_RECHECK),
+                )),
             },
             PodLiveness::Running => self.restore(&pod).await,
             lost => {
@@ -715,7 +721,7 @@ impl<'a> Session<'a> {
             }
             Err(e) => return Err(kube_err("creating the agentctl pod")(e)),
         }
-        Ok(Action::requeue(Duration::from_secs(2)))
+        Ok(Action::requeue(POD_RECHECK))
     }
 
     /// DESIGN §3 steps 4–5: ACP over exec into the running pod (`initialize`, then the restore
@@ -1038,10 +1044,17 @@ impl<'a> Session<'a> {
 
     /// The launch's stall, once the launch deadline has passed since `pod` was created.
     fn stall(&self, pod: &Pod, agentctl_error: Option<&str>) -> Option<LaunchStall> {
-        let created = pod.metadata.creation_timestamp.as_ref()?.0;
-        let age = Timestamp::now().duration_since(created);
-        let age = std::time::Duration::try_from(age).unwrap_or_default();
-        launch_stall(pod, age, self.ctx.settings.launch_deadline, agentctl_error)
+        pod.metadata.creation_timestamp.as_ref()?;
+        let deadline = self.ctx.settings.launch_deadline;
+        launch_stall(pod, pod_age(pod), deadline, agentctl_error)
+    }
+
+    /// Time left before the launch deadline of `pod`.
+    fn until_deadline(&self, pod: &Pod) -> Duration {
+        self.ctx
+            .settings
+            .launch_deadline
+            .saturating_sub(pod_age(pod))
     }
 
     /// The launch did not reach a running agentctl within the deadline: `Stalled` with the
@@ -1319,6 +1332,15 @@ fn fault_point(step: &str) {
         );
         std::process::exit(3);
     }
+}
+
+/// How long ago `pod` was created (zero when it does not say).
+fn pod_age(pod: &Pod) -> Duration {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|created| Duration::try_from(Timestamp::now().duration_since(created.0)).ok())
+        .unwrap_or_default()
 }
 
 /// `auth_required` → `AuthRequired` (condition reasons are CamelCase).
