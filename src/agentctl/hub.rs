@@ -481,14 +481,13 @@ impl Hub {
                 }
             };
         }
-        let launch = take_launch(&mut raw).map(|launch| {
-            let session_id = raw
-                .get("params")
-                .and_then(|p| p.get("sessionId"))
-                .and_then(Value::as_str)
-                .map(str::to_owned);
-            (launch, method.clone(), session_id)
-        });
+        let session_id = raw
+            .get("params")
+            .and_then(|p| p.get("sessionId"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let launch =
+            take_launch(&mut raw).map(|launch| (launch, method.clone(), session_id.clone()));
         if let Some(key) = &launch
             && let Some(out) = self.repeated_launch_request(conn, &id, key)
         {
@@ -510,11 +509,6 @@ impl Hub {
         {
             params.insert("cwd".into(), json!(cwd));
         }
-        let session_id = raw
-            .get("params")
-            .and_then(|p| p.get("sessionId"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
         tracing::debug!(%method, %id, agent_id, "client request forwarded");
         let mut out = Vec::new();
         match (method.as_str(), &session_id) {

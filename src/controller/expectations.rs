@@ -45,17 +45,30 @@ pub struct Expectations {
 }
 
 impl Expectations {
+    /// Runs `f` on the session's entry; a session with nothing to remember has none (most
+    /// sessions, most of the time: no allocation per reconcile).
     fn with<T>(&self, session: &str, f: impl FnOnce(&mut Expected) -> T) -> T {
         let mut map = self
             .by_session
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = map.entry(session.to_string()).or_default();
-        let out = f(entry);
-        if entry.is_empty() {
-            map.remove(session);
+        match map.get_mut(session) {
+            Some(entry) => {
+                let out = f(entry);
+                if entry.is_empty() {
+                    map.remove(session);
+                }
+                out
+            }
+            None => {
+                let mut entry = Expected::default();
+                let out = f(&mut entry);
+                if !entry.is_empty() {
+                    map.insert(session.to_string(), entry);
+                }
+                out
+            }
         }
-        out
     }
 
     /// A write of the TaskSession (its status, its finalizer) turned `base` into `written`. A write that changed nothing keeps the

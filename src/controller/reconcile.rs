@@ -428,10 +428,15 @@ impl<'a> Session<'a> {
             .unwrap_or(INITIAL_LAUNCH)
     }
 
+    /// The deterministic name of the current launch's pod.
+    fn launch_pod_name(&self) -> String {
+        pods::pod_name(&self.name, self.launch_id())
+    }
+
     /// The pod of the current launch, looked up by its deterministic name (hints such as
     /// `podName` are not trusted).
     fn launch_pod(&self) -> Option<&Pod> {
-        let name = pods::pod_name(&self.name, self.launch_id());
+        let name = self.launch_pod_name();
         self.pods
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
@@ -588,8 +593,11 @@ impl<'a> Session<'a> {
                 pod.clone()
             }
             None => {
-                let name = pods::pod_name(&self.name, self.launch_id());
-                if self.ctx.expectations.awaits_pod(&self.uid, &name) {
+                if self
+                    .ctx
+                    .expectations
+                    .awaits_pod(&self.uid, &self.launch_pod_name())
+                {
                     // Created a moment ago: its watch event reconciles again.
                     return Ok(Action::requeue(POD_RECHECK));
                 }
@@ -671,9 +679,9 @@ impl<'a> Session<'a> {
         self.status.state = SessionState::Starting;
         self.status.executor_ref = Some(pods::executor_name(&self.ts));
         self.status.error_message = None;
+        let pod = self.launch_pod_name();
         let message = format!(
-            "launching agentctl pod {} for {}",
-            pods::pod_name(&self.name, self.launch_id()),
+            "launching agentctl pod {pod} for {}",
             describe_launch(self.launch_id())
         );
         self.set_conditions(&[
@@ -685,7 +693,6 @@ impl<'a> Session<'a> {
         // One Event per launch start: a resume's says which request it handles.
         match self.status.active_resume_request.as_deref() {
             Some(token) => {
-                let pod = pods::pod_name(&self.name, token);
                 let note =
                     format!("resume request {token:?} accepted; launching agentctl pod {pod}");
                 self.event(EventType::Normal, "ResumeRequested", "Resume", &note)
