@@ -106,6 +106,8 @@ pub enum ResumeReason {
     TerminalState,
     /// The session never got an executor (CREATED, or no ExecutorRunning yet).
     NoExecutor,
+    /// The agentctl pod is being deleted: not lost until it is gone (a resume waits for it).
+    AgentStopping,
 }
 
 impl ResumeReason {
@@ -117,6 +119,7 @@ impl ResumeReason {
             Self::FailedSessionResumable => "failed_session_resumable",
             Self::TerminalState => "terminal_state",
             Self::NoExecutor => "no_executor",
+            Self::AgentStopping => "agent_stopping",
         }
     }
 }

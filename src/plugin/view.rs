@@ -2,7 +2,10 @@
 //! the same rules as the operator), how it is shown, what a resume request should do, and what
 //! a handled request's outcome means. Nothing here touches the cluster.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::api::{
@@ -12,7 +15,7 @@ use crate::api::{
 use crate::controller::conditions::{self, READY, RECONCILING, RESUMED};
 use crate::resume::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
-    pod_liveness,
+    launch_stall, pod_liveness,
 };
 
 /// Everything the plugin read about one session at one moment.
@@ -70,6 +73,7 @@ impl Snapshot {
             executor_exists: self.executor.is_some(),
             executor_resumable: self.executor_status().resumable,
             pod: self.liveness(),
+            loss_declared: self.status().needs_resume,
         }
     }
 
@@ -377,6 +381,31 @@ pub fn plan_resume(
     }
 }
 
+/// Why the launch of resume request `token` cannot start, when its pod says so plainly (an
+/// image that cannot be pulled, a missing Secret or key, an unschedulable pod, an unbound PVC):
+/// `kubectl kandev resume --wait` reports it at once instead of waiting out its timeout.
+pub fn stalling_launch(
+    status: &TaskSessionStatus,
+    token: &str,
+    pod: Option<&Pod>,
+) -> Option<String> {
+    if status.active_resume_request.as_deref() != Some(token) {
+        return None;
+    }
+    let pod = pod.filter(|p| pod_liveness(Some(p)) == PodLiveness::Pending)?;
+    let stall = launch_stall(pod, Duration::ZERO, Duration::ZERO, None)?;
+    let definite = matches!(
+        stall.reason,
+        "ImagePullBackOff" | "CreateContainerConfigError" | "Unschedulable" | "PVCNotBound"
+    );
+    // The pure rule words it for its deadline; the part after the first ": " is the pod's.
+    let detail = stall
+        .message
+        .split_once(": ")
+        .map_or(stall.message.as_str(), |(_, rest)| rest);
+    definite.then(|| format!("{} (pod {}): {detail}", stall.reason, pod.name_any()))
+}
+
 /// How a handled resume request ended, read from the TaskSession status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -393,6 +422,8 @@ pub enum OutcomeKind {
     Refused,
     /// The resume failed (restore error, launch failure).
     Failed,
+    /// A newer resume request replaced it before it ended.
+    Superseded,
 }
 
 impl OutcomeKind {
@@ -411,6 +442,7 @@ impl OutcomeKind {
             Self::AlreadyRunning => "already running",
             Self::Refused => "refused",
             Self::Failed => "failed",
+            Self::Superseded => "superseded",
         }
     }
 }
@@ -469,6 +501,7 @@ pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> ResumeOutco
         ("True", _) => OutcomeKind::Started,
         (_, "TokenRejected") => OutcomeKind::StartedFresh,
         (_, "TerminalState") => OutcomeKind::Refused,
+        (_, "Superseded") => OutcomeKind::Superseded,
         _ => OutcomeKind::Failed,
     };
     ResumeOutcome {
@@ -552,6 +585,7 @@ fn headline(kind: OutcomeKind) -> &'static str {
         OutcomeKind::AlreadyRunning => "already running; nothing to resume",
         OutcomeKind::Refused => "resume refused",
         OutcomeKind::Failed => "resume FAILED",
+        OutcomeKind::Superseded => "superseded by a newer resume request",
     }
 }
 

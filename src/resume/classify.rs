@@ -65,6 +65,16 @@ impl RestoreErrorClass {
         matches!(self, Self::MethodNotFound | Self::UnknownSession)
     }
 
+    /// Whether the same launch may well succeed later (no answer, a closed stream, missing
+    /// credentials, a cancellation): a first launch that fails this way stays resumable instead
+    /// of ending FAILED. An agent that answered with an error would answer the same again.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::Timeout | Self::Transport | Self::AuthRequired | Self::Cancelled
+        )
+    }
+
     /// Stable, low-cardinality name for condition reasons, Events and metric labels.
     /// `Other` deliberately drops the code so labels stay bounded.
     pub fn as_str(self) -> &'static str {
@@ -114,6 +124,26 @@ pub fn classify_restore_error(failure: &RestoreFailure) -> RestoreErrorClass {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn which_failures_a_later_launch_may_overcome() {
+        use RestoreErrorClass as C;
+        let rows = [
+            (C::Timeout, true),
+            (C::Transport, true),
+            (C::AuthRequired, true),
+            (C::Cancelled, true),
+            (C::MethodNotFound, false),
+            (C::UnknownSession, false),
+            (C::InvalidParams, false),
+            (C::Internal, false),
+            (C::Malformed, false),
+            (C::Other(-1), false),
+        ];
+        for (class, retryable) in rows {
+            assert_eq!(class.is_retryable(), retryable, "{class}");
+        }
+    }
+
     use super::*;
     use RestoreErrorClass as C;
     use pretty_assertions::assert_eq;

@@ -6,15 +6,37 @@
 /// tokens"). A rollback further back than this resumes again.
 pub const HANDLED_TOKENS_KEPT: usize = 16;
 
-/// Whether the annotation's `token` asks for a resume: no request is being handled (`active`),
-/// and the token is neither the last handled one nor one of the recently handled ones.
+/// The longest annotation token the operator acts on. A longer one is refused without being
+/// copied into status or Events (only [`handled_key`] of it is).
+pub const MAX_TOKEN_BYTES: usize = 256;
+
+/// Whether the annotation's `token` asks for a resume: it is not the request being handled
+/// (`active`), nor the last handled one, nor one of the recently handled ones. A new token while
+/// another is latched supersedes it (DESIGN §3).
 pub fn is_new_resume_request(
     token: &str,
     active: Option<&str>,
     last_handled: Option<&str>,
     recently_handled: &[String],
 ) -> bool {
-    active.is_none() && last_handled != Some(token) && !recently_handled.iter().any(|t| t == token)
+    let key = handled_key(token);
+    active != Some(key.as_str())
+        && last_handled != Some(key.as_str())
+        && !recently_handled.contains(&key)
+}
+
+/// What status remembers of a token: the token itself, or for one longer than
+/// [`MAX_TOKEN_BYTES`] a short fingerprint (its first 32 bytes on a character boundary, and its
+/// length), so that a huge value is never copied and is refused once.
+pub fn handled_key(token: &str) -> String {
+    if token.len() <= MAX_TOKEN_BYTES {
+        return token.to_string();
+    }
+    let mut end = 32;
+    while !token.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…({} bytes)", &token[..end], token.len())
 }
 
 /// Records `token` as handled: once, newest last, at most [`HANDLED_TOKENS_KEPT`] (the oldest go).
@@ -43,7 +65,7 @@ mod tests {
             &'a [&'a str],
             bool,
         );
-        let cases: [Case; 7] = [
+        let cases: [Case; 8] = [
             ("a", None, None, &[], true),
             ("b", None, Some("a"), &["a"], true),
             // The same token again: handled once (DESIGN §3).
@@ -52,9 +74,11 @@ mod tests {
             ("a", None, Some("b"), &["a", "b"], false),
             // Status written before the list existed: the last handled token still counts.
             ("a", None, Some("a"), &[], false),
-            // A request is latched: later tokens wait until it ends.
-            ("c", Some("b"), Some("a"), &["a"], false),
+            // A request is latched: a new token supersedes it, the same one is no news.
+            ("c", Some("b"), Some("a"), &["a"], true),
             ("b", Some("b"), Some("a"), &["a"], false),
+            // …and the superseded one, once remembered, is a no-op when re-applied.
+            ("b", Some("c"), Some("b"), &["a", "b"], false),
         ];
         for (token, active, last, recent, want) in cases {
             assert_eq!(
@@ -63,6 +87,21 @@ mod tests {
                 "token {token:?}, active {active:?}, last {last:?}, recent {recent:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_oversized_token_is_remembered_by_a_short_key() {
+        let exact = "x".repeat(MAX_TOKEN_BYTES);
+        assert_eq!(handled_key(&exact), exact);
+        let huge = format!("{}{}", "é".repeat(20), "y".repeat(1 << 20));
+        let key = handled_key(&huge);
+        assert!(key.len() < 64, "{key}");
+        assert!(key.starts_with(&"é".repeat(16)), "{key}");
+        assert!(key.ends_with(&format!("({} bytes)", huge.len())), "{key}");
+        // Refused once: the remembered key makes the same value no news.
+        assert!(is_new_resume_request(&huge, None, None, &[]));
+        assert!(!is_new_resume_request(&huge, None, Some(&key), &[]));
+        assert!(!is_new_resume_request(&huge, None, None, &tokens(&[&key])));
     }
 
     #[test]

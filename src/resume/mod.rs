@@ -17,7 +17,9 @@ pub use classify::{
     AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
     RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure, classify_restore_error,
 };
-pub use handshake::{HANDLED_TOKENS_KEPT, is_new_resume_request, remember_handled};
+pub use handshake::{
+    HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, handled_key, is_new_resume_request, remember_handled,
+};
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use restore::{

@@ -19,7 +19,9 @@ pub enum PodLiveness {
     Pending,
     /// No pod with the recorded UID exists any more.
     Missing,
-    /// `deletionTimestamp` is set: the pod is going away (drain, eviction, preemption).
+    /// `deletionTimestamp` is set and its containers may still run (drain, eviction,
+    /// preemption): neither running nor lost until it is gone, so that no second agentctl
+    /// starts on the same workspace during its grace period.
     Terminating,
     /// Phase Failed/Succeeded, evicted, or its node is gone.
     Failed,
@@ -38,27 +40,31 @@ impl PodLiveness {
     ///
     /// `Pending` is deliberately *not* lost: a pod that is still being scheduled or pulling its
     /// image is on its way, and declaring it lost would let a resume create a second pod next
-    /// to it. A pod stuck in Pending forever is the controller's timeout to handle, not a rule
-    /// of this table.
+    /// to it. A pod stuck in Pending forever is the launch deadline's to handle, not a rule
+    /// of this table. `Terminating` is not lost either, until the pod is gone.
     pub fn is_lost(self) -> bool {
-        matches!(self, Self::Missing | Self::Terminating | Self::Failed)
+        matches!(self, Self::Missing | Self::Failed)
     }
 }
 
 /// What the live pod looks like (DESIGN §3: pointers are hints, the live Pod is the truth).
 ///
-/// No pod → `Missing`; a deletion timestamp → `Terminating`; phase Running with every container
-/// running → `Running`, with a container that stopped → `Failed`; phase Failed/Succeeded →
-/// `Failed`; anything else (Pending, unknown) → `Pending`.
+/// No pod → `Missing`; phase Failed/Succeeded → `Failed`; otherwise a deletion timestamp →
+/// `Terminating`; phase Running with every container running → `Running`, with a container
+/// that stopped → `Failed`; anything else (Pending, unknown) → `Pending`.
 pub fn pod_liveness(pod: Option<&Pod>) -> PodLiveness {
     let Some(pod) = pod else {
         return PodLiveness::Missing;
     };
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Failed" | "Succeeded")) {
+        return PodLiveness::Failed;
+    }
     if pod.metadata.deletion_timestamp.is_some() {
         return PodLiveness::Terminating;
     }
-    let status = pod.status.as_ref();
-    match status.and_then(|s| s.phase.as_deref()) {
+    match phase {
         Some("Running") => {
             let ready = status
                 .and_then(|s| s.container_statuses.as_ref())
@@ -72,7 +78,6 @@ pub fn pod_liveness(pod: Option<&Pod>) -> PodLiveness {
                 PodLiveness::Failed
             }
         }
-        Some("Failed" | "Succeeded") => PodLiveness::Failed,
         _ => PodLiveness::Pending,
     }
 }
@@ -101,6 +106,9 @@ pub struct SessionFacts {
     pub executor_resumable: bool,
     /// The live agentctl Pod.
     pub pod: PodLiveness,
+    /// `TaskSession.status.needsResume`: the loss was already declared. A pod that is still
+    /// terminating after that (the operator deleted a stalled launch's pod) keeps it declared.
+    pub loss_declared: bool,
 }
 
 /// The verdict that backs `status.needsResume`, `status.isResumable` and `status.resumeReason`.
@@ -137,6 +145,9 @@ impl ResumeEvaluation {
 ///    a live agent is never relaunched. A `Pending` pod on an active session is treated the
 ///    same way (see [`PodLiveness::is_lost`]); the reason stays `already_running` because the
 ///    pod is on its way and a resume would only duplicate it.
+/// - A `Terminating` pod on an active session → `agent_stopping`: not lost until it is gone
+///   (a resume request is accepted and its launch waits for the pod to go) — unless the loss
+///   was declared already, which a pod finishing its termination does not take back.
 /// 4. Terminal states block resume. The one offer is a FAILED session with a token and an
 ///    executor marked resumable: `is_resumable=true`, reason `failed_session_resumable`, but
 ///    `needs_resume=false` — the failure was reported, not a silent loss, so the user decides
@@ -172,9 +183,16 @@ pub fn evaluate_resume_eligibility(facts: &SessionFacts) -> ResumeEvaluation {
         // CREATED: the session never started, so there is no executor to resume.
         return ResumeEvaluation::no_resume(ResumeReason::NoExecutor);
     }
-    if !facts.pod.is_lost() {
-        // Pending: the agent is on its way.
-        return ResumeEvaluation::no_resume(ResumeReason::AlreadyRunning);
+    match facts.pod {
+        // The agent is on its way.
+        PodLiveness::Pending => return ResumeEvaluation::no_resume(ResumeReason::AlreadyRunning),
+        PodLiveness::Terminating if !facts.loss_declared => {
+            return ResumeEvaluation::no_resume(ResumeReason::AgentStopping);
+        }
+        PodLiveness::Running
+        | PodLiveness::Missing
+        | PodLiveness::Failed
+        | PodLiveness::Terminating => {}
     }
     if facts.has_resume_token {
         // Rule 2.
@@ -213,12 +231,15 @@ mod tests {
             (S::Starting, false, true, false, Pod::Pending, false, false, R::AlreadyRunning),
             // §3 evaluation rule 2: token + active state + pod missing/dead → agent_not_running.
             (S::WaitingForInput, true, true, true, Pod::Missing, true, true, R::AgentNotRunning),
-            (S::Running, true, true, false, Pod::Terminating, true, true, R::AgentNotRunning),
+            (S::Running, true, true, false, Pod::Failed, true, true, R::AgentNotRunning),
             (S::Starting, true, true, true, Pod::Failed, true, true, R::AgentNotRunning),
             // §3 evaluation rule 3: no token + executor + active + pod dead → fresh start.
             (S::WaitingForInput, false, true, false, Pod::Missing, true, true, R::AgentNotRunningFreshStart),
             (S::Running, false, true, true, Pod::Failed, true, true, R::AgentNotRunningFreshStart),
-            (S::Starting, false, true, false, Pod::Terminating, true, true, R::AgentNotRunningFreshStart),
+            (S::Starting, false, true, false, Pod::Missing, true, true, R::AgentNotRunningFreshStart),
+            // Decision: a Terminating pod is neither running nor lost until it is gone.
+            (S::Running, true, true, false, Pod::Terminating, false, false, R::AgentStopping),
+            (S::WaitingForInput, false, true, false, Pod::Terminating, false, false, R::AgentStopping),
             // Decision: active, pod dead, neither token nor executor → nothing to resume from.
             (S::Running, false, false, false, Pod::Missing, false, false, R::NoExecutor),
             // CREATED never got an executor.
@@ -242,6 +263,7 @@ mod tests {
                 executor_exists: executor,
                 executor_resumable: resumable,
                 pod,
+                loss_declared: false,
             };
             let expected = ResumeEvaluation {
                 needs_resume: needs,
@@ -250,6 +272,27 @@ mod tests {
             };
             assert_eq!(evaluate_resume_eligibility(&facts), expected, "{facts:?}");
         }
+    }
+
+    #[test]
+    fn a_declared_loss_stays_declared_while_the_pod_terminates() {
+        let facts = |loss_declared, token| SessionFacts {
+            state: S::WaitingForInput,
+            has_resume_token: token,
+            executor_exists: true,
+            executor_resumable: token,
+            pod: Pod::Terminating,
+            loss_declared,
+        };
+        let eval = evaluate_resume_eligibility;
+        assert_eq!(eval(&facts(false, true)).reason, R::AgentStopping);
+        assert!(!eval(&facts(false, true)).needs_resume);
+        assert_eq!(eval(&facts(true, true)).reason, R::AgentNotRunning);
+        assert!(eval(&facts(true, true)).needs_resume);
+        assert_eq!(
+            eval(&facts(true, false)).reason,
+            R::AgentNotRunningFreshStart
+        );
     }
 
     fn pod(phase: &str, running: bool, deleting: bool) -> k8s_openapi::api::core::v1::Pod {
@@ -275,6 +318,8 @@ mod tests {
             (None, Pod::Missing),
             (Some(pod("Running", true, false)), Pod::Running),
             (Some(pod("Running", true, true)), Pod::Terminating),
+            (Some(pod("Pending", false, true)), Pod::Terminating),
+            (Some(pod("Failed", false, true)), Pod::Failed),
             (Some(pod("Running", false, false)), Pod::Failed),
             (Some(pod("Failed", false, false)), Pod::Failed),
             (Some(pod("Succeeded", false, false)), Pod::Failed),
@@ -316,13 +361,16 @@ mod tests {
                 for executor_exists in [false, true] {
                     for executor_resumable in [false, true] {
                         for pod in Pod::ALL {
-                            all.push(SessionFacts {
-                                state,
-                                has_resume_token,
-                                executor_exists,
-                                executor_resumable,
-                                pod,
-                            });
+                            for loss_declared in [false, true] {
+                                all.push(SessionFacts {
+                                    state,
+                                    has_resume_token,
+                                    executor_exists,
+                                    executor_resumable,
+                                    pod,
+                                    loss_declared,
+                                });
+                            }
                         }
                     }
                 }
@@ -334,7 +382,7 @@ mod tests {
     #[test]
     fn invariants_hold_over_every_combination() {
         let all = all_facts();
-        assert_eq!(all.len(), 7 * 2 * 2 * 2 * 5);
+        assert_eq!(all.len(), 7 * 2 * 2 * 2 * 5 * 2);
         for facts in all {
             let eval = evaluate_resume_eligibility(&facts);
             let ctx = format!("{facts:?} → {eval:?}");
@@ -342,9 +390,12 @@ mod tests {
             if facts.pod == Pod::Running {
                 assert_eq!(eval.reason, R::AlreadyRunning, "{ctx}");
             }
-            // Rules 2/3: a resume is only needed for an active session whose pod is lost.
+            // Rules 2/3: a resume is only needed for an active session whose pod is lost (or
+            // still terminating after the loss was declared).
+            let gone =
+                facts.pod.is_lost() || (facts.pod == Pod::Terminating && facts.loss_declared);
             if eval.needs_resume {
-                assert!(facts.state.is_active() && facts.pod.is_lost(), "{ctx}");
+                assert!(facts.state.is_active() && gone, "{ctx}");
                 assert!(eval.is_resumable, "{ctx}");
             }
             // Rule 2 exactly.
@@ -378,8 +429,10 @@ mod tests {
             if eval.is_resumable && !eval.needs_resume {
                 assert_eq!(eval.reason, R::FailedSessionResumable, "{ctx}");
             }
-            // A pod that is being started is never treated as lost.
-            if facts.pod == Pod::Pending {
+            // A pod that is being started, or stopped before a loss was declared, is never
+            // treated as lost.
+            if facts.pod == Pod::Pending || (facts.pod == Pod::Terminating && !facts.loss_declared)
+            {
                 assert!(!eval.needs_resume, "{ctx}");
             }
         }
