@@ -412,7 +412,8 @@ fn deployment_defaults() {
         format!("--agentctl-image=kandev/agentctl:{version}"),
         "--http-address=0.0.0.0:8080".to_string(),
         "--resync-seconds=60".to_string(),
-        "--acp-timeout-seconds=60".to_string(),
+        "--acp-timeout-seconds=30".to_string(),
+        "--acp-restore-timeout-seconds=120".to_string(),
         "--run-as-user=1000".to_string(),
         "--lease-name=kandev-operator".to_string(),
     ] {

@@ -13,8 +13,9 @@ use e2e_support::{client_with_crds, unique, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Pod;
-use kandev_operator::api::{SessionState, TaskSession, TaskState};
+use kandev_operator::api::{CredentialRef, SessionState, TaskSession, TaskState};
 use kandev_operator::controller::conditions;
+use kandev_operator::controller::pods::pod_name;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -94,66 +95,170 @@ async fn failed_with(sessions: &Sessions, name: &str) -> String {
     ts.status.and_then(|s| s.error_message).unwrap_or_default()
 }
 
-/// A launch whose pod cannot be scheduled stalls once the launch deadline passes, with the
-/// scheduler's reason: a first launch is FAILED, a resume keeps its token and stays
-/// needsResume, no pod is left, and a new token on a healthy operator resumes.
+/// The Stalled condition of `ts`, if True with `reason`.
+fn stalled_with(reason: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
+    move |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .and_then(|s| conditions::find(&s.conditions, conditions::STALLED))
+            .is_some_and(|c| c.status == "True" && c.reason == reason)
+    }
+}
+
+/// After a stall: not FAILED, needsResume, the message names the cause, no pod left, and a
+/// `LaunchStalled` Event.
+async fn assert_stalled(sessions: &Sessions, name: &str, reason: &str, says: &str) -> TaskSession {
+    let ts = wait_for(&sessions.sessions(), name, reason, stalled_with(reason))
+        .await
+        .expect("session");
+    let status = ts.status.clone().expect("status");
+    let condition = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
+    assert!(condition.message.contains(says), "{condition:?}");
+    assert_ne!(status.state, SessionState::Failed, "{status:#?}");
+    assert!(status.needs_resume, "{status:#?}");
+    assert!(status.active_resume_request.is_none(), "{status:#?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !sessions.live_pods(name).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled pod is removed"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let events = sessions.event_reasons(name).await;
+    assert!(events.iter().any(|r| r == "LaunchStalled"), "{events:?}");
+    ts
+}
+
+/// A launch that cannot start stalls once the launch deadline passes, with the pod's real reason
+/// (the scheduler's, or the kubelet's for an image it cannot pull and a missing Secret). A first
+/// launch stays resumable like a resume (not FAILED) and a new token starts it; a resume keeps
+/// its token; a new token supersedes a latched request (its pod removed before the next one
+/// starts); and a new token on a healthy operator resumes.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
     let sessions = setup().await;
-    let stalling = || {
-        operator().args(&[
-            "--pod-node-selector",
-            "e2e.kandev.dev/nowhere=true",
-            "--launch-deadline-seconds",
-            "4",
-        ])
-    };
-    let stalled = |ts: &TaskSession| {
-        let status = ts.status.clone().expect("status");
-        let stalled = conditions::find(&status.conditions, conditions::STALLED)
-            .expect("Stalled condition")
-            .clone();
-        (status, stalled)
-    };
+    let nowhere = ["--pod-node-selector", "e2e.kandev.dev/nowhere=true"];
+    let short = ["--launch-deadline-seconds", "4"];
 
-    // First launch: FAILED, Stalled=True/Unschedulable with the scheduler's words.
-    let first = unique("stall-first");
-    let resumed = unique("stall-resume");
+    // First launches.
+    let unschedulable = unique("stall-sched");
+    let unpullable = unique("stall-image");
+    let no_secret = unique("stall-secret");
     {
-        let _operator = stalling().start();
-        sessions.create(&first, "claude-code").await;
-        let message = failed_with(&sessions, &first).await;
-        assert!(message.contains("not scheduled within 4s"), "{message}");
-        let ts = sessions.sessions().get(&first).await.expect("session");
-        let (_, condition) = stalled(&ts);
-        assert_eq!(
-            (condition.status.as_str(), condition.reason.as_str()),
-            ("True", "Unschedulable"),
-            "{condition:?}"
-        );
-        assert!(
-            sessions.live_pods(&first).await.is_empty(),
-            "the stalled pod is removed"
-        );
-        assert!(
-            sessions
-                .event_reasons(&first)
-                .await
-                .iter()
-                .any(|r| r == "LaunchStalled")
-        );
+        let _operator = operator().args(&nowhere).args(&short).start();
+        sessions.create(&unschedulable, "claude-code").await;
+        assert_stalled(
+            &sessions,
+            &unschedulable,
+            "Unschedulable",
+            "not scheduled within 4s",
+        )
+        .await;
     }
+    {
+        let _operator = operator().args(&short).start();
+        let mut ts = sessions.new_session(
+            &unpullable,
+            "claude-code",
+            json!({"template": {"size": "1Gi"}}),
+        );
+        ts.spec.image = Some("registry.invalid/kandev/agentctl:e2e".into());
+        sessions
+            .sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create");
+        let mut ts = sessions.new_session(
+            &no_secret,
+            "claude-code",
+            json!({"template": {"size": "1Gi"}}),
+        );
+        ts.spec.credentials = vec![CredentialRef {
+            env: "ANTHROPIC_API_KEY".into(),
+            secret_name: "e2e-no-such-secret".into(),
+            key: "api-key".into(),
+        }];
+        sessions
+            .sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create");
+        assert_stalled(
+            &sessions,
+            &unpullable,
+            "ImagePullBackOff",
+            "registry.invalid/kandev/agentctl:e2e",
+        )
+        .await;
+        assert_stalled(
+            &sessions,
+            &no_secret,
+            "CreateContainerConfigError",
+            "e2e-no-such-secret",
+        )
+        .await;
 
-    // A resume: the token is kept and a new token retries.
+        // A claimed workspace PVC that does not exist yet: the first launch waits (Stalled after
+        // the deadline, never FAILED) and starts once the PVC is applied.
+        let late = unique("late-pvc");
+        let claim = format!("{late}-ws");
+        let ts = sessions.new_session(&late, "claude-code", json!({"claimName": claim}));
+        sessions
+            .sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create");
+        let ts = wait_for(
+            &sessions.sessions(),
+            &late,
+            "WorkspaceMissing",
+            stalled_with("WorkspaceMissing"),
+        )
+        .await
+        .expect("session");
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::Created, "{status:#?}");
+        let condition = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
+        assert!(condition.message.contains(&claim), "{condition:?}");
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(sessions.client.clone(), &sessions.namespace);
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .expect("pvc");
+        claims
+            .create(&PostParams::default(), &pvc)
+            .await
+            .expect("create the workspace PVC");
+        started_and_waiting(&sessions, &late).await;
+        sessions.delete(&late).await;
+        let _ = claims.delete(&claim, &Default::default()).await;
+    }
+    sessions.delete(&unpullable).await;
+    sessions.delete(&no_secret).await;
+
+    // A resume: the token is kept.
+    let resumed = unique("stall-resume");
     let (token, pod) = {
         let _operator = operator().start();
+        // The stalled first launch starts with a new token (and its task description).
+        sessions.annotate(&unschedulable, "s1").await;
+        wait_for(
+            &sessions.sessions(),
+            &unschedulable,
+            "handled s1",
+            handled("s1"),
+        )
+        .await;
+        assert!(sessions.token_of(&unschedulable).await.is_some(), "started");
         sessions.create(&resumed, "claude-code").await;
         started_and_waiting(&sessions, &resumed).await
     };
     sessions.delete_pod(&pod).await;
     {
-        let _operator = stalling().start();
+        let _operator = operator().args(&nowhere).args(&short).start();
         wait_for(
             &sessions.sessions(),
             &resumed,
@@ -166,7 +271,8 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
         let ts = wait_for(&sessions.sessions(), &resumed, "handled r1", handled("r1"))
             .await
             .expect("session");
-        let (status, condition) = stalled(&ts);
+        let status = ts.status.expect("status");
+        let condition = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
         assert_eq!(condition.reason, "Unschedulable", "{condition:?}");
         assert!(status.needs_resume, "{status:#?}");
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
@@ -180,20 +286,93 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             "token kept"
         );
     }
+
+    // A new token supersedes a latched request: its pod goes, the new request's pod replaces it.
+    let latched_pod = |token: &'static str| {
+        let pods = sessions.pods();
+        let name = pod_name(&resumed, token);
+        async move {
+            wait_for(
+                &pods,
+                &name,
+                "the latched request's pod",
+                |p: Option<&Pod>| p.is_some(),
+            )
+            .await
+            .expect("pod")
+        }
+    };
+    {
+        let _operator = operator().args(&nowhere).start();
+        sessions.annotate(&resumed, "r2").await;
+        latched_pod("r2").await;
+        sessions.annotate(&resumed, "r3").await;
+        let superseded = |ts: Option<&TaskSession>| {
+            ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
+                s.active_resume_request.as_deref() == Some("r3")
+                    && s.recent_resume_requests.iter().any(|t| t == "r2")
+            })
+        };
+        let ts = wait_for(
+            &sessions.sessions(),
+            &resumed,
+            "r3 supersedes r2",
+            superseded,
+        )
+        .await
+        .expect("session");
+        let status = ts.status.expect("status");
+        let condition = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+        assert_eq!(condition.reason, "Superseded", "{condition:?}");
+        latched_pod("r3").await;
+        let live: Vec<String> = sessions
+            .live_pods(&resumed)
+            .await
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        assert_eq!(
+            live,
+            [pod_name(&resumed, "r3")],
+            "only the new request's pod"
+        );
+        assert!(
+            sessions
+                .event_reasons(&resumed)
+                .await
+                .iter()
+                .any(|r| r == "ResumeSuperseded")
+        );
+    }
+
+    // On a healthy operator, a new token supersedes r3 and resumes the same agent session.
     let _operator = operator().start();
-    sessions.annotate(&resumed, "r2").await;
-    let ts = wait_for(&sessions.sessions(), &resumed, "handled r2", handled("r2"))
+    sessions.annotate(&resumed, "r4").await;
+    let ts = wait_for(&sessions.sessions(), &resumed, "handled r4", handled("r4"))
         .await
         .expect("session");
     let status = ts.status.expect("status");
     assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
     assert!(!status.needs_resume);
+    for old in ["r1", "r2", "r3"] {
+        assert!(
+            status.recent_resume_requests.iter().any(|t| t == old),
+            "{old} remembered"
+        );
+    }
     assert_eq!(
         sessions.token_of(&resumed).await.as_deref(),
         Some(token.as_str()),
         "same token back"
     );
-    sessions.delete(&first).await;
+    let live: Vec<String> = sessions
+        .live_pods(&resumed)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(live, [pod_name(&resumed, "r4")], "one agentctl pod");
+    sessions.delete(&unschedulable).await;
     sessions.delete(&resumed).await;
 }
 
@@ -458,17 +637,6 @@ async fn refusals_and_bad_input() {
         "{err}"
     );
 
-    let name = unique("nopvc");
-    let ts = sessions.new_session(&name, "claude-code", json!({"claimName": "does-not-exist"}));
-    sessions
-        .sessions()
-        .create(&PostParams::default(), &ts)
-        .await
-        .expect("create");
-    let message = failed_with(&sessions, &name).await;
-    assert!(message.contains("does-not-exist"), "{message}");
-    sessions.delete(&name).await;
-
     // The agent cannot start a session: FAILED, and no agent pod left idling.
     let name = unique("newfails");
     sessions.create(&name, "test-new-fails").await;
@@ -503,8 +671,9 @@ async fn refusals_and_bad_input() {
     .await;
     sessions.delete(&name).await;
 
-    // The user's workspace PVC (claimName) vanished while the session was lost: the resume fails
-    // to launch, and Resumed reports this request's outcome.
+    // The user's workspace PVC (claimName) vanished while the session was lost: the resume ends
+    // FAILED with reason WorkspaceLost (never on an empty replacement), and Resumed reports this
+    // request's outcome.
     let name = unique("pvcgone");
     let claim = format!("{name}-ws");
     let claims: Api<PersistentVolumeClaim> =
@@ -542,8 +711,38 @@ async fn refusals_and_bad_input() {
     let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
     assert_eq!(
         (resumed.status.as_str(), resumed.reason.as_str()),
-        ("False", "LaunchFailed"),
+        ("False", "WorkspaceLost"),
         "{resumed:?}"
+    );
+    assert!(
+        sessions.live_pods(&name).await.is_empty(),
+        "no pod on a lost workspace"
+    );
+    sessions.delete(&name).await;
+
+    // The same for a workspace from a template: it is not recreated empty.
+    let name = unique("tplgone");
+    let claim = format!("{name}-workspace");
+    sessions.create(&name, "claude-code").await;
+    started_and_waiting(&sessions, &name).await;
+    sessions.lose_pods(&name).await;
+    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+    claims
+        .delete(&claim, &Default::default())
+        .await
+        .expect("delete the template's PVC");
+    wait_for(&claims, &claim, "deleted", gone).await;
+    sessions.annotate(&name, "p1").await;
+    let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
+        .await
+        .expect("session");
+    let status = ts.status.expect("status");
+    assert_eq!(status.state, SessionState::Failed, "{status:#?}");
+    let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
+    assert_eq!(ready.reason, "WorkspaceLost", "{ready:?}");
+    assert!(
+        claims.get_opt(&claim).await.expect("get").is_none(),
+        "the template's PVC is not recreated"
     );
     sessions.delete(&name).await;
 
@@ -700,6 +899,22 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
         sessions.token_of(&name).await.as_deref(),
         Some(token.as_str())
     );
-    drop(follower);
+
+    // A leader that is shut down (SIGTERM) releases the lease on its way out: the next replica
+    // need not wait out a lease duration.
+    let mut follower = follower;
+    let _third = operator().leader_election(&lease, NS, "replica-c").start();
+    assert_eq!(
+        follower.terminate(Duration::from_secs(30)).await,
+        Some(0),
+        "a clean exit; log {}",
+        follower.log().display()
+    );
+    let holder = lease_holder(client, &lease).await;
+    assert!(
+        holder.as_deref() != Some("replica-b"),
+        "released on shutdown: holder {holder:?}"
+    );
+    wait_lease_holder(client, &lease, "replica-c", Duration::from_secs(30)).await;
     sessions.delete(&name).await;
 }

@@ -15,6 +15,7 @@ mod identity;
 mod kubeconfig;
 mod kwok;
 mod plan;
+mod preflight;
 mod process;
 mod provisioner;
 mod supervisor;

@@ -41,6 +41,7 @@ use crate::configmaps;
 use crate::identity;
 use crate::kwok;
 use crate::plan::{self, LaunchPlan};
+use crate::preflight;
 use crate::process;
 use crate::provisioner;
 
@@ -271,6 +272,9 @@ impl Supervisor {
                 return;
             }
         };
+        if self.waits_for_kubelet(&pod).await {
+            return;
+        }
         if let Err(e) = configmaps::materialize(&self.client, &pod, &plan.pod_dir).await {
             // Like a kubelet that cannot mount a volume: the container never starts.
             error!(pod = %key, error = %e, "cannot write the configMap volumes");
@@ -372,6 +376,51 @@ impl Supervisor {
                 warn!(pod = %key, error = %e, "cannot annotate the pod (kwok will not mark it Running)")
             }
         }
+    }
+
+    /// A kubelet would not start this pod's container (an image it cannot pull, a missing
+    /// Secret or key): the pod stays Pending, its container waiting with the kubelet's reason.
+    /// Checked again on the pod's next event, as a kubelet retries.
+    async fn waits_for_kubelet(&self, pod: &Pod) -> bool {
+        let key = pod_key(pod);
+        let waiting = match preflight::unpullable_image(pod) {
+            Some(waiting) => Some(waiting),
+            None => match preflight::missing_secret(&self.client, pod).await {
+                Ok(waiting) => waiting,
+                Err(e) => {
+                    warn!(pod = %key, error = %e, "cannot read the Secrets the pod references");
+                    None
+                }
+            },
+        };
+        let Some(waiting) = waiting else {
+            return false;
+        };
+        let already = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+            .any(|r| r == waiting.reason);
+        if !already {
+            info!(pod = %key, reason = waiting.reason, message = %waiting.message, "container not started");
+            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            let patch = Patch::Merge(preflight::waiting_status(&waiting));
+            if let Err(e) = pods
+                .patch_status(
+                    &pod.metadata.name.clone().unwrap_or_default(),
+                    &PatchParams::default(),
+                    &patch,
+                )
+                .await
+            {
+                warn!(pod = %key, error = %e, "cannot patch the waiting container status");
+            }
+        }
+        true
     }
 
     /// Stops the process of pod `uid`: Exec and Logs first, then SIGTERM, SIGKILL after `grace`.

@@ -10,7 +10,7 @@ use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::http::{self, HttpState};
 use kandev_operator::controller::leader::{self, LeaseSettings};
 use kandev_operator::controller::pods::PodSettings;
-use kandev_operator::controller::{self, OperatorSettings, metrics, permissions};
+use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
 use tokio::time::Instant;
 
 #[derive(Parser)]
@@ -64,9 +64,13 @@ struct RunArgs {
     /// Re-evaluate every session at least this often, in seconds (watches do the rest).
     #[arg(long, default_value_t = 60)]
     resync_seconds: u64,
-    /// Timeout of one ACP call made into an agent pod, in seconds.
-    #[arg(long, default_value_t = 60)]
+    /// Timeout of opening the exec into an agent pod and of the ACP `initialize` call, in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     acp_timeout_seconds: u64,
+    /// Timeout of the ACP restore (`session/resume`, `session/load` — which replays the whole
+    /// transcript before it answers — or `session/new`), in seconds.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    acp_restore_timeout_seconds: u64,
     /// Sessions reconciled at the same time, at most (each holds at most one exec into its pod).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_reconciles: u16,
@@ -192,15 +196,29 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// A client whose API server answered, within `timeout`. Transport errors (server not up yet)
+/// Deadline of one API request's answer (not of watches and exec streams).
+const API_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Clients whose API server answered, within `timeout`. Transport errors (server not up yet)
 /// are retried until then; an answer that is an error (e.g. 401) is final.
-async fn connect(timeout: Duration) -> Result<kube::Client, String> {
+async fn connect(timeout: Duration) -> Result<Clients, String> {
     let config = kube::Config::infer().await.map_err(|e| {
         format!("loading the cluster configuration (kubeconfig or in-cluster): {e}")
     })?;
     let url = config.cluster_url.clone();
-    let client = kube::Client::try_from(config)
-        .map_err(|e| format!("creating the Kubernetes client for {url}: {e}"))?;
+    let mut calls = config.clone();
+    calls.read_timeout = Some(API_CALL_TIMEOUT);
+    // The deadline counts from the request, not from when a pooled connection went idle.
+    calls.reset_reader_on_write = true;
+    let make = |config| {
+        kube::Client::try_from(config)
+            .map_err(|e| format!("creating the Kubernetes client for {url}: {e}"))
+    };
+    let clients = Clients {
+        calls: make(calls)?,
+        streams: make(config)?,
+    };
+    let client = &clients.calls;
     let deadline = Instant::now() + timeout;
     let gave_up = |detail: String| {
         format!(
@@ -212,7 +230,7 @@ async fn connect(timeout: Duration) -> Result<kube::Client, String> {
         match tokio::time::timeout_at(deadline, client.apiserver_version()).await {
             Ok(Ok(version)) => {
                 tracing::info!(server = %url, version = %version.git_version, "connected to the API server");
-                return Ok(client);
+                return Ok(clients);
             }
             Ok(Err(err @ kube::Error::Api(_))) => {
                 return Err(format!(
@@ -258,6 +276,7 @@ fn run(args: RunArgs) -> Result<(), String> {
         },
         resync: Duration::from_secs(args.resync_seconds),
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
+        restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
     };
@@ -277,7 +296,8 @@ fn run(args: RunArgs) -> Result<(), String> {
             None => tracing::info!("HTTP endpoints are off (--http-address)"),
         }
         let timeout = Duration::from_secs(args.startup_timeout_seconds);
-        let client = connect(timeout).await?;
+        let clients = connect(timeout).await?;
+        let client = clients.calls.clone();
         let user = tokio::time::timeout(timeout, permissions::whoami(&client)).await.ok().flatten();
         tracing::info!(user = user.as_deref().unwrap_or("unknown"), "authenticated to the API server");
         if args.skip_permission_check {
@@ -293,28 +313,46 @@ fn run(args: RunArgs) -> Result<(), String> {
         if !args.no_leader_election {
             let identity = std::env::var("POD_NAME")
                 .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
-            let mut leading = leader::elect(
+            let election = leader::elect(
                 client.clone(),
-                LeaseSettings {
-                    namespace: args.lease_namespace.clone(),
-                    name: args.lease_name.clone(),
-                    identity,
-                    duration: Duration::from_secs(15),
-                    renew_every: Duration::from_secs(5),
-                },
+                LeaseSettings::new(args.lease_namespace.clone(), args.lease_name.clone(), identity),
             );
             tracing::info!(lease = %args.lease_name, "waiting to become the leader");
-            leading.wait_for(|l| *l).await.map_err(|_| "leader election stopped".to_string())?;
+            let mut leading = election.leading.clone();
+            let led = tokio::select! {
+                led = leading.wait_for(|l| *l) => led.is_ok(),
+                () = shutdown_signal() => false,
+            };
+            if !led {
+                election.release().await;
+                return Ok(());
+            }
             tokio::select! {
-                () = controller::run(client, agents, settings) => Ok(()),
+                // A shutdown signal ends the controller; the lease goes to the next leader at once.
+                () = controller::run(clients, agents, settings) => {
+                    election.release().await;
+                    Ok(())
+                }
                 _ = leading.wait_for(|l| !*l) => Err("lost the leader lease; exiting so a new leader takes over".to_string()),
             }
         } else {
             metrics::global().set_leader(true);
-            controller::run(client, agents, settings).await;
+            controller::run(clients, agents, settings).await;
             Ok(())
         }
     })
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 fn hostname() -> String {

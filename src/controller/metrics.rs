@@ -37,15 +37,18 @@ pub enum ResumeOutcome {
     Refused,
     /// The agent was already running: handled without a launch.
     AlreadyRunning,
+    /// A newer request replaced it while it was being handled.
+    Superseded,
 }
 
 impl ResumeOutcome {
-    pub const ALL: [ResumeOutcome; 5] = [
+    pub const ALL: [ResumeOutcome; 6] = [
         Self::Restored,
         Self::Fresh,
         Self::Failed,
         Self::Refused,
         Self::AlreadyRunning,
+        Self::Superseded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -55,6 +58,7 @@ impl ResumeOutcome {
             Self::Failed => "failed",
             Self::Refused => "refused",
             Self::AlreadyRunning => "already_running",
+            Self::Superseded => "superseded",
         }
     }
 }

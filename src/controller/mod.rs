@@ -7,7 +7,7 @@ mod expectations;
 pub mod pods;
 mod reconcile;
 
-pub use reconcile::{Context, Error, OperatorSettings, run};
+pub use reconcile::{Clients, Context, Error, OperatorSettings, run};
 pub mod follower;
 pub mod http;
 pub mod leader;

@@ -32,9 +32,9 @@ use crate::api::{
     TaskSessionStatus, TaskState,
 };
 use crate::resume::{
-    InitialPrompt, LaunchStall, PodLiveness, ResumeRequest, ResumeRequestFacts, SessionFacts,
-    build_resume_request, evaluate_resume_eligibility, is_new_resume_request, launch_stall,
-    pod_liveness as liveness, remember_handled,
+    InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass, ResumeRequest,
+    ResumeRequestFacts, SessionFacts, build_resume_request, evaluate_resume_eligibility,
+    handled_key, is_new_resume_request, launch_stall, pod_liveness as liveness, remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -99,14 +99,33 @@ fn conflict_or(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
     }
 }
 
+/// The workspace PVC as a launch finds it.
+enum Workspace {
+    Ready,
+    /// A resume's workspace is gone or being deleted (the reason).
+    Lost(String),
+    /// The API server refused the PVC of the template (its message).
+    Invalid(String),
+    /// A first launch's claimed PVC does not exist (yet), or is being deleted.
+    Missing(String),
+}
+
+/// An API answer that retrying the same object cannot change: 422 Invalid, 400 BadRequest.
+fn is_invalid(code: u16) -> bool {
+    matches!(code, 400 | 422)
+}
+
 /// Settings of the running operator.
 #[derive(Clone, Debug)]
 pub struct OperatorSettings {
     pub pod: PodSettings,
     /// How often a steady session is re-evaluated even without a watch event.
     pub resync: Duration,
-    /// Timeout of one ACP call made over exec (and of opening the exec).
+    /// Timeout of opening the exec into an agent pod and of `initialize`.
     pub acp_timeout: Duration,
+    /// Timeout of `session/new`, `session/load` and `session/resume` (a load replays the whole
+    /// transcript before it answers).
+    pub restore_timeout: Duration,
     /// Sessions reconciled at the same time, at most.
     pub max_concurrent_reconciles: u16,
     /// From the agentctl pod's creation to agentctl answering exec, at most; then the launch is
@@ -114,9 +133,24 @@ pub struct OperatorSettings {
     pub launch_deadline: Duration,
 }
 
+/// The operator's two API clients, built from one configuration.
+#[derive(Clone)]
+pub struct Clients {
+    /// Requests (get, create, patch, delete, Events, the Lease): every answer has a deadline
+    /// (the client's read timeout), so a stalled API server never blocks a reconcile for good.
+    pub calls: Client,
+    /// Long-lived streams: watches and exec into agent pods, idle for hours by design, so
+    /// without a read timeout (watches have their own idle timeout, opening an exec its own
+    /// deadline).
+    pub streams: Client,
+}
+
 /// Shared by every reconcile.
 pub struct Context {
+    /// For requests; see [`Clients::calls`].
     pub client: Client,
+    /// For exec into agent pods; see [`Clients::streams`].
+    pub streams: Client,
     pub recorder: Recorder,
     pub agents: AgentRegistry,
     pub settings: OperatorSettings,
@@ -134,7 +168,8 @@ pub struct Context {
 
 /// Runs the controller until a shutdown signal. Watches TaskSessions (every change, annotation
 /// changes included: the resume trigger is an annotation), their ExecutorRunnings and their pods.
-pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettings) {
+pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSettings) {
+    let client = clients.streams.clone();
     let reporter = Reporter {
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -180,8 +215,9 @@ pub async fn run(client: Client, agents: AgentRegistry, settings: OperatorSettin
         .applied_objects();
     let concurrency = settings.max_concurrent_reconciles;
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        client: client.clone(),
+        recorder: Recorder::new(clients.calls.clone(), reporter),
+        client: clients.calls,
+        streams: clients.streams,
         agents,
         settings,
         followers: Followers::new(pods.clone()),
@@ -455,6 +491,7 @@ impl<'a> Session<'a> {
             executor_exists: self.executor.is_some(),
             executor_resumable: er.resumable,
             pod: liveness(pod),
+            loss_declared: self.status.needs_resume,
         }
     }
 
@@ -513,6 +550,21 @@ impl<'a> Session<'a> {
     /// with `STARTING` by [`Self::start_launch`], in the same write and before any pod exists
     /// (at once when a launch is already starting). Returns `Some` when this reconcile is done.
     async fn accept_or_refuse(&mut self, token: &str) -> Result<Option<Action>, Error> {
+        if token.len() > MAX_TOKEN_BYTES {
+            let key = handled_key(token);
+            let message = format!(
+                "resume request refused: the {RESUME_ANNOTATION} value is {} bytes long, at most {MAX_TOKEN_BYTES} are accepted",
+                token.len()
+            );
+            let refused = (EventType::Warning, "ResumeRefused");
+            return self
+                .handled_without_launch(&key, false, "InvalidToken", refused, &message)
+                .await;
+        }
+        if let Some(old) = self.status.active_resume_request.clone() {
+            self.supersede(&old, token).await?;
+            return Ok(None);
+        }
         let pod = self.current_pod().cloned();
         let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
         if self.status.state.is_terminal() && !eval.is_resumable {
@@ -551,6 +603,34 @@ impl<'a> Session<'a> {
             .await;
         }
         Ok(None)
+    }
+
+    /// DESIGN §3: a new token supersedes the latched request. The old request counts as handled
+    /// (`Resumed=False`, reason `Superseded`), the new one is latched in the same write, and the
+    /// old attempt's pod is deleted after it; the launch then waits for that pod to be gone.
+    async fn supersede(&mut self, old: &str, token: &str) -> Result<(), Error> {
+        let old_pod = self.launch_pod().cloned();
+        remember_handled(&mut self.status.recent_resume_requests, old);
+        self.status.last_handled_resume_request = Some(old.to_string());
+        self.status.active_resume_request = Some(token.to_string());
+        let deleting = old_pod
+            .as_ref()
+            .map(|p| format!("; deleting its pod {}", p.name_any()))
+            .unwrap_or_default();
+        let message = format!("resume request {token:?} supersedes {old:?}{deleting}");
+        self.set_conditions(&[
+            Want::new(conditions::RESUMED, false, "Superseded", &message),
+            Want::new(conditions::RECONCILING, true, "ResumeRequested", &message),
+            Want::new(conditions::STALLED, false, "Superseded", ""),
+        ]);
+        self.write_status().await?;
+        if let Some(pod) = old_pod {
+            self.pod_deletion(&pod).await;
+        }
+        metrics::global().resume_handled(ResumeOutcome::Superseded);
+        self.event(EventType::Normal, "ResumeSuperseded", "Resume", &message)
+            .await;
+        Ok(())
     }
 
     /// Marks `token` handled without launching anything: the `Resumed` condition and an Event
@@ -601,6 +681,9 @@ impl<'a> Session<'a> {
                     // Created a moment ago: its watch event reconciles again.
                     return Ok(Action::requeue(POD_RECHECK));
                 }
+                if let Some(previous) = self.previous_pod_alive().cloned() {
+                    return self.wait_for_previous_pod(&previous).await;
+                }
                 return self.create_pod().await;
             }
         };
@@ -614,68 +697,89 @@ impl<'a> Session<'a> {
                 )),
             },
             PodLiveness::Running => self.restore(&pod).await,
+            PodLiveness::Terminating => {
+                // Deleted while starting (a drain, a user): lost once it is gone.
+                Ok(Action::requeue(POD_RECHECK))
+            }
             lost => {
-                let reason = format!(
-                    "agentctl pod {} was lost while starting ({lost:?})",
-                    pod.name_any()
+                let message = format!(
+                    "agentctl pod {} was lost while starting ({lost:?}); {}",
+                    pod.name_any(),
+                    self.what_is_kept()
                 );
-                self.fail_launch(&reason).await
+                self.launch_not_done(Some(&pod), "PodLost", "LaunchFailed", false, &message)
+                    .await
             }
         }
     }
 
-    /// Validates the workspace, builds the request and persists `STARTING` with the state to
-    /// return to — before any pod exists.
+    /// Another pod of this session that may still run (an earlier launch, a superseded attempt,
+    /// one in its termination grace period): a new agentctl must not start beside it on the
+    /// same workspace.
+    fn previous_pod_alive(&self) -> Option<&Pod> {
+        let name = self.launch_pod_name();
+        self.pods.iter().find(|p| {
+            p.metadata.name.as_deref() != Some(name.as_str())
+                && matches!(
+                    liveness(Some(p)),
+                    PodLiveness::Running | PodLiveness::Pending | PodLiveness::Terminating
+                )
+        })
+    }
+
+    /// The launch waits until `previous` is gone (its deletion reconciles again).
+    async fn wait_for_previous_pod(mut self, previous: &Pod) -> Result<Action, Error> {
+        let before = self.status.clone();
+        let message = format!(
+            "waiting for pod {} of an earlier launch to be gone before starting agentctl pod {}",
+            previous.name_any(),
+            self.launch_pod_name()
+        );
+        self.set_conditions(&[Want::new(
+            conditions::RECONCILING,
+            true,
+            "WaitingForPreviousPod",
+            &message,
+        )]);
+        if self.status != before {
+            self.write_status().await?;
+        }
+        Ok(Action::requeue(Duration::from_secs(2)))
+    }
+
+    /// Builds the request, makes sure the ExecutorRunning and the workspace exist, and persists
+    /// `STARTING` with the state to return to — before any pod exists.
     async fn start_launch(mut self) -> Result<Action, Error> {
         let Some(profile) = self.effective_profile() else {
             let reason = self.unknown_profile_reason();
             return self.fail_launch(&reason).await;
         };
-        let claim = pods::workspace_claim_name(&self.ts);
-        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        // The claim cache answers; only a miss is confirmed live (it may be a moment old).
-        let cached = self
-            .ctx
-            .claims
-            .get(&ObjectRef::new(&claim).within(&self.ns))
-            .is_some();
-        let exists = cached
-            || pvcs
-                .get_metadata_opt(&claim)
-                .await
-                .map_err(kube_err("reading the workspace PVC"))?
-                .is_some();
-        match pods::build_workspace_claim(&self.ts) {
-            Some(pvc) if !exists => match pvcs.create(&PostParams::default(), &pvc).await {
-                Ok(_) => {
-                    self.event(
-                        EventType::Normal,
-                        "WorkspaceCreated",
-                        "Launch",
-                        &format!("created PVC {claim}"),
-                    )
-                    .await
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                Err(e) => return Err(kube_err("creating the workspace PVC")(e)),
-            },
-            None if !exists => {
-                let reason = format!("workspace PVC {claim:?} not found in namespace {}", self.ns);
-                return self.fail_launch(&reason).await;
-            }
-            _ => {}
-        }
+        let request = self.resume_request(&profile, self.status.state);
+        self.status.previous_state = Some(request.previous_state);
         if self.executor.is_none() {
             let er = pods::build_executor(&self.ts);
             let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             match api.create(&PostParams::default(), &er).await {
                 Ok(er) => self.executor = Some(er),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(kube::Error::Api(e)) if is_invalid(e.code) => {
+                    let message =
+                        format!("the API server refused the ExecutorRunning: {}", e.message);
+                    return self.invalid_spec(&message).await;
+                }
                 Err(e) => return Err(kube_err("creating the ExecutorRunning")(e)),
             }
         }
-        let request = self.resume_request(&profile, self.status.state);
-        self.status.previous_state = Some(request.previous_state);
+        match self.ensure_workspace().await? {
+            Workspace::Ready => {}
+            Workspace::Lost(reason) => {
+                return self
+                    .fail_launch_as("WorkspaceLost", "WorkspaceLost", &reason)
+                    .await;
+            }
+            Workspace::Invalid(message) => return self.invalid_spec(&message).await,
+            Workspace::Missing(what) => return self.wait_for_workspace(&what).await,
+        }
         self.status.state = SessionState::Starting;
         self.status.executor_ref = Some(pods::executor_name(&self.ts));
         self.status.error_message = None;
@@ -707,6 +811,124 @@ impl<'a> Session<'a> {
         Ok(Action::requeue(Duration::from_millis(100)))
     }
 
+    /// The workspace PVC before a launch. A resume needs the workspace the session ran on: gone
+    /// (or being deleted) is `FAILED` with reason `WorkspaceLost`, never an empty replacement. A
+    /// first launch creates the PVC of a template, and waits for a claimed one (`Stalled`, reason
+    /// `WorkspaceMissing`, once the launch deadline has passed since the session was created;
+    /// it starts whenever the PVC appears).
+    async fn ensure_workspace(&self) -> Result<Workspace, Error> {
+        let claim = pods::workspace_claim_name(&self.ts);
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        // The claim cache answers; only a miss is confirmed live (it may be a moment old).
+        let deleting = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_some();
+        let cached = self
+            .ctx
+            .claims
+            .get(&ObjectRef::new(&claim).within(&self.ns))
+            .map(|pvc| deleting(&pvc.metadata));
+        let found = match cached {
+            Some(deleting) => Some(deleting),
+            None => pvcs
+                .get_metadata_opt(&claim)
+                .await
+                .map_err(kube_err("reading the workspace PVC"))?
+                .map(|pvc| deleting(&pvc.metadata)),
+        };
+        if found == Some(false) {
+            return Ok(Workspace::Ready);
+        }
+        let gone = if found.is_some() {
+            "is being deleted"
+        } else {
+            "no longer exists"
+        };
+        if self.status.active_resume_request.is_some() {
+            return Ok(Workspace::Lost(format!(
+                "workspace PVC {claim:?} {gone}: the session's files went with it, so it is not resumed on an empty one"
+            )));
+        }
+        match pods::build_workspace_claim(&self.ts) {
+            Some(pvc) if found.is_none() => match pvcs.create(&PostParams::default(), &pvc).await {
+                Ok(_) => {
+                    self.event(
+                        EventType::Normal,
+                        "WorkspaceCreated",
+                        "Launch",
+                        &format!("created PVC {claim}"),
+                    )
+                    .await;
+                    Ok(Workspace::Ready)
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Workspace::Ready),
+                Err(kube::Error::Api(e)) if is_invalid(e.code) => Ok(Workspace::Invalid(format!(
+                    "the API server refused workspace PVC {claim}: {}",
+                    e.message
+                ))),
+                Err(e) => Err(kube_err("creating the workspace PVC")(e)),
+            },
+            _ => Ok(Workspace::Missing(if found.is_some() {
+                format!("workspace PVC {claim:?} is being deleted")
+            } else {
+                format!("workspace PVC {claim:?} not found in namespace {}", self.ns)
+            })),
+        }
+    }
+
+    /// A first launch waits for its claimed workspace PVC: `Reconciling` says so, and `Stalled`
+    /// (reason `WorkspaceMissing`, one Event) once the launch deadline has passed since the
+    /// session was created. Nothing is persisted as `STARTING` yet; the wait never ends the
+    /// session, the PVC's appearance starts it.
+    async fn wait_for_workspace(mut self, what: &str) -> Result<Action, Error> {
+        // Nothing is launching yet: the state to return to is not persisted.
+        self.status.previous_state = self.ts.status.as_ref().and_then(|s| s.previous_state);
+        let before = self.status.clone();
+        let age = self
+            .ts
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| Timestamp::now().duration_since(t.0).unsigned_abs())
+            .unwrap_or_default();
+        let deadline = self.ctx.settings.launch_deadline;
+        let stalled = age >= deadline;
+        let message = if stalled {
+            format!(
+                "{what} {}s after the session was created; create it and the session starts",
+                deadline.as_secs()
+            )
+        } else {
+            format!("{what}; waiting for it")
+        };
+        self.set_conditions(&[
+            Want::new(
+                conditions::RECONCILING,
+                true,
+                "WaitingForWorkspace",
+                &message,
+            ),
+            Want::new(
+                conditions::STALLED,
+                stalled,
+                "WorkspaceMissing",
+                if stalled { message.as_str() } else { "" },
+            ),
+        ]);
+        if self.status == before {
+            return Ok(Action::requeue(POD_RECHECK));
+        }
+        self.write_status().await?;
+        if stalled {
+            self.event(EventType::Warning, "WorkspaceMissing", "Launch", &message)
+                .await;
+        }
+        let left = deadline.saturating_sub(age);
+        Ok(Action::requeue(if stalled {
+            POD_RECHECK
+        } else {
+            left.clamp(Duration::from_millis(500), POD_RECHECK)
+        }))
+    }
+
     async fn create_pod(self) -> Result<Action, Error> {
         let Some(profile) = self.effective_profile() else {
             let reason = self.unknown_profile_reason();
@@ -722,9 +944,29 @@ impl<'a> Session<'a> {
                 info!(pod = %name, "created the agentctl pod");
                 fault_point("pod-created");
             }
-            // Created by an earlier run of this step: adopt it.
+            // Created by an earlier run of this step: adopt it, if it is ours. Its phase is
+            // judged like any pod of this launch once the cache has it.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                info!(pod = %name, "adopting existing agentctl pod")
+                let existing = api
+                    .get_opt(&name)
+                    .await
+                    .map_err(kube_err("reading the existing agentctl pod"))?;
+                match existing {
+                    Some(pod) if !pods::controlled_by(&pod, &self.ts) => {
+                        let message = format!(
+                            "pod {name} exists but is not controlled by this TaskSession; delete it, or set a new {RESUME_ANNOTATION} token. {}",
+                            self.what_is_kept()
+                        );
+                        return self
+                            .launch_not_done(None, "PodNameTaken", "PodNameTaken", true, &message)
+                            .await;
+                    }
+                    _ => info!(pod = %name, "adopting existing agentctl pod"),
+                }
+            }
+            Err(kube::Error::Api(e)) if is_invalid(e.code) => {
+                let message = format!("the API server refused agentctl pod {name}: {}", e.message);
+                return self.invalid_spec(&message).await;
             }
             Err(e) => return Err(kube_err("creating the agentctl pod")(e)),
         }
@@ -750,7 +992,7 @@ impl<'a> Session<'a> {
             .unwrap_or(SessionState::WaitingForInput);
         let request = self.resume_request(&profile, state_at_start);
 
-        let pods_api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         let open = PodConnection::open(&pods_api, &pod_name, pods::CONTAINER);
         let opened = match tokio::time::timeout(self.ctx.settings.acp_timeout, open).await {
             Ok(opened) => opened.map_err(|err| err.to_string()),
@@ -787,7 +1029,11 @@ impl<'a> Session<'a> {
         // Repeated setup requests and the initial prompt of the same launch are answered by
         // agentctl from what it did the first time, without reaching the agent again.
         client.set_launch(self.launch_id());
-        let timeouts = AcpTimeouts::uniform(self.ctx.settings.acp_timeout);
+        let timeouts = AcpTimeouts {
+            initialize: self.ctx.settings.acp_timeout,
+            session: self.ctx.settings.restore_timeout,
+            prompt: Some(self.ctx.settings.acp_timeout),
+        };
         let cwd = std::path::PathBuf::from(&self.ts.spec.workspace.mount_path);
         let restore_started = std::time::Instant::now();
         let outcome = client
@@ -816,7 +1062,7 @@ impl<'a> Session<'a> {
                 reason,
                 ..
             } => {
-                self.restore_failed(pod, &reason, class.as_str(), token_kept, is_resume)
+                self.restore_failed(pod, &reason, class, token_kept, is_resume)
                     .await
             }
             RestoreOutcome::Restored { method, session_id } => {
@@ -969,7 +1215,7 @@ impl<'a> Session<'a> {
             });
         }
         self.ctx.followers.ensure(
-            &self.ctx.client,
+            &self.ctx.streams,
             pod,
             &pods::executor_name(&self.ts),
             &self.executor_status(),
@@ -984,44 +1230,123 @@ impl<'a> Session<'a> {
 
     /// A restore that failed without proving the token useless keeps it (DESIGN §3): the request
     /// counts as handled, a new token retries, and the pod is removed (nothing idles,
-    /// AgentRunning tells the truth) once the status that explains it is written.
+    /// AgentRunning tells the truth) once the status that explains it is written. A first
+    /// launch whose agent answered with an error is `FAILED`; one that may work next time (no
+    /// answer, a closed stream, missing credentials) stays resumable like a resume.
     async fn restore_failed(
-        mut self,
+        self,
         pod: &Pod,
         reason: &str,
-        class: &str,
+        class: RestoreErrorClass,
         token_kept: bool,
         is_resume: bool,
     ) -> Result<Action, Error> {
-        let delete_pod = self.pod_deletion(pod);
-        if !is_resume {
+        if !is_resume && !class.is_retryable() {
+            let delete_pod = self.pod_deletion(pod);
             let action = self
                 .fail_launch(&format!("starting the agent failed: {reason}"))
                 .await?;
             delete_pod.await;
             return Ok(action);
         }
-        let kept = if token_kept {
-            "the resume token is kept"
+        let kept = match (token_kept, self.resume_token().is_some()) {
+            (true, true) => "the resume token is kept",
+            (true, false) => "nothing is lost",
+            (false, _) => "no usable token is left",
+        };
+        let what = if is_resume {
+            "restore"
         } else {
-            "no usable token is left"
+            "starting the agent"
         };
         let message = format!(
-            "restore failed ({class}): {reason}; {kept}. Set a new {RESUME_ANNOTATION} token to retry"
+            "{what} failed ({class}): {reason}; {kept}. Set a new {RESUME_ANNOTATION} token to retry"
         );
-        self.resume_not_done(&message);
-        self.set_conditions(&[
-            Want::new(conditions::RESUMED, false, camel(class), &message),
-            Want::new(conditions::READY, false, "ResumeFailed", &message),
-            Want::new(conditions::NEEDS_RESUME, true, "ResumeFailed", &message),
-            Want::new(conditions::RECONCILING, false, "ResumeFailed", ""),
-        ]);
+        self.launch_not_done(
+            Some(pod),
+            &camel(class.as_str()),
+            "ResumeFailed",
+            false,
+            &message,
+        )
+        .await
+    }
+
+    /// The launch ended without a running agent, and nothing proves the session cannot go on:
+    /// the request is handled, the token kept, the session back to the state it returns to with
+    /// `needsResume` (a new token retries; after a first launch too, which then sends the task
+    /// description again). `reason` names the outcome in the conditions (and `Stalled` when
+    /// `stalled`), `event` is the Warning's reason. `pod`, if any, is deleted once the status
+    /// that explains why is written.
+    async fn launch_not_done(
+        mut self,
+        pod: Option<&Pod>,
+        reason: &str,
+        event: &str,
+        stalled: bool,
+        message: &str,
+    ) -> Result<Action, Error> {
+        let delete_pod = pod.map(|p| self.pod_deletion(p));
+        let was_resume = self.status.active_resume_request.is_some();
+        self.status.state = self
+            .status
+            .previous_state
+            .unwrap_or(SessionState::WaitingForInput);
+        self.status.needs_resume = true;
+        self.status.is_resumable = true;
+        self.status.resume_reason = Some(if self.resume_token().is_some() {
+            ResumeReason::AgentNotRunning
+        } else {
+            ResumeReason::AgentNotRunningFreshStart
+        });
+        self.status.error_message = Some(message.to_string());
+        self.finish_request();
+        let (ready_reason, stall_message) = if stalled {
+            (reason, message)
+        } else {
+            ("ResumeFailed", "")
+        };
+        let mut wanted = vec![
+            Want::new(conditions::STALLED, stalled, reason, stall_message),
+            Want::new(conditions::READY, false, ready_reason, message),
+            Want::new(conditions::NEEDS_RESUME, true, ready_reason, message),
+            Want::new(conditions::RECONCILING, false, ready_reason, ""),
+        ];
+        if was_resume {
+            wanted.push(Want::new(conditions::RESUMED, false, reason, message));
+        }
+        self.set_conditions(&wanted);
         self.write_status().await?;
-        delete_pod.await;
-        metrics::global().resume_handled(ResumeOutcome::Failed);
-        self.event(EventType::Warning, "ResumeFailed", "Restore", &message)
+        if let Some(delete_pod) = delete_pod {
+            delete_pod.await;
+        }
+        if was_resume {
+            metrics::global().resume_handled(ResumeOutcome::Failed);
+        }
+        self.event(EventType::Warning, event, "Launch", message)
             .await;
         Ok(Action::requeue(self.ctx.settings.resync))
+    }
+
+    /// The API server refused an object of this launch (422/400): retrying cannot help until
+    /// the spec changes, so the launch ends `Stalled` with reason `InvalidSpec` and the API
+    /// server's words, instead of a hot loop.
+    async fn invalid_spec(self, refusal: &str) -> Result<Action, Error> {
+        let message = format!(
+            "{refusal}. Fix the TaskSession spec (or the operator's pod settings), then set a new {RESUME_ANNOTATION} token; {}",
+            self.what_is_kept()
+        );
+        self.launch_not_done(None, "InvalidSpec", "InvalidSpec", true, &message)
+            .await
+    }
+
+    /// The end of a "not done" message: what survives for the next try.
+    fn what_is_kept(&self) -> &'static str {
+        if self.resume_token().is_some() {
+            "the resume token is kept"
+        } else {
+            "nothing is lost"
+        }
     }
 
     /// Deletes `pod` when awaited: after the status that explains why is written.
@@ -1033,20 +1358,6 @@ impl<'a> Session<'a> {
                 warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a launch that did not finish");
             }
         }
-    }
-
-    /// A resume ended without a running agent: back to the state before it, `needsResume`, the
-    /// request handled (a new token retries), `message` in `errorMessage`.
-    fn resume_not_done(&mut self, message: &str) {
-        self.status.state = self
-            .status
-            .previous_state
-            .unwrap_or(SessionState::WaitingForInput);
-        self.status.needs_resume = true;
-        self.status.is_resumable = true;
-        self.status.resume_reason = Some(ResumeReason::AgentNotRunning);
-        self.status.error_message = Some(message.to_string());
-        self.finish_request();
     }
 
     /// The launch's stall, once the launch deadline has passed since `pod` was created.
@@ -1065,36 +1376,16 @@ impl<'a> Session<'a> {
     }
 
     /// The launch did not reach a running agentctl within the deadline: `Stalled` with the
-    /// pod's reason, the pod removed once the status says why, the request handled. A resume
-    /// keeps its token and the session stays `needsResume` (a new token retries); a first launch
-    /// is `FAILED`.
-    async fn stall_launch(mut self, pod: &Pod, stall: LaunchStall) -> Result<Action, Error> {
-        let delete_pod = self.pod_deletion(pod);
-        if self.status.active_resume_request.is_none() {
-            let action = self
-                .fail_launch_as(stall.reason, "LaunchStalled", &stall.message)
-                .await?;
-            delete_pod.await;
-            return Ok(action);
-        }
+    /// pod's reason, the pod removed once the status says why, the request handled, the token
+    /// kept, and the session `needsResume` (a new token retries) — a first launch as well.
+    async fn stall_launch(self, pod: &Pod, stall: LaunchStall) -> Result<Action, Error> {
         let message = format!(
-            "{}; the resume token is kept. Set a new {RESUME_ANNOTATION} token to retry",
-            stall.message
+            "{}; {}. Set a new {RESUME_ANNOTATION} token to retry",
+            stall.message,
+            self.what_is_kept()
         );
-        self.resume_not_done(&message);
-        self.set_conditions(&[
-            Want::new(conditions::STALLED, true, stall.reason, &message),
-            Want::new(conditions::RESUMED, false, stall.reason, &message),
-            Want::new(conditions::READY, false, stall.reason, &message),
-            Want::new(conditions::NEEDS_RESUME, true, stall.reason, &message),
-            Want::new(conditions::RECONCILING, false, stall.reason, ""),
-        ]);
-        self.write_status().await?;
-        delete_pod.await;
-        metrics::global().resume_handled(ResumeOutcome::Failed);
-        self.event(EventType::Warning, "LaunchStalled", "Launch", &message)
-            .await;
-        Ok(Action::requeue(self.ctx.settings.resync))
+        self.launch_not_done(Some(pod), stall.reason, "LaunchStalled", true, &message)
+            .await
     }
 
     /// DESIGN §3 step 5 "Launch failure → FAILED with the reason"; the request is handled.
@@ -1153,7 +1444,7 @@ impl<'a> Session<'a> {
             .filter(|p| liveness(Some(p)) == PodLiveness::Running)
         {
             self.ctx.followers.ensure(
-                &self.ctx.client,
+                &self.ctx.streams,
                 pod,
                 &pods::executor_name(&self.ts),
                 &self.executor_status(),

@@ -179,7 +179,7 @@ impl Cluster {
         while Some(token.as_str()) == snapshot.annotation(RESUME_ANNOTATION)
             || !crate::resume::is_new_resume_request(
                 &token,
-                None,
+                status.active_resume_request.as_deref(),
                 status.last_handled_resume_request.as_deref(),
                 &status.recent_resume_requests,
             )
@@ -240,8 +240,23 @@ impl Cluster {
         let what =
             format!("the operator to handle resume request {token:?} of tasksession {name:?}");
         self.poll(name, &what, deadline, |snapshot| {
-            let handled = snapshot.status().last_handled_resume_request.as_deref() == Some(token);
-            Ok(handled.then(|| snapshot.clone()))
+            let status = snapshot.status();
+            let handled = status.active_resume_request.as_deref() != Some(token)
+                && (status.last_handled_resume_request.as_deref() == Some(token)
+                    || status.recent_resume_requests.iter().any(|t| t == token));
+            if handled {
+                return Ok(Some(snapshot.clone()));
+            }
+            // A launch pod that cannot start is reported now, not at the operator's deadline.
+            match crate::plugin::view::stalling_launch(&status, token, snapshot.current_pod()) {
+                Some(why) => Err(PluginError::ResumeFailed {
+                    name: name.to_string(),
+                    verdict: format!(
+                        "is stalled: {why}. The operator keeps trying until its launch deadline, then keeps the token; fix the cause and resume again"
+                    ),
+                }),
+                None => Ok(None),
+            }
         })
         .await
         .map_err(|e| match e {

@@ -167,12 +167,26 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
         reason: None,
         message: None,
     };
-    let plan = plan_resume(
+    let plan = match plan_resume(
         &status,
         &snapshot.evaluation(),
         snapshot.liveness(),
         args.fresh,
-    );
+    ) {
+        // A request whose pod cannot start: a new one supersedes it (the cause may be fixed).
+        ResumePlan::AwaitActive(token) => {
+            match view::stalling_launch(&status, &token, snapshot.current_pod()) {
+                Some(why) => {
+                    eprintln!(
+                        "resume request {token} is stalled ({why}); a new request supersedes it"
+                    );
+                    ResumePlan::Request
+                }
+                None => ResumePlan::AwaitActive(token),
+            }
+        }
+        plan => plan,
+    };
     let request = match plan {
         ResumePlan::Refuse(why) => {
             return Err(PluginError::NotResumable {

@@ -53,6 +53,16 @@ impl Operator {
         &self.log
     }
 
+    /// Sends SIGTERM (a rollout, a node drain) and waits for the operator to exit, returning its
+    /// exit code.
+    pub async fn terminate(&mut self, within: Duration) -> Option<i32> {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        self.exited(within).await
+    }
+
     /// Waits for the operator to exit on its own (a fault point), returning its exit code.
     pub async fn exited(&mut self, within: Duration) -> Option<i32> {
         match tokio::time::timeout(within, self.child.wait()).await {
