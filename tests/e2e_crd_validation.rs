@@ -670,6 +670,7 @@ fn examples_are_found() {
     for want in [
         "docs/examples/tasksession.yaml#0",
         "docs/examples/tasksession-invalid.yaml#0",
+        "docs/spec.md#0",
         "charts/kandev-operator/templates/NOTES.txt#0",
     ] {
         assert!(found.iter().any(|f| f == want), "{want} not in {found:?}");
