@@ -55,11 +55,15 @@ use super::{ResumeReason, SessionState, TaskState};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    validation = Rule::new("!has(self.spec.workspace.template) || self.metadata.name.size() <= 243")
+        .message("a TaskSession with workspace.template needs a name of at most 243 characters: its PVC is named <name>-workspace")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TaskSessionSpec {
-    /// Identifier of the task this session works on (e.g. the board's task id). Immutable.
+    /// Identifier of the task this session works on (e.g. the board's task id), at most 253
+    /// characters. Immutable.
+    #[schemars(length(max = 253))]
     #[x_kube(
         validation = Rule::new("self.size() > 0").message("taskId must not be empty"),
         validation = Rule::new("self == oldSelf").message("taskId is immutable")
@@ -76,13 +80,22 @@ pub struct TaskSessionSpec {
     )]
     pub agent: String,
 
-    /// The initial prompt sent to the agent when the session first starts.
+    /// The initial prompt sent to the agent when the session first starts, at most 65536
+    /// characters (64 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
     pub task_description: Option<String>,
 
     /// Container image of the agentctl pod (agentctl plus the agent). Defaults to the operator's
-    /// configured agentctl image.
+    /// configured agentctl image; when set, it must not be empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    #[x_kube(
+        validation = Rule::new("self.size() > 0")
+            .message("image must not be empty: omit it to use the operator's default image"),
+        validation = Rule::new("self == self.trim()")
+            .message("image must not have leading or trailing whitespace")
+    )]
     pub image: Option<String>,
 
     /// The workspace volume that survives pod loss: an existing PVC or a template for one.
@@ -100,14 +113,76 @@ pub struct TaskSessionSpec {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["env".into()]))]
     pub credentials: Vec<CredentialRef>,
 
-    /// Compute resources of the agentctl container.
+    /// Compute resources of the agentctl container: `requests` and `limits` of `cpu`, `memory`
+    /// and `ephemeral-storage`, each a non-negative Kubernetes quantity; a request may not exceed
+    /// its limit. `claims`, hugepages and extended resources are not supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = bound_resources)]
+    #[x_kube(
+        validation = Rule::new("!has(self.claims) || self.claims.size() == 0")
+            .message("resources.claims is not supported: agent pods have no resource claims"),
+        validation = Rule::new(RESOURCE_NAMES).message(
+            "resources.requests and resources.limits may only name cpu, memory and ephemeral-storage"
+        ),
+        validation = Rule::new(RESOURCE_QUANTITIES).message(
+            "resources.requests and resources.limits must be Kubernetes quantities such as 500m, 2 or 1Gi"
+        ),
+        validation = Rule::new(RESOURCE_NOT_NEGATIVE)
+            .message("resources.requests and resources.limits must not be negative"),
+        validation = Rule::new(REQUESTS_WITHIN_LIMITS)
+            .message("resources.requests must not exceed resources.limits")
+    )]
     pub resources: Option<ResourceRequirements>,
 
     /// Overrides of the agent profile's capabilities for this session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<CapabilityOverrides>,
 }
+
+/// CEL: every key of `requests` and `limits` is a container resource the pod accepts without
+/// further rules (hugepages and extended resources need requests equal to limits, and more).
+const RESOURCE_NAMES: &str = "[has(self.requests) ? self.requests : {}, has(self.limits) ? self.limits : {}].all(m, m.all(k, k in ['cpu', 'memory', 'ephemeral-storage']))";
+/// CEL: every value of `requests` and `limits` (int or string) is a quantity.
+const RESOURCE_QUANTITIES: &str = "[has(self.requests) ? self.requests : {}, has(self.limits) ? self.limits : {}].all(m, m.all(k, isQuantity(string(m[k]))))";
+/// CEL: no negative quantity (a malformed one is reported by [`RESOURCE_QUANTITIES`]).
+const RESOURCE_NOT_NEGATIVE: &str = "[has(self.requests) ? self.requests : {}, has(self.limits) ? self.limits : {}].all(m, m.all(k, !isQuantity(string(m[k])) || !quantity(string(m[k])).isLessThan(quantity('0'))))";
+/// CEL: a request is at most the limit of the same resource.
+const REQUESTS_WITHIN_LIMITS: &str = "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || !isQuantity(string(self.requests[k])) || !isQuantity(string(self.limits[k])) || quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)";
+
+/// Bounds the schema of `resources` (a Kubernetes type) so that the CEL rules above have a
+/// bounded cost: at most 8 `requests` and 8 `limits`, values of at most 64 characters.
+fn bound_resources(schema: &mut schemars::Schema) {
+    for map in ["requests", "limits"] {
+        if let Some(prop) = schema
+            .get_mut("properties")
+            .and_then(|p| p.get_mut(map))
+            .and_then(|m| m.as_object_mut())
+        {
+            prop.insert("maxProperties".into(), 8.into());
+            if let Some(values) = prop
+                .get_mut("additionalProperties")
+                .and_then(|v| v.as_object_mut())
+            {
+                values.insert("maxLength".into(), 64.into());
+            }
+        }
+    }
+    if let Some(claims) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("claims"))
+        .and_then(|c| c.as_object_mut())
+    {
+        claims.insert("maxItems".into(), 8.into());
+    }
+}
+
+/// CEL: a DNS-1123 subdomain (the names of PVCs, Secrets and StorageClasses); the length is
+/// checked by `maxLength`.
+const DNS_SUBDOMAIN: &str =
+    "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
+
+/// CEL: [`DNS_SUBDOMAIN`], or `""` (a PVC without a storage class).
+const STORAGE_CLASS: &str = "self == '' || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
 
 /// Where the agent's workspace lives. Exactly one of `claimName` and `template`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -117,17 +192,33 @@ pub struct TaskSessionSpec {
     validation = Rule::new("self == oldSelf").message("workspace is immutable")
 )]
 pub struct WorkspaceSpec {
-    /// Name of an existing PersistentVolumeClaim in the session's namespace.
+    /// Name of an existing PersistentVolumeClaim in the session's namespace (a DNS-1123
+    /// subdomain, at most 253 characters).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message(
+        "workspace.claimName must be a PVC name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    ))]
     pub claim_name: Option<String>,
 
     /// Template of a PVC the operator creates (named `<session>-workspace`) and owns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<WorkspaceTemplate>,
 
-    /// Where the workspace is mounted in the agentctl container.
+    /// Where the workspace is mounted in the agentctl container: an absolute, normalised path
+    /// (no `//`, `.` or `..` segments, no trailing `/`, not `/`) of at most 1024 characters,
+    /// outside `/tmp` and `/run/kandev`, where the operator mounts its own volumes.
     #[serde(default = "default_mount_path")]
-    #[x_kube(validation = Rule::new("self.startsWith('/')").message("mountPath must be an absolute path"))]
+    #[schemars(length(max = 1024))]
+    #[x_kube(
+        validation = Rule::new("self.startsWith('/')").message("mountPath must be an absolute path"),
+        validation = Rule::new("self != '/' && !self.endsWith('/')")
+            .message("mountPath must not be / and must not end with /"),
+        validation = Rule::new("!self.contains('//') && !self.matches('/[.][.]?(/|$)')")
+            .message("mountPath must be normalised: no //, /./ or /../ in it"),
+        validation = Rule::new("!['/tmp', '/run/kandev'].exists(p, self == p || self.startsWith(p + '/'))")
+            .message("mountPath must not be /tmp, /run/kandev or below them: the operator mounts its own volumes there")
+    )]
     pub mount_path: String,
 }
 
@@ -136,46 +227,98 @@ fn default_mount_path() -> String {
 }
 
 /// Template of the workspace PVC.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceTemplate {
-    /// Requested size, a Kubernetes quantity such as `10Gi`.
+    /// Requested size, a Kubernetes quantity greater than zero such as `10Gi`.
+    #[schemars(length(max = 64))]
+    #[x_kube(
+        validation = Rule::new("isQuantity(self)")
+            .message("workspace.template.size must be a Kubernetes quantity such as 10Gi"),
+        validation = Rule::new("!isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))")
+            .message("workspace.template.size must be greater than zero")
+    )]
     pub size: String,
-    /// Storage class of the PVC; the cluster default when empty.
+    /// Storage class of the PVC (a DNS-1123 subdomain); the cluster default when omitted, no
+    /// class (a pre-provisioned volume) when `""`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(STORAGE_CLASS).message(
+        "workspace.template.storageClassName must be a StorageClass name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    ))]
     pub storage_class_name: Option<String>,
-    /// Access modes of the PVC; `ReadWriteOnce` when empty.
+    /// Access modes of the PVC, each one of `ReadWriteOnce`, `ReadOnlyMany`, `ReadWriteMany`,
+    /// `ReadWriteOncePod` (which excludes the others); `ReadWriteOnce` when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4), inner(length(max = 32)))]
+    #[x_kube(
+        validation = Rule::new("self.all(m, m in ['ReadWriteOnce', 'ReadOnlyMany', 'ReadWriteMany', 'ReadWriteOncePod'])")
+            .message("workspace.template.accessModes must be ReadWriteOnce, ReadOnlyMany, ReadWriteMany or ReadWriteOncePod"),
+        validation = Rule::new("!('ReadWriteOncePod' in self) || self.size() == 1")
+            .message("workspace.template.accessModes: ReadWriteOncePod cannot be combined with other access modes")
+    )]
     pub access_modes: Vec<String>,
 }
+
+/// CEL: a remote Git URL (no whitespace, a host, a path).
+const REPOSITORY_URL: &str =
+    r"self.matches('^(https|ssh|git)://[^\\s/]+/\\S+$') || self.matches('^git@[^\\s/:]+:\\S+$')";
+/// CEL: a usable branch name (a subset of `git check-ref-format`: no option-like name).
+const BRANCH: &str = r"self.size() > 0 && !self.startsWith('-') && !self.contains('..') && !self.matches('[\\s~^:?*\\[\\\\]')";
+const BRANCH_MESSAGE: &str = r"repository.branch and repository.baseBranch must be Git branch names: not empty, not starting with '-', without '..', whitespace or any of ~ ^ : ? * [ \";
 
 /// A Git repository checked out into an empty workspace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RepositorySpec {
-    /// Clone URL (https://, ssh:// or git@host:path).
-    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('ssh://') || self.startsWith('git@') || self.startsWith('file://')")
-        .message("repository.url must start with https://, ssh://, git@ or file://"))]
+    /// Clone URL: `https://host/path`, `ssh://host/path`, `git://host/path` or scp-style
+    /// `git@host:path`, at most 2048 characters. Local paths and `file://` are refused.
+    #[schemars(length(max = 2048))]
+    #[x_kube(validation = Rule::new(REPOSITORY_URL).message(
+        "repository.url must be https://host/path, ssh://host/path, git://host/path or git@host:path (file:// and local paths are not allowed)"
+    ))]
     pub url: String,
     /// Branch the agent works on; created from `baseBranch` when missing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    #[x_kube(validation = Rule::new(BRANCH).message(BRANCH_MESSAGE))]
     pub branch: Option<String>,
     /// Branch to start from; the repository's default branch when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    #[x_kube(validation = Rule::new(BRANCH).message(BRANCH_MESSAGE))]
     pub base_branch: Option<String>,
 }
+
+/// CEL: a key of a Secret's `data` (what the kubelet accepts in `secretKeyRef.key`).
+const SECRET_KEY: &str =
+    "self.matches('^[-._a-zA-Z0-9]+$') && !self.startsWith('..') && self != '.'";
 
 /// One Secret key exposed to the agent as an environment variable.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CredentialRef {
-    /// Environment variable name inside the agent, e.g. `ANTHROPIC_API_KEY`.
+    /// Environment variable name inside the agent, e.g. `ANTHROPIC_API_KEY`, at most 128
+    /// characters. `HOME`, `PATH` and names starting with `KANDEV_` are reserved.
     #[schemars(length(max = 128))]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("credentials[].env must be a valid environment variable name"))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("credentials[].env must be a valid environment variable name"),
+        validation = Rule::new("!(self in ['HOME', 'PATH']) && !self.startsWith('KANDEV_')")
+            .message("credentials[].env must not be HOME, PATH or start with KANDEV_: the operator sets those")
+    )]
     pub env: String,
-    /// Name of the Secret in the session's namespace.
+    /// Name of the Secret in the session's namespace (a DNS-1123 subdomain, at most 253
+    /// characters).
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message(
+        "credentials[].secretName must be a Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    ))]
     pub secret_name: String,
-    /// Key inside the Secret.
+    /// Key inside the Secret: letters, digits, `-`, `_` and `.`, at most 253 characters.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(
+        "credentials[].key must be a Secret data key: letters, digits, '-', '_' and '.', not '.' or '..' and not starting with '..'"
+    ))]
     pub key: String,
 }
 
