@@ -73,7 +73,8 @@ pub fn pod_name(session: &str, request: &str) -> String {
     let suffix = short_hash(request);
     let max_prefix = 253 - suffix.len() - 7;
     let prefix = if session.len() > max_prefix {
-        &session[..max_prefix]
+        // A cut name may end in '.' or '-', which "<prefix>-agent-…" must not follow.
+        session[..max_prefix].trim_end_matches(['.', '-'])
     } else {
         session
     };
@@ -342,6 +343,10 @@ mod tests {
         assert_ne!(pod_name("demo", "t1"), pod_name("demo", "t2"));
         let long = "a".repeat(253);
         assert!(pod_name(&long, "t1").len() <= 253);
+        // Cut where the name has a '.': the pod name is still a DNS-1123 subdomain.
+        let dotted = format!("{}.{}", "a".repeat(235), "b".repeat(17));
+        let name = pod_name(&dotted, "t1");
+        assert!(!name.contains(".-") && !name.contains("-."), "{name}");
         assert_eq!(session_label_value("demo"), "demo");
         assert_eq!(session_label_value(&long).len(), 63);
     }
