@@ -2,7 +2,8 @@
 # Builds the test control plane from Go modules, once, cached outside the repo:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes),
 #   etcd (go.etcd.io/etcd/server/v3), kwok, kwokctl (sigs.k8s.io/kwok), helm (helm.sh/helm/v3),
-#   and agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench).
+#   agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench),
+#   and toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs).
 # Usage: e2e/bin.sh            build what is missing, print the bin directory on the last line
 #        e2e/bin.sh --print    only print the bin directory
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator). A warm run takes seconds.
@@ -112,6 +113,18 @@ build_installable() { # build_installable NAME MODULE/PATH VERSION
   stamp "$1" "$3"
 }
 
+# toxiproxy's server command is named `server`; installed under its own name.
+build_toxiproxy() {
+  have toxiproxy-server "$TOXIPROXY_VERSION" && return 0
+  log "building toxiproxy-server $TOXIPROXY_VERSION from github.com/Shopify/toxiproxy/v2"
+  local tmp="$cache/src/toxiproxy-$TOXIPROXY_VERSION"
+  mkdir -p "$tmp"
+  GOBIN="$tmp" with_progress toxiproxy go install -trimpath -ldflags "-s -w" \
+    "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  mv "$tmp/server" "$bin/toxiproxy-server"
+  stamp toxiproxy-server "$TOXIPROXY_VERSION"
+}
+
 total=$SECONDS
 build_etcd
 build_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
@@ -119,5 +132,6 @@ build_installable kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION"
 build_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 build_kubernetes
 build_agent_sandbox
+build_toxiproxy
 log "control-plane binaries ready in $((SECONDS - total))s"
 echo "$bin"

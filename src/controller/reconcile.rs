@@ -188,11 +188,12 @@ pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSett
     .applied_objects();
     let (pods, pods_writer) = reflector::store();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    // Deletions count too: a pod is lost only once it is gone (a Terminating pod is not).
     let pod_events = watcher(Api::<Pod>::all(client.clone()), managed)
         .default_backoff()
         .modify(|pod| pod.managed_fields_mut().clear())
         .reflect(pods_writer)
-        .applied_objects();
+        .touched_objects();
     // Only whether a claim exists matters: metadata, without labels and annotations.
     let (claims, claims_writer) = reflector::store();
     let claim_events = watcher(
@@ -811,9 +812,10 @@ impl<'a> Session<'a> {
         Ok(Action::requeue(Duration::from_millis(100)))
     }
 
-    /// The workspace PVC before a launch. A resume needs the workspace the session ran on: gone
-    /// (or being deleted) is `FAILED` with reason `WorkspaceLost`, never an empty replacement. A
-    /// first launch creates the PVC of a template, and waits for a claimed one (`Stalled`, reason
+    /// The workspace PVC before a launch. A session that ran before (ExecutorRunning recorded a
+    /// pod) needs the workspace it ran on: gone (or being deleted) is `FAILED` with reason
+    /// `WorkspaceLost`, never an empty replacement. Before that, a launch creates the PVC of a
+    /// template, and waits for a claimed one (`Stalled`, reason
     /// `WorkspaceMissing`, once the launch deadline has passed since the session was created;
     /// it starts whenever the PVC appears).
     async fn ensure_workspace(&self) -> Result<Workspace, Error> {
@@ -842,7 +844,8 @@ impl<'a> Session<'a> {
         } else {
             "no longer exists"
         };
-        if self.status.active_resume_request.is_some() {
+        // The session ran on this workspace before (a pod was recorded): its files are gone.
+        if self.executor_status().pod_uid.is_some() {
             return Ok(Workspace::Lost(format!(
                 "workspace PVC {claim:?} {gone}: the session's files went with it, so it is not resumed on an empty one"
             )));

@@ -2,6 +2,7 @@
 //! of $KUBECONFIG that fails loudly when there is none, waiting, cleanup, the CRDs, kubectl.
 #![allow(dead_code)] // each test target uses a different subset
 
+pub mod faults;
 pub mod operator;
 pub mod sessions;
 

@@ -28,6 +28,7 @@ pub struct OperatorBuilder {
     fault: Option<String>,
     lease: Option<Lease>,
     args: Vec<String>,
+    kubeconfig: Option<PathBuf>,
 }
 
 struct Lease {
@@ -45,6 +46,7 @@ impl Operator {
             fault: None,
             lease: None,
             args: Vec::new(),
+            kubeconfig: None,
         }
     }
 
@@ -61,6 +63,11 @@ impl Operator {
             unsafe { libc::kill(pid, libc::SIGTERM) };
         }
         self.exited(within).await
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Waits for the operator to exit on its own (a fault point), returning its exit code.
@@ -98,6 +105,12 @@ impl OperatorBuilder {
     /// More command-line arguments of `kandev-operator run`.
     pub fn args(mut self, args: &[&str]) -> Self {
         self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Talks to the API server through `kubeconfig` instead of $KUBECONFIG (a fault proxy).
+    pub fn kubeconfig(mut self, kubeconfig: &Path) -> Self {
+        self.kubeconfig = Some(kubeconfig.to_path_buf());
         self
     }
 
@@ -145,6 +158,9 @@ impl OperatorBuilder {
             .kill_on_drop(true);
         if let Some(step) = &self.fault {
             cmd.env(FAULT_ENV, step);
+        }
+        if let Some(kubeconfig) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", kubeconfig);
         }
         match &self.lease {
             Some(lease) => {
