@@ -1383,6 +1383,7 @@ mod tests {
             ("agent_not_running", "AgentNotRunning"),
             ("waiting_for_input", "WaitingForInput"),
             ("timeout", "Timeout"),
+            ("agent_protocol_limit", "AgentProtocolLimit"),
         ] {
             assert_eq!(camel(snake), camel_case);
         }
