@@ -143,6 +143,8 @@ pub struct ServeArgs {
     /// How long the agent may take to answer agentctl's `initialize`.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub initialize_timeout: u64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// The agent command, instead of (or overriding) the profile's launch command.
     #[arg(
         last = true,
@@ -152,10 +154,35 @@ pub struct ServeArgs {
     pub command: Vec<String>,
 }
 
+/// The line limits of the ACP stream.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct LimitArgs {
+    /// Longest line the agent may write while a session/load replays the transcript, in MiB
+    /// (every other line: 1 MiB). An agent that writes a longer line is cut off: the open
+    /// requests fail with error -32090 naming the limit, the agent is killed and agentctl
+    /// exits. Use the same value as the operator's --acp-replay-line-limit-mib.
+    #[arg(
+        long,
+        env = "KANDEV_REPLAY_LINE_LIMIT_MIB",
+        value_name = "MIB",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u64).range(1..=crate::codec::MAX_REPLAY_LINE_LIMIT_MIB)
+    )]
+    pub replay_line_limit_mib: u64,
+}
+
+impl LimitArgs {
+    fn replay_line_limit(self) -> usize {
+        crate::codec::mib(self.replay_line_limit_mib)
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct ConnectArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Replace a connected ACP client instead of failing as busy (for a client whose exec
     /// stream died without closing its connection).
     #[arg(long)]
@@ -237,7 +264,9 @@ async fn run(command: Command) -> i32 {
     let result = match command {
         Command::Serve(args) => run_serve(args).await,
         Command::Connect(args) => match args.socket.path() {
-            Ok(path) => client::connect(&path, args.takeover).await,
+            Ok(path) => {
+                client::connect(&path, args.takeover, args.limits.replay_line_limit()).await
+            }
             Err(error) => Err(error),
         },
         Command::Events(args) => match args.path() {
@@ -324,6 +353,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
                 .is_some_and(|p| p.history_context_injection),
         },
         initialize_timeout: Duration::from_secs(args.initialize_timeout),
+        replay_line_limit: args.limits.replay_line_limit(),
     };
     serve(options).await
 }

@@ -27,7 +27,9 @@ use serde_json::{Map, Value, json};
 
 use super::wire::{self, Message};
 use crate::acp::LAUNCH_META;
+use crate::codec::WarnLimiter;
 use crate::history::{ContextLimits, HistoryEntry, wrap_prompt_once};
+use crate::resume::AgentLimit;
 
 /// Identifies one socket connection for its lifetime; never reused.
 pub type ConnId = u64;
@@ -234,6 +236,9 @@ pub struct Hub {
     current_session: Option<String>,
     /// Launch-tagged requests seen, for their repeats.
     launch_requests: HashMap<LaunchKey, LaunchRequest>,
+    /// Rate limit of the warnings about bad lines (only what is logged depends on the clock,
+    /// never an output).
+    warnings: WarnLimiter,
 }
 
 impl Hub {
@@ -249,6 +254,7 @@ impl Hub {
             inject_next_prompt_of: None,
             current_session: None,
             launch_requests: HashMap::new(),
+            warnings: WarnLimiter::default(),
         }
     }
 
@@ -330,11 +336,14 @@ impl Hub {
         }
         match wire::parse_line(line) {
             Err(invalid) => {
-                tracing::warn!(
-                    code = invalid.code,
-                    "client sent an invalid line: {}",
-                    invalid.message
-                );
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(
+                        code = invalid.code,
+                        suppressed,
+                        "client sent an invalid line: {}",
+                        invalid.message
+                    );
+                }
                 vec![Output::ToClient(conn, invalid.to_error_message())]
             }
             Ok(Message::Request { id, method, raw }) => self.client_request(conn, id, method, raw),
@@ -356,7 +365,9 @@ impl Hub {
                         vec![Output::ToAgent(Value::Object(raw))]
                     }
                     _ => {
-                        tracing::warn!(%id, "client answered a request the agent did not send it; dropped");
+                        if let Some(suppressed) = self.warnings.allow() {
+                            tracing::warn!(%id, suppressed, "client answered a request the agent did not send it; dropped");
+                        }
                         Vec::new()
                     }
                 }
@@ -371,16 +382,52 @@ impl Hub {
         }
         match wire::parse_line(line) {
             Err(invalid) => {
-                tracing::warn!(
-                    "agent wrote a line that is not JSON-RPC ({}); ignored",
-                    invalid.message
-                );
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(
+                        suppressed,
+                        "agent wrote a line that is not JSON-RPC ({}); ignored",
+                        invalid.message
+                    );
+                }
                 Vec::new()
             }
             Ok(Message::Response { id, raw }) => self.agent_response(id, raw),
             Ok(Message::Request { id, method, raw }) => self.agent_request(id, method, raw),
             Ok(Message::Notification { method, raw }) => self.agent_notification(method, raw),
         }
+    }
+
+    /// Whether a `session/load` is open: the agent may be replaying, and its lines may be as
+    /// long as the replay line limit.
+    pub fn replaying(&self) -> bool {
+        self.pending
+            .values()
+            .any(|pending| pending.method == "session/load")
+    }
+
+    /// serve cut the agent off for breaking `limit` (it is being killed): the connected
+    /// client's open requests are answered with [`wire::AGENT_PROTOCOL_LIMIT`] naming the
+    /// bound, so a restore fails with that reason rather than a closed stream.
+    pub fn agent_cut_off(&mut self, limit: AgentLimit) -> Vec<Output> {
+        let message = format!("agentctl cut off the agent: {limit}");
+        let mut out = Vec::new();
+        if let InitState::Waiting { clients, .. } = &mut self.init {
+            for (conn, id) in std::mem::take(clients) {
+                out.push(Output::ToClient(
+                    conn,
+                    wire::error_message(id, wire::AGENT_PROTOCOL_LIMIT, &message),
+                ));
+            }
+        }
+        for (_, pending) in self.pending.drain() {
+            if Some(pending.conn) == self.client {
+                out.push(Output::ToClient(
+                    pending.conn,
+                    wire::error_message(pending.client_id, wire::AGENT_PROTOCOL_LIMIT, &message),
+                ));
+            }
+        }
+        out
     }
 
     /// The agent process is gone: tell subscribers, fail what is still open, keep the turn
@@ -590,7 +637,9 @@ impl Hub {
 
     fn agent_response(&mut self, id: Value, mut raw: Map<String, Value>) -> Vec<Output> {
         let Some(agent_id) = id.as_u64() else {
-            tracing::warn!(%id, "agent answered an id agentctl never sent; dropped");
+            if let Some(suppressed) = self.warnings.allow() {
+                tracing::warn!(%id, suppressed, "agent answered an id agentctl never sent; dropped");
+            }
             return Vec::new();
         };
         if let InitState::Waiting {
@@ -603,7 +652,13 @@ impl Hub {
             return self.initialize_answered(&raw, clients);
         }
         let Some(pending) = self.pending.remove(&agent_id) else {
-            tracing::warn!(agent_id, "agent answered an unknown request id; dropped");
+            if let Some(suppressed) = self.warnings.allow() {
+                tracing::warn!(
+                    agent_id,
+                    suppressed,
+                    "agent answered an unknown request id; dropped"
+                );
+            }
             return Vec::new();
         };
         if let Some(key) = &pending.launch {
@@ -1676,5 +1731,35 @@ mod tests {
             .to_json("T"),
             json!({"event":"agent_exited","code":null,"signal":9,"timestamp":"T"})
         );
+    }
+
+    #[test]
+    fn a_cut_off_agent_fails_the_open_requests_with_the_limit() {
+        let mut hub = ready_hub(HubConfig::default());
+        assert_eq!(hub.attach(3, false), Ok(vec![]));
+        assert!(!hub.replaying());
+        hub.client_line(
+            3,
+            &line(
+                json!({"jsonrpc":"2.0","id":"load-1","method":"session/load",
+                "params":{"sessionId":"s1","cwd":"/w","mcpServers":[]}}),
+            ),
+        );
+        assert!(hub.replaying(), "a load is open");
+        let limit = AgentLimit::Line { limit: 1024 };
+        let out = hub.agent_cut_off(limit);
+        assert_eq!(
+            to_client(&out),
+            vec![(
+                3,
+                json!({"jsonrpc":"2.0","id":"load-1","error":{"code":wire::AGENT_PROTOCOL_LIMIT,
+                    "message":"agentctl cut off the agent: agent exceeded the line limit (1024 bytes)"}})
+            )]
+        );
+        assert!(!hub.replaying());
+        // The exit that follows has nothing left to fail.
+        let exited = hub.agent_exited(None, Some(9));
+        assert_eq!(to_client(&exited), vec![]);
+        assert!(exited.contains(&Output::CloseClient(3)));
     }
 }

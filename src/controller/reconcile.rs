@@ -22,7 +22,7 @@ use super::expectations::Expectations;
 use super::follower::Followers;
 use super::metrics::{self, ResumeOutcome};
 use super::pods::{self, PodSettings};
-use crate::acp::{AcpTimeouts, PodConnection, RestoreOutcome};
+use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -107,6 +107,8 @@ pub struct OperatorSettings {
     pub resync: Duration,
     /// Timeout of one ACP call made over exec (and of opening the exec).
     pub acp_timeout: Duration,
+    /// Memory bounds of each ACP connection (lines, replay budget).
+    pub acp_limits: AcpLimits,
     /// Sessions reconciled at the same time, at most.
     pub max_concurrent_reconciles: u16,
     /// From the agentctl pod's creation to agentctl answering exec, at most; then the launch is
@@ -787,6 +789,7 @@ impl<'a> Session<'a> {
         // Repeated setup requests and the initial prompt of the same launch are answered by
         // agentctl from what it did the first time, without reaching the agent again.
         client.set_launch(self.launch_id());
+        client.set_limits(self.ctx.settings.acp_limits);
         let timeouts = AcpTimeouts::uniform(self.ctx.settings.acp_timeout);
         let cwd = std::path::PathBuf::from(&self.ts.spec.workspace.mount_path);
         let restore_started = std::time::Instant::now();
