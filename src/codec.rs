@@ -199,8 +199,10 @@ mod tests {
     use pretty_assertions::assert_eq;
     use tokio::io::BufReader;
 
+    type Frames = Vec<(Frame, String)>;
+
     /// Every frame of `data` read through a buffer of `chunk` bytes with `limit`.
-    async fn frames(data: &[u8], chunk: usize, limit: usize) -> Vec<(Frame, String)> {
+    async fn frames(data: &[u8], chunk: usize, limit: usize) -> Frames {
         let mut reader = LineReader::new(BufReader::with_capacity(chunk, data), limit);
         let mut out = Vec::new();
         loop {
@@ -223,7 +225,7 @@ mod tests {
     #[tokio::test]
     async fn framing_table() {
         #[rustfmt::skip]
-        let rows: Vec<(&str, &[u8], Vec<(Frame, String)>)> = vec![
+        let rows: Vec<(&str, &[u8], Frames)> = vec![
             ("exact limit", b"12345678\n", vec![line("12345678")]),
             ("limit + 1", b"123456789\n", vec![too_long(9)]),
             ("CRLF is stripped, not counted", b"12345678\r\nab\r\n", vec![line("12345678"), line("ab")]),

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller against the cluster of the current kubeconfig (or in-cluster config).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the TaskSession and ExecutorRunning CRDs as one multi-document YAML stream
     /// (the same content as the files under crds/).
     Crd {
@@ -133,7 +133,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Crd { output_dir } => print_crds(output_dir.as_deref()),
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
