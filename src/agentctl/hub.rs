@@ -239,6 +239,8 @@ pub struct Hub {
     /// Rate limit of the warnings about bad lines (only what is logged depends on the clock,
     /// never an output).
     warnings: WarnLimiter,
+    /// The same for the notes about agent requests answered with the default.
+    notes: WarnLimiter,
 }
 
 impl Hub {
@@ -255,6 +257,7 @@ impl Hub {
             current_session: None,
             launch_requests: HashMap::new(),
             warnings: WarnLimiter::default(),
+            notes: WarnLimiter::default(),
         }
     }
 
@@ -492,7 +495,9 @@ impl Hub {
             .into_iter()
             .filter_map(|key| self.agent_requests.remove(&key))
             .map(|request| {
-                tracing::info!(method = %request.method, "client left with an agent request open; answering with the default");
+                if let Some(suppressed) = self.notes.allow() {
+                    tracing::info!(method = %request.method, suppressed, "client left with an agent request open; answering with the default");
+                }
                 Output::ToAgent(default_answer(request.id, &request.method))
             })
             .collect()
@@ -790,7 +795,9 @@ impl Hub {
                 vec![Output::ToClient(conn, Value::Object(raw))]
             }
             None => {
-                tracing::info!(%method, "agent request with no client connected; answering with the default");
+                if let Some(suppressed) = self.notes.allow() {
+                    tracing::info!(%method, suppressed, "agent request with no client connected; answering with the default");
+                }
                 vec![Output::ToAgent(default_answer(id, &method))]
             }
         }

@@ -421,7 +421,8 @@ impl Driver {
                     stopping = true;
                     self.begin_stop(stop_deadline.as_mut(), "SIGINT");
                 }
-                _ = &mut stop_deadline, if stopping => {
+                _ = &mut stop_deadline, if stopping && self.kill.is_some() => {
+                    // Once: a completed deadline stays ready, and the exit takes a moment.
                     tracing::warn!("the agent did not exit after its stdin closed");
                     if let Some(kill) = self.kill.take() {
                         let _ = kill.send(());
