@@ -28,7 +28,7 @@ use serde_json::{Map, Value, json};
 use super::wire::{self, Message};
 use crate::acp::LAUNCH_META;
 use crate::codec::WarnLimiter;
-use crate::history::{ContextLimits, HistoryEntry, wrap_prompt_once};
+use crate::history::{ContextLimits, HistoryEntry, TRUNCATION_MARKER, wrap_prompt_once};
 use crate::resume::AgentLimit;
 
 /// Identifies one socket connection for its lifetime; never reused.
@@ -191,6 +191,14 @@ type LaunchKey = (String, String, Option<String>);
 
 /// Launch-tagged requests remembered at most (a pod serves one launch, which sends a handful).
 const LAUNCH_REQUESTS_KEPT: usize = 64;
+
+/// Agent requests waiting for the client's answer, at most; more are answered with the
+/// default at once.
+pub const AGENT_REQUESTS_OPEN: usize = 1024;
+
+/// Agent text of one turn kept for the history, at most (bytes); the rest is dropped with
+/// [`TRUNCATION_MARKER`] (the resume context keeps 2000 characters of a message anyway).
+pub const RECORDED_TURN_TEXT: usize = 1024 * 1024;
 
 /// What became of a launch-tagged request.
 enum LaunchRequest {
@@ -789,6 +797,14 @@ impl Hub {
 
     fn agent_request(&mut self, id: Value, method: String, raw: Map<String, Value>) -> Vec<Output> {
         match self.client {
+            Some(_) if self.agent_requests.len() >= AGENT_REQUESTS_OPEN => {
+                // The client is not keeping up with the agent's requests: answered here, like
+                // with no client, rather than remembered without bound.
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(%method, suppressed, open = AGENT_REQUESTS_OPEN, "too many agent requests open; answering with the default");
+                }
+                vec![Output::ToAgent(default_answer(id, &method))]
+            }
             Some(conn) => {
                 self.agent_requests
                     .insert(wire::id_key(&id), AgentRequest { conn, id, method });
@@ -840,11 +856,8 @@ impl Hub {
                 if update.pointer("/content/type").and_then(Value::as_str) == Some("text")
                     && let Some(text) = update.pointer("/content/text").and_then(Value::as_str)
                 {
-                    self.sessions
-                        .entry(session_id.to_owned())
-                        .or_default()
-                        .agent_text
-                        .push_str(text);
+                    let recording = self.sessions.entry(session_id.to_owned()).or_default();
+                    push_bounded(&mut recording.agent_text, text, RECORDED_TURN_TEXT);
                 }
             }
             Some("tool_call") => {
@@ -917,6 +930,25 @@ impl Hub {
             },
         })
     }
+}
+
+/// Appends `text` to `buf` up to `limit` bytes (on a char boundary); the first time something is
+/// dropped, [`TRUNCATION_MARKER`] is appended instead (so `buf` ends up at most a marker longer).
+fn push_bounded(buf: &mut String, text: &str, limit: usize) {
+    if buf.ends_with(TRUNCATION_MARKER) && buf.len() >= limit {
+        return;
+    }
+    let room = limit.saturating_sub(buf.len());
+    if text.len() <= room {
+        buf.push_str(text);
+        return;
+    }
+    let mut end = room;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf.push_str(&text[..end]);
+    buf.push_str(TRUNCATION_MARKER);
 }
 
 /// A `tool_result` once the tool call reached a final status (`completed`, or `failed` marked
@@ -1768,5 +1800,47 @@ mod tests {
         let exited = hub.agent_exited(None, Some(9));
         assert_eq!(to_client(&exited), vec![]);
         assert!(exited.contains(&Output::CloseClient(3)));
+    }
+
+    #[test]
+    fn recorded_turn_text_is_bounded_utf8_safe() {
+        #[rustfmt::skip]
+        let rows = [
+            // (already kept, new text, limit, kept after)
+            ("", "abc", 8, "abc".to_owned()),
+            ("abc", "defgh", 8, "abcdefgh".to_owned()),
+            ("abc", "defghij", 8, format!("abcdefgh{TRUNCATION_MARKER}")),
+            // A multi-byte char that does not fit is dropped whole.
+            ("abcdefg", "é", 8, format!("abcdefg{TRUNCATION_MARKER}")),
+        ];
+        for (kept, text, limit, expected) in rows {
+            let mut buf = kept.to_owned();
+            push_bounded(&mut buf, text, limit);
+            assert_eq!(buf, expected, "{kept:?} + {text:?}");
+            // Once truncated, nothing more is kept.
+            let before = buf.clone();
+            push_bounded(&mut buf, "more", limit);
+            if before.ends_with(TRUNCATION_MARKER) {
+                assert_eq!(buf, before);
+            }
+        }
+    }
+
+    #[test]
+    fn agent_requests_beyond_the_open_bound_are_answered_here() {
+        let mut hub = ready_hub(HubConfig::default());
+        assert_eq!(hub.attach(3, false), Ok(vec![]));
+        for n in 0..AGENT_REQUESTS_OPEN {
+            let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":format!("a-{n}"),
+                "method":"fs/read_text_file","params":{"sessionId":"s","path":"/x"}})));
+            assert_eq!(to_client(&out).len(), 1, "forwarded to the client");
+        }
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":"one-too-many",
+            "method":"fs/read_text_file","params":{"sessionId":"s","path":"/x"}})));
+        assert_eq!(to_client(&out), vec![]);
+        let answered = to_agent(&out);
+        assert_eq!(answered.len(), 1);
+        assert_eq!(answered[0]["id"], "one-too-many");
+        assert_eq!(answered[0]["error"]["code"], wire::METHOD_NOT_FOUND);
     }
 }

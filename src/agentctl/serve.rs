@@ -38,7 +38,7 @@ use super::launch::LaunchPlan;
 use super::socket::{self, Hello, Mode};
 use super::time::now_rfc3339;
 use super::{AgentctlError, wire};
-use crate::codec::{Frame, LINE_LIMIT, LineReader};
+use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 use crate::history::{HistoryEntry, HistoryStore};
 use crate::resume::AgentLimit;
 
@@ -841,16 +841,21 @@ enum HistoryCommand {
     Flush(oneshot::Sender<()>),
 }
 
+/// History entries waiting for the volume; when it falls this far behind, entries are dropped.
+const HISTORY_QUEUE: usize = 1024;
+
 /// One task does all history I/O, in order, off the driver (the store is blocking). Reads go
-/// through the same queue so they see every earlier append. A failing volume costs history,
-/// never the agent: errors are logged.
+/// through the same queue so they see every earlier append. A failing (or slow) volume costs
+/// history, never the agent: errors are logged, and entries that do not fit the queue are
+/// dropped.
 struct HistoryWriter {
-    commands: mpsc::UnboundedSender<HistoryCommand>,
+    commands: mpsc::Sender<HistoryCommand>,
+    warnings: WarnLimiter,
 }
 
 impl HistoryWriter {
     fn spawn(store: HistoryStore) -> Self {
-        let (commands, mut rx) = mpsc::unbounded_channel::<HistoryCommand>();
+        let (commands, mut rx) = mpsc::channel::<HistoryCommand>(HISTORY_QUEUE);
         tokio::spawn(async move {
             while let Some(command) = rx.recv().await {
                 match command {
@@ -881,19 +886,32 @@ impl HistoryWriter {
                 }
             }
         });
-        Self { commands }
+        Self {
+            commands,
+            warnings: WarnLimiter::default(),
+        }
     }
 
-    fn append(&self, session: String, entry: HistoryEntry) {
-        let _ = self
+    fn append(&mut self, session: String, entry: HistoryEntry) {
+        let appended = self
             .commands
-            .send(HistoryCommand::Append { session, entry });
+            .try_send(HistoryCommand::Append { session, entry });
+        if let Err(mpsc::error::TrySendError::Full(_)) = appended
+            && let Some(suppressed) = self.warnings.allow()
+        {
+            tracing::warn!(
+                suppressed,
+                queue = HISTORY_QUEUE,
+                "the history volume is behind; entry not recorded"
+            );
+        }
     }
 
     async fn read(&self, session: String) -> Result<Vec<HistoryEntry>, String> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(HistoryCommand::Read { session, reply })
+            .await
             .map_err(|_| "history writer stopped".to_owned())?;
         answer
             .await
@@ -903,7 +921,12 @@ impl HistoryWriter {
     /// Waits until every earlier command is done.
     async fn flush(&self) {
         let (reply, done) = oneshot::channel();
-        if self.commands.send(HistoryCommand::Flush(reply)).is_ok() {
+        if self
+            .commands
+            .send(HistoryCommand::Flush(reply))
+            .await
+            .is_ok()
+        {
             let _ = done.await;
         }
     }
