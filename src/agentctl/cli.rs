@@ -62,6 +62,12 @@ pub enum Command {
     /// historyContextInjection, the first prompt after a fresh session/new is wrapped once in
     /// that history.
     ///
+    /// Memory is bounded: every line is at most 1 MiB (--replay-line-limit-mib while a
+    /// session/load is open) and is dropped unread past that, queues are bounded, and a client
+    /// that stops reading for 30 s is disconnected. An agent that writes a longer line or leaves
+    /// 1024 messages unread on its stdin is cut off: the client's open requests fail with error
+    /// -32090 naming the bound, the agent is killed and serve exits non-zero.
+    ///
     /// Exits non-zero when the agent exits, so the pod ends and the operator sees a lost pod;
     /// on SIGTERM it closes the agent's stdin, waits up to 10 s, and exits 0.
     Serve(ServeArgs),
@@ -157,10 +163,9 @@ pub struct ServeArgs {
 /// The line limits of the ACP stream.
 #[derive(Args, Debug, Clone, Copy)]
 pub struct LimitArgs {
-    /// Longest line the agent may write while a session/load replays the transcript, in MiB
-    /// (every other line: 1 MiB). An agent that writes a longer line is cut off: the open
-    /// requests fail with error -32090 naming the limit, the agent is killed and agentctl
-    /// exits. Use the same value as the operator's --acp-replay-line-limit-mib.
+    /// Longest line while a session/load replays the transcript, in MiB (every other line:
+    /// 1 MiB). serve cuts off an agent that writes a longer line; connect passes lines up to
+    /// this long. The operator sets it in agent pods from its --acp-replay-line-limit-mib.
     #[arg(
         long,
         env = "KANDEV_REPLAY_LINE_LIMIT_MIB",

@@ -70,8 +70,8 @@ struct RunArgs {
     acp_timeout_seconds: u64,
     /// Longest line an agent may write while a session/load replays its transcript, in MiB
     /// (every other line: 1 MiB). An agent that writes a longer line is cut off and the restore
-    /// fails with reason AgentProtocolLimit, keeping the token. Use the same value as agentctl's
-    /// --replay-line-limit-mib (KANDEV_REPLAY_LINE_LIMIT_MIB) in the agent pods.
+    /// fails with reason AgentProtocolLimit, keeping the token. Agent pods get the same value
+    /// (KANDEV_REPLAY_LINE_LIMIT_MIB, for agentctl).
     #[arg(long, default_value_t = 8, value_name = "MIB",
         value_parser = clap::value_parser!(u64).range(1..=kandev_operator::codec::MAX_REPLAY_LINE_LIMIT_MIB))]
     acp_replay_line_limit_mib: u64,
