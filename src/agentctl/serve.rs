@@ -348,6 +348,8 @@ async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mps
 struct ClientHandle {
     lines: mpsc::Sender<String>,
     reader: AbortHandle,
+    /// Aborted only for a client that stopped reading (its writer would wait forever).
+    writer: AbortHandle,
 }
 
 struct Driver {
@@ -545,7 +547,7 @@ impl Driver {
         mut writer: OwnedWriteHalf,
     ) {
         let (lines_tx, mut lines_rx) = mpsc::channel::<String>(CLIENT_QUEUE);
-        self.tasks.spawn(async move {
+        let writer = self.tasks.spawn(async move {
             while let Some(line) = lines_rx.recv().await {
                 if let Err(error) = write_line(&mut writer, &line).await {
                     tracing::debug!(conn, %error, "client write failed");
@@ -560,6 +562,7 @@ impl Driver {
             ClientHandle {
                 lines: lines_tx,
                 reader: reader.abort_handle(),
+                writer,
             },
         );
     }
@@ -661,6 +664,7 @@ impl Driver {
                 tracing::warn!(conn, stall = ?CLIENT_STALL, "client stopped reading; disconnecting it");
                 if let Some(client) = self.clients.get(&conn) {
                     client.reader.abort();
+                    client.writer.abort();
                 }
                 self.hub.client_closed(conn)
             }
