@@ -617,14 +617,7 @@ impl Driver {
         self.update_stdout_limit();
         let mut queue = VecDeque::from(outputs);
         while let Some(output) = queue.pop_front() {
-            let more = match output {
-                Output::ToAgent(message) => self.send_agent(&message),
-                Output::ToClient(conn, message) => self.send_client(conn, message).await,
-                other => {
-                    self.apply_one(other).await?;
-                    Vec::new()
-                }
-            };
+            let more = self.apply_one(output).await?;
             for output in more.into_iter().rev() {
                 queue.push_front(output);
             }
@@ -686,57 +679,57 @@ impl Driver {
         self.hub.agent_cut_off(limit)
     }
 
-    async fn apply_one(&mut self, output: Output) -> Result<(), AgentctlError> {
-        {
-            match output {
-                Output::ToAgent(_) | Output::ToClient(..) => {}
-                Output::CloseClient(conn) => {
-                    if let Some(client) = self.clients.remove(&conn) {
-                        client.reader.abort();
-                        // Dropping the sender lets the writer flush what is queued, then close.
-                    }
-                }
-                Output::Event(event) => {
-                    let line = event.to_json(&now_rfc3339()).to_string();
-                    tracing::info!(event = %line, "event");
-                    if let Some(events) = &self.events {
-                        // No subscriber is fine: events are a live feed, not a log.
-                        let _ = events.send(line);
-                    }
-                }
-                Output::Record {
-                    history_session,
-                    entry,
-                } => self.history.append(history_session, stamped(entry)),
-                Output::InjectHistoryThenSend {
-                    history_session,
-                    mut message,
-                } => {
-                    match self.history.read(history_session.clone()).await {
-                        Ok(entries) => {
-                            if inject_history(&mut message, &entries) {
-                                tracing::info!(
-                                    history_session,
-                                    entries = entries.len(),
-                                    "first prompt after a fresh start wrapped in the resume context"
-                                );
-                            } else {
-                                tracing::info!(history_session, "no recorded history to inject");
-                            }
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "cannot read history; prompt sent without resume context");
-                        }
-                    }
-                    let cut_off = self.send_agent(&message);
-                    Box::pin(self.apply(cut_off)).await?;
-                }
-                Output::InitializeFailed { code, message } => {
-                    return Err(AgentctlError::InitializeFailed { code, message });
+    /// Carries out one output; returns what the hub wants done after a client or the agent was
+    /// cut off on the way.
+    async fn apply_one(&mut self, output: Output) -> Result<Vec<Output>, AgentctlError> {
+        match output {
+            Output::ToAgent(message) => return Ok(self.send_agent(&message)),
+            Output::ToClient(conn, message) => return Ok(self.send_client(conn, message).await),
+            Output::CloseClient(conn) => {
+                if let Some(client) = self.clients.remove(&conn) {
+                    client.reader.abort();
+                    // Dropping the sender lets the writer flush what is queued, then close.
                 }
             }
+            Output::Event(event) => {
+                let line = event.to_json(&now_rfc3339()).to_string();
+                tracing::info!(event = %line, "event");
+                if let Some(events) = &self.events {
+                    // No subscriber is fine: events are a live feed, not a log.
+                    let _ = events.send(line);
+                }
+            }
+            Output::Record {
+                history_session,
+                entry,
+            } => self.history.append(history_session, stamped(entry)),
+            Output::InjectHistoryThenSend {
+                history_session,
+                mut message,
+            } => {
+                match self.history.read(history_session.clone()).await {
+                    Ok(entries) => {
+                        if inject_history(&mut message, &entries) {
+                            tracing::info!(
+                                history_session,
+                                entries = entries.len(),
+                                "first prompt after a fresh start wrapped in the resume context"
+                            );
+                        } else {
+                            tracing::info!(history_session, "no recorded history to inject");
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read history; prompt sent without resume context");
+                    }
+                }
+                return Ok(self.send_agent(&message));
+            }
+            Output::InitializeFailed { code, message } => {
+                return Err(AgentctlError::InitializeFailed { code, message });
+            }
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     /// Queues a line for the agent's stdin; a full queue cuts the agent off (what the hub then
