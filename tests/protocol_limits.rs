@@ -4,7 +4,8 @@
 //! over the agent's stdio and through `agentctl serve` + `agentctl connect` as the operator
 //! does over exec. Each restore must fail cleanly as `agent_protocol_limit` with the token kept,
 //! and the memory of this process (the operator side) and of serve must stay bounded: a memory
-//! ceiling is a correctness bound, so it is asserted.
+//! ceiling is a correctness bound, so it is asserted. A 7 MiB replay line, within the replay
+//! line limit, restores normally.
 //!
 //! The tests take turns (one lock): the peak RSS of this process then belongs to one flood at a
 //! time, and two floods do not fight over a shared machine.
@@ -65,18 +66,14 @@ fn sample_peak(
     })
 }
 
+/// `flood` is `--flood KIND [--flood-amount N]`.
 fn agent_args(flood: &str) -> Vec<String> {
-    [
-        "--advertise",
-        "load",
-        "--known-session",
-        TOKEN,
-        "--flood",
-        flood,
-    ]
-    .iter()
-    .map(|a| (*a).to_owned())
-    .collect()
+    let mut args: Vec<String> = ["--advertise", "load", "--known-session", TOKEN, "--flood"]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+    args.extend(flood.split_whitespace().map(str::to_owned));
+    args
 }
 
 /// The restore failed as `agent_protocol_limit`, keeping the token, with a reason that names
@@ -105,6 +102,10 @@ fn assert_cut_off(outcome: &RestoreOutcome, bound: &str) {
 
 /// Restores against the test agent over its own stdio: the operator-side client alone.
 async fn restore_direct(flood: &str, limits: AcpLimits) -> RestoreOutcome {
+    restore_direct_expecting(flood, limits, true).await
+}
+
+async fn restore_direct_expecting(flood: &str, limits: AcpLimits, cut_off: bool) -> RestoreOutcome {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cmd = vec![AGENT.to_owned()];
     cmd.extend(agent_args(flood));
@@ -118,7 +119,7 @@ async fn restore_direct(flood: &str, limits: AcpLimits) -> RestoreOutcome {
         .client_mut()
         .restore(Some(TOKEN), dir.path(), true, false, timeouts())
         .await;
-    assert!(agent.client().is_closed(), "the agent was cut off");
+    assert_eq!(agent.client().is_closed(), cut_off, "the agent was cut off");
     agent
         .shutdown(Duration::from_secs(2))
         .await
@@ -281,6 +282,38 @@ async fn through_agentctl_an_agent_that_never_reads_its_stdin_is_cut_off() {
     assert_cut_off(&outcome, "agent does not read its input (1024 messages");
     report(
         "10^6 requests, stdin unread, through agentctl",
+        started,
+        Some(serve_peak),
+    );
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_7_mib_replay_line_is_within_the_replay_limit() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let flood = format!("long-line --flood-amount {}", 7 * MIB);
+    let outcome = restore_direct_expecting(&flood, AcpLimits::default(), false).await;
+    assert!(
+        matches!(outcome, RestoreOutcome::Restored { .. }),
+        "{outcome:?}"
+    );
+    report("7 MiB replay line, direct", started, None);
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_7_mib_replay_line_is_within_the_replay_limit() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let flood = format!("long-line --flood-amount {}", 7 * MIB);
+    let (outcome, serve_peak) = restore_through_agentctl(&flood, AcpLimits::default(), false).await;
+    assert!(
+        matches!(outcome, RestoreOutcome::Restored { .. }),
+        "{outcome:?}"
+    );
+    report(
+        "7 MiB replay line, through agentctl",
         started,
         Some(serve_peak),
     );

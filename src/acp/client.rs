@@ -689,9 +689,10 @@ mod tests {
         json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
     }
 
-    #[tokio::test]
-    async fn load_collects_the_replay_that_precedes_the_answer() {
-        let mut client = scripted_agent(|method, id, params| match method {
+    /// Answers `session/load` with a replay of two updates of the session, one of another
+    /// session and a garbage line.
+    fn replaying_agent() -> AcpClient {
+        scripted_agent(|method, id, params| match method {
             "initialize" => vec![ok(
                 id,
                 json!({"protocolVersion": 1,
@@ -717,25 +718,37 @@ mod tests {
                 ]
             }
             _ => vec![],
-        });
-        let summary = client.initialize().await.expect("initialize");
-        assert!(summary.load_session && !summary.session_resume);
-        let mut updates = client.subscribe_updates();
-        let replay = client
-            .load_session("s-1", Path::new("/work"))
-            .await
-            .expect("load");
-        // Counted for the loaded session only; every line while the load was open is bytes.
-        assert_eq!(replay.updates, 2);
-        assert!(replay.bytes > 300, "{replay:?}");
-        let mut texts = Vec::new();
-        while let Ok(event) = updates.try_recv() {
-            if event.session_id == "s-1" {
-                texts.extend(event.text().map(str::to_owned));
+        })
+    }
+
+    #[tokio::test]
+    async fn load_counts_the_replay_that_precedes_the_answer() {
+        // With a subscriber (every update is built and handed out) and without one (updates
+        // are only counted, never built): the same counts.
+        for subscribed in [true, false] {
+            let mut client = replaying_agent();
+            let summary = client.initialize().await.expect("initialize");
+            assert!(summary.load_session && !summary.session_resume);
+            let mut updates = subscribed.then(|| client.subscribe_updates());
+            let replay = client
+                .load_session("s-1", Path::new("/work"))
+                .await
+                .expect("load");
+            // Counted for the loaded session only; every line while the load was open is bytes.
+            assert_eq!(replay.updates, 2, "subscribed: {subscribed}");
+            assert!(replay.bytes > 300, "{replay:?}");
+            assert_eq!(client.garbage_lines(), 1);
+            let Some(updates) = &mut updates else {
+                continue;
+            };
+            let mut texts = Vec::new();
+            while let Ok(event) = updates.try_recv() {
+                if event.session_id == "s-1" {
+                    texts.extend(event.text().map(str::to_owned));
+                }
             }
+            assert_eq!(texts, ["What's the capital of France?", "Paris."]);
         }
-        assert_eq!(texts, ["What's the capital of France?", "Paris."]);
-        assert_eq!(client.garbage_lines(), 1);
     }
 
     #[tokio::test]

@@ -15,7 +15,8 @@
 //! Memory is bounded per connection: every line by [`crate::codec`] (1 MiB, or the replay line
 //! limit while a `session/load` is open), the queue to the agent by [`OUTGOING_CAPACITY`], each
 //! subscriber by [`SUBSCRIBER_CAPACITY`], and a replay is counted as it streams by, against the
-//! replay budget. An agent that breaks a bound is cut off: both tasks stop, and every call fails
+//! replay budget (an update nobody subscribed to is counted without being parsed into a
+//! [`Value`]). An agent that breaks a bound is cut off: both tasks stop, and every call fails
 //! with [`RestoreFailure::AgentLimit`] naming the bound.
 
 use std::collections::HashMap;
@@ -83,6 +84,17 @@ struct State {
     subscribers: Vec<mpsc::Sender<SessionUpdateEvent>>,
     limits: AcpLimits,
     loading: Option<Loading>,
+}
+
+impl State {
+    /// Counts a `session/update` of `session_id` for the open load, if it is its session.
+    fn count_update(&mut self, session_id: &str) {
+        if let Some(loading) = &mut self.loading
+            && loading.session_id == session_id
+        {
+            loading.replayed.updates += 1;
+        }
+    }
 }
 
 /// What the reader task, the writer task and the callers share.
@@ -164,11 +176,7 @@ impl Shared {
 
     fn publish(&self, event: SessionUpdateEvent) {
         let mut state = self.lock();
-        if let Some(loading) = &mut state.loading
-            && loading.session_id == event.session_id
-        {
-            loading.replayed.updates += 1;
-        }
+        state.count_update(&event.session_id);
         // Dropped receivers are pruned here rather than tracked: cheap and always correct. A
         // full one is dropped too: it fell behind by a whole queue.
         state
@@ -550,8 +558,49 @@ fn our_id(id: &Value) -> Option<u64> {
     }
 }
 
+/// The little of a line needed to count a `session/update`, read without building the message.
+#[derive(serde::Deserialize)]
+struct UpdatePeek {
+    method: Option<String>,
+    id: Option<serde::de::IgnoredAny>,
+    params: Option<UpdatePeekParams>,
+}
+
+#[derive(serde::Deserialize)]
+struct UpdatePeekParams {
+    #[serde(rename = "sessionId")]
+    session_id: Option<String>,
+    update: Option<serde::de::IgnoredAny>,
+}
+
+/// Counts a `session/update` that nobody subscribed to without building it as a [`Value`]
+/// (a replayed update may carry megabytes; its parsed form would be several times that). False
+/// for anything else, or when someone subscribed: the line then takes the full path.
+fn count_unobserved_update(line: &[u8], shared: &Shared) -> bool {
+    if !shared.lock().subscribers.is_empty() {
+        return false;
+    }
+    let Ok(peek) = serde_json::from_slice::<UpdatePeek>(line) else {
+        return false;
+    };
+    match (peek.method.as_deref(), peek.id, peek.params) {
+        (
+            Some(SESSION_UPDATE),
+            None,
+            Some(UpdatePeekParams {
+                session_id: Some(session_id),
+                update: Some(_),
+            }),
+        ) => {
+            shared.lock().count_update(&session_id);
+            true
+        }
+        _ => false,
+    }
+}
+
 fn handle_line(line: &[u8], shared: &Shared, outgoing: &Outgoing) {
-    if line.iter().all(u8::is_ascii_whitespace) {
+    if line.iter().all(u8::is_ascii_whitespace) || count_unobserved_update(line, shared) {
         return;
     }
     let message: Value = match serde_json::from_slice(line) {
