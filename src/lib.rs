@@ -5,6 +5,7 @@ pub mod acp;
 pub mod agentctl;
 pub mod agents;
 pub mod api;
+pub mod codec;
 pub mod controller;
 pub mod history;
 pub mod plugin;

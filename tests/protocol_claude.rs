@@ -252,11 +252,19 @@ async fn claude_load_replays_the_fixture_transcript() {
     sandbox.place_fixture();
     let mut agent = sandbox.spawn();
     agent.client_mut().initialize().await.expect("initialize");
-    let replay = agent
+    let mut updates = agent.client().subscribe_updates();
+    let replayed = agent
         .client()
         .load_session(FIXTURE_SESSION, sandbox.cwd())
         .await
         .expect("load");
+    let mut replay = Vec::new();
+    while let Ok(update) = updates.try_recv() {
+        if update.session_id == FIXTURE_SESSION {
+            replay.push(update);
+        }
+    }
+    assert_eq!(replayed.updates, replay.len() as u64, "{replayed:?}");
     let messages: Vec<(&str, &str)> = replay
         .iter()
         .filter_map(|u| Some((u.kind.as_str(), u.text()?)))

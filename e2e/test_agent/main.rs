@@ -18,6 +18,12 @@
 //! - `garbage`: print non-JSON lines instead of an answer, and never answer.
 //! - `malformed`: answer with a `result` that does not match the schema.
 //!
+//! Floods (`--flood`, on `session/load` of a known session, instead of its answer), for the
+//! memory bounds of the clients: `replay` writes 500 MB of `session/update` notifications and
+//! then answers; `long-line` writes one 30 MiB line and then answers; `requests` writes 10^6
+//! requests to the client and never reads stdin again. `--flood-amount` overrides the size (bytes,
+//! or the number of requests). Writing stops when the client is gone.
+//!
 //! Test-only; not shipped in images.
 
 use std::fs::OpenOptions;
@@ -95,6 +101,26 @@ enum Capability {
     None,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Flood {
+    /// 500 MB of `session/update` notifications before the answer.
+    Replay,
+    /// One line of 30 MiB before the answer.
+    LongLine,
+    /// 10^6 requests to the client, and stdin is never read again.
+    Requests,
+}
+
+impl Flood {
+    fn default_amount(self) -> u64 {
+        match self {
+            Self::Replay => 500_000_000,
+            Self::LongLine => 30 * 1024 * 1024,
+            Self::Requests => 1_000_000,
+        }
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "kandev-test-agent",
@@ -130,6 +156,12 @@ struct Args {
     /// unknown notification, a garbage line, a permission request and a file-system request.
     #[arg(long)]
     chatter: bool,
+    /// Flood the client on `session/load` (see the module docs).
+    #[arg(long, value_enum)]
+    flood: Option<Flood>,
+    /// The flood's size: bytes for `replay` and `long-line`, requests for `requests`.
+    #[arg(long)]
+    flood_amount: Option<u64>,
     /// Append one line per received message: `<method> [<sessionId>]`, or
     /// `response <id> ok|error <detail>` for answers to our own requests.
     #[arg(long)]
@@ -335,6 +367,21 @@ impl Agent {
             return self.error(id, -32002, "Resource not found");
         };
         let session = session.to_owned();
+        if let (true, Some(flood)) = (load, self.args.flood) {
+            let amount = self.args.flood_amount.unwrap_or(flood.default_amount());
+            self.log(&format!("flood {flood:?} {amount}"));
+            if self.flood(flood, amount, &session).is_err() {
+                self.log("flood stopped: the client is gone");
+                std::process::exit(0);
+            }
+            if flood == Flood::Requests {
+                // Never read stdin again; the client must cut us off.
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
+            return self.result(id, json!({}));
+        }
         if load {
             for n in 0..self.args.replay {
                 let chunk = ContentChunk::new(ContentBlock::from(format!("replayed message {n}")));
@@ -348,6 +395,50 @@ impl Agent {
             }
         }
         self.result(id, json!({}));
+    }
+
+    /// Writes the flood through one buffer; an error means the client stopped reading.
+    fn flood(&mut self, flood: Flood, amount: u64, session: &str) -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, self.out.lock());
+        match flood {
+            Flood::Replay => {
+                let chunk = ContentChunk::new(ContentBlock::from("r".repeat(1000)));
+                let params = to_value(&SessionNotification::new(
+                    session.to_owned(),
+                    SessionUpdate::AgentMessageChunk(chunk),
+                ));
+                let line = json!({"jsonrpc": "2.0", "method": "session/update", "params": params})
+                    .to_string();
+                let mut written = 0u64;
+                while written < amount {
+                    writeln!(out, "{line}")?;
+                    written += line.len() as u64 + 1;
+                }
+            }
+            Flood::LongLine => {
+                let head = format!(
+                    r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":""#
+                );
+                out.write_all(head.as_bytes())?;
+                let block = [b'x'; 1 << 16];
+                let mut left = amount.saturating_sub(head.len() as u64 + 5);
+                while left > 0 {
+                    let n = left.min(block.len() as u64) as usize;
+                    out.write_all(&block[..n])?;
+                    left -= n as u64;
+                }
+                out.write_all(b"\"}}}}\n")?;
+            }
+            Flood::Requests => {
+                for n in 0..amount {
+                    writeln!(
+                        out,
+                        r#"{{"jsonrpc":"2.0","id":"flood-{n}","method":"fs/read_text_file","params":{{"sessionId":"{session}","path":"/etc/hostname"}}}}"#
+                    )?;
+                }
+            }
+        }
+        out.flush()
     }
 
     fn prompt(&mut self, id: &Value, session_id: Option<&str>, message: &Value) {

@@ -23,7 +23,7 @@ use crate::resume::{
 };
 
 use super::outcome::RestoreOutcome;
-use super::rpc::RpcConnection;
+use super::rpc::{Replayed, RpcConnection};
 use super::updates::SessionUpdateEvent;
 use super::{AcpError, DISCONNECT_METHOD, LAUNCH_META};
 
@@ -57,6 +57,34 @@ impl AcpTimeouts {
             initialize: limit,
             session: limit,
             prompt: Some(limit),
+        }
+    }
+}
+
+/// The memory bounds of one agent connection (see `rpc.rs`). An agent that breaks one is cut
+/// off, and the call in flight fails with [`RestoreFailure::AgentLimit`] (the token is kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcpLimits {
+    /// Longest line outside a `session/load` replay.
+    pub line: usize,
+    /// Longest line while a `session/load` is open (one replayed update may carry a whole tool
+    /// result). Operator flag `--acp-replay-line-limit-mib`.
+    pub replay_line: usize,
+    /// Bytes the agent may write while one `session/load` is open, all lines together.
+    /// Operator flag `--acp-replay-budget-mib`.
+    pub replay_budget: u64,
+}
+
+/// Default of [`AcpLimits::replay_budget`]: far beyond any transcript seen, and streamed, so it
+/// bounds how long a runaway agent can keep a restore busy rather than memory.
+pub const DEFAULT_REPLAY_BUDGET: u64 = 256 * 1024 * 1024;
+
+impl Default for AcpLimits {
+    fn default() -> Self {
+        Self {
+            line: crate::codec::LINE_LIMIT,
+            replay_line: crate::codec::DEFAULT_REPLAY_LINE_LIMIT,
+            replay_budget: DEFAULT_REPLAY_BUDGET,
         }
     }
 }
@@ -109,6 +137,16 @@ impl AcpClient {
 
     pub fn timeouts(&self) -> AcpTimeouts {
         self.timeouts
+    }
+
+    /// Replaces the connection's memory bounds (they apply from the next line on).
+    pub fn with_limits(self, limits: AcpLimits) -> Self {
+        self.set_limits(limits);
+        self
+    }
+
+    pub fn set_limits(&self, limits: AcpLimits) {
+        self.rpc.set_limits(limits);
     }
 
     /// Tags the session setup and prompt requests that follow with `launch` ([`LAUNCH_META`]),
@@ -223,14 +261,10 @@ impl AcpClient {
         Ok(id)
     }
 
-    /// `session/load`: returns the `session/update` notifications for this session that the
-    /// agent replayed before answering (ACP: the replay precedes the response). They also go to
-    /// every [`Self::subscribe_updates`] receiver.
-    pub async fn load_session(
-        &self,
-        session_id: &str,
-        cwd: &Path,
-    ) -> Result<Vec<SessionUpdateEvent>, AcpError> {
+    /// `session/load`: returns how much the agent replayed before answering (ACP: the replay
+    /// precedes the response), counted as it streamed by. The updates themselves go to every
+    /// [`Self::subscribe_updates`] receiver.
+    pub async fn load_session(&self, session_id: &str, cwd: &Path) -> Result<Replayed, AcpError> {
         self.load_session_within(session_id, cwd, self.timeouts.session)
             .await
     }
@@ -240,22 +274,16 @@ impl AcpClient {
         session_id: &str,
         cwd: &Path,
         limit: Duration,
-    ) -> Result<Vec<SessionUpdateEvent>, AcpError> {
-        // Subscribe before sending: the reader task publishes every notification before it
-        // resolves the answer that follows it, so everything replayed is already queued here
-        // when the call returns.
-        let mut replay = self.rpc.subscribe();
+    ) -> Result<Replayed, AcpError> {
+        let method = method::SESSION_LOAD;
         let request = LoadSessionRequest::new(session_id.to_owned(), cwd);
-        let _: LoadSessionResponse = self
-            .request(method::SESSION_LOAD, &request, Some(limit))
-            .await?;
-        let mut updates = Vec::new();
-        while let Ok(event) = replay.try_recv() {
-            if event.session_id == session_id {
-                updates.push(event);
-            }
-        }
-        Ok(updates)
+        let params = self.params(method, &request)?;
+        let (answer, replayed) = self
+            .rpc
+            .call_replaying(method, params, Some(limit), session_id)
+            .await;
+        let _: LoadSessionResponse = decode(method, answer)?;
+        Ok(replayed)
     }
 
     /// `session/resume`: reattaches to the session without a history replay.
@@ -340,9 +368,10 @@ impl AcpClient {
             })
     }
 
-    /// Every `session/update` from now on, for any session; ends when the connection closes.
-    /// Unbounded so a long replay is never dropped: drop the receiver when done with it.
-    pub fn subscribe_updates(&self) -> mpsc::UnboundedReceiver<SessionUpdateEvent> {
+    /// Every `session/update` from now on, for any session; ends when the connection closes,
+    /// or when the receiver falls a whole queue behind (it is dropped rather than let grow):
+    /// read it while the call runs, and drop it when done with it.
+    pub fn subscribe_updates(&self) -> mpsc::Receiver<SessionUpdateEvent> {
         self.rpc.subscribe()
     }
 
@@ -441,7 +470,11 @@ impl AcpClient {
                     .instrument(tracing::info_span!("acp.session.load", session_id = %id))
                     .await
                     .map(|replayed| {
-                        tracing::info!(replayed = replayed.len(), "session loaded");
+                        tracing::info!(
+                            replayed = replayed.updates,
+                            bytes = replayed.bytes,
+                            "session loaded"
+                        );
                         id.clone()
                     }),
                 RestorePlan::New { why } => {
@@ -501,16 +534,20 @@ impl AcpClient {
         limit: Option<Duration>,
     ) -> Result<Resp, AcpError> {
         let params = self.params(method, request)?;
-        let value = self
-            .rpc
-            .call(method, params, limit)
-            .await
-            .map_err(|failure| AcpError::Call { method, failure })?;
-        serde_json::from_value(value).map_err(|error| AcpError::Call {
-            method,
-            failure: RestoreFailure::MalformedResponse(error.to_string()),
-        })
+        decode(method, self.rpc.call(method, params, limit).await)
     }
+}
+
+/// A call's answer as `Resp`.
+fn decode<Resp: DeserializeOwned>(
+    method: &'static str,
+    answer: Result<serde_json::Value, RestoreFailure>,
+) -> Result<Resp, AcpError> {
+    let value = answer.map_err(|failure| AcpError::Call { method, failure })?;
+    serde_json::from_value(value).map_err(|error| AcpError::Call {
+        method,
+        failure: RestoreFailure::MalformedResponse(error.to_string()),
+    })
 }
 
 fn encode<T: Serialize>(method: &'static str, value: &T) -> Result<serde_json::Value, AcpError> {
@@ -567,6 +604,7 @@ pub(crate) fn describe_failure(failure: &RestoreFailure, limit: Option<Duration>
             None => "got no answer in time".to_owned(),
         },
         RestoreFailure::MalformedResponse(detail) => format!("gave a malformed answer: {detail}"),
+        RestoreFailure::AgentLimit(limit) => format!("was cut off: {limit}"),
     }
 }
 
@@ -597,6 +635,7 @@ pub fn negotiated_capabilities(response: &InitializeResponse) -> NegotiatedCapab
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resume::AgentLimit;
     use pretty_assertions::assert_eq;
     use serde_json::{Value, json};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, duplex};
@@ -650,9 +689,10 @@ mod tests {
         json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
     }
 
-    #[tokio::test]
-    async fn load_collects_the_replay_that_precedes_the_answer() {
-        let mut client = scripted_agent(|method, id, params| match method {
+    /// Answers `session/load` with a replay of two updates of the session, one of another
+    /// session and a garbage line.
+    fn replaying_agent() -> AcpClient {
+        scripted_agent(|method, id, params| match method {
             "initialize" => vec![ok(
                 id,
                 json!({"protocolVersion": 1,
@@ -678,16 +718,106 @@ mod tests {
                 ]
             }
             _ => vec![],
-        });
-        let summary = client.initialize().await.expect("initialize");
-        assert!(summary.load_session && !summary.session_resume);
-        let replay = client
-            .load_session("s-1", Path::new("/work"))
-            .await
-            .expect("load");
-        let texts: Vec<_> = replay.iter().filter_map(|u| u.text()).collect();
-        assert_eq!(texts, ["What's the capital of France?", "Paris."]);
-        assert_eq!(client.garbage_lines(), 1);
+        })
+    }
+
+    #[tokio::test]
+    async fn load_counts_the_replay_that_precedes_the_answer() {
+        // With a subscriber (every update is built and handed out) and without one (updates
+        // are only counted, never built): the same counts.
+        for subscribed in [true, false] {
+            let mut client = replaying_agent();
+            let summary = client.initialize().await.expect("initialize");
+            assert!(summary.load_session && !summary.session_resume);
+            let mut updates = subscribed.then(|| client.subscribe_updates());
+            let replay = client
+                .load_session("s-1", Path::new("/work"))
+                .await
+                .expect("load");
+            // Counted for the loaded session only; every line while the load was open is bytes.
+            assert_eq!(replay.updates, 2, "subscribed: {subscribed}");
+            assert!(replay.bytes > 300, "{replay:?}");
+            assert_eq!(client.garbage_lines(), 1);
+            let Some(updates) = &mut updates else {
+                continue;
+            };
+            let mut texts = Vec::new();
+            while let Ok(event) = updates.try_recv() {
+                if event.session_id == "s-1" {
+                    texts.extend(event.text().map(str::to_owned));
+                }
+            }
+            assert_eq!(texts, ["What's the capital of France?", "Paris."]);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replay_over_budget_or_line_limit_cuts_the_agent_off_keeping_the_token() {
+        for (limits, expected) in [
+            (
+                AcpLimits {
+                    replay_budget: 4096,
+                    ..AcpLimits::default()
+                },
+                AgentLimit::Replay { limit: 4096 },
+            ),
+            (
+                AcpLimits {
+                    line: 200,
+                    replay_line: 1024,
+                    ..AcpLimits::default()
+                },
+                AgentLimit::Line { limit: 1024 },
+            ),
+        ] {
+            let mut client = scripted_agent(|method, id, params| match method {
+                "initialize" => vec![ok(
+                    id,
+                    json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
+                )],
+                "session/load" => {
+                    // Lines under 1 KiB (above the normal limit), 8 KiB in all.
+                    let update = json!({"jsonrpc": "2.0", "method": "session/update",
+                        "params": {"sessionId": params["sessionId"], "update": {
+                            "sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": "x".repeat(800)}}}})
+                    .to_string();
+                    let mut lines = vec![update; 10];
+                    lines.push(format!("{{\"big\": \"{}\"}}", "y".repeat(2000)));
+                    lines.push(ok(id, json!({})));
+                    lines
+                }
+                _ => vec![],
+            })
+            .with_limits(limits);
+            let outcome = client
+                .restore(
+                    Some("tok"),
+                    Path::new("/w"),
+                    true,
+                    false,
+                    AcpTimeouts::uniform(Duration::from_secs(5)),
+                )
+                .await;
+            let RestoreOutcome::Failed {
+                class,
+                token_kept,
+                session_id,
+                reason,
+                ..
+            } = &outcome
+            else {
+                panic!("{outcome:?}");
+            };
+            assert_eq!(*class, RestoreErrorClass::AgentProtocolLimit);
+            assert!(*token_kept);
+            assert_eq!(session_id.as_deref(), Some("tok"));
+            assert_eq!(
+                reason,
+                &format!("agent_protocol_limit: session/load was cut off: {expected}")
+            );
+            assert!(client.is_closed());
+        }
     }
 
     #[tokio::test]

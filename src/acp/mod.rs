@@ -19,11 +19,14 @@ mod updates;
 
 use std::path::PathBuf;
 
-pub use client::{AcpClient, AcpTimeouts, negotiated_capabilities, restore_capabilities};
+pub use client::{
+    AcpClient, AcpLimits, AcpTimeouts, DEFAULT_REPLAY_BUDGET, negotiated_capabilities,
+    restore_capabilities,
+};
 pub use exec::PodConnection;
 pub use local::{AgentStderr, LocalAgent, RestoreOptions, SpawnOptions, restore_with_local_agent};
 pub use outcome::{OutcomeKind, RestoreOutcome, RestoreReport};
-pub use rpc::default_answer_to_agent_request;
+pub use rpc::{Replayed, default_answer_to_agent_request};
 pub use updates::SessionUpdateEvent;
 
 use crate::resume::RestoreFailure;

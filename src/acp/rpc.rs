@@ -11,6 +11,13 @@
 //! `session/update` notifications to subscribers and answers requests from the agent; a writer
 //! task owns the write half so callers and the reader can both send without sharing a lock
 //! across an `.await`.
+//!
+//! Memory is bounded per connection: every line by [`crate::codec`] (1 MiB, or the replay line
+//! limit while a `session/load` is open), the queue to the agent by [`OUTGOING_CAPACITY`], each
+//! subscriber by [`SUBSCRIBER_CAPACITY`], and a replay is counted as it streams by, against the
+//! replay budget (an update nobody subscribed to is counted without being parsed into a
+//! [`Value`]). An agent that breaks a bound is cut off: both tasks stop, and every call fails
+//! with [`RestoreFailure::AgentLimit`] naming the bound.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,17 +25,28 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::resume::{INTERNAL_ERROR, METHOD_NOT_FOUND, RestoreFailure};
+use crate::codec::{Frame, LineReader, WarnLimiter};
+use crate::resume::{AgentLimit, INTERNAL_ERROR, METHOD_NOT_FOUND, RestoreFailure};
 
+use super::client::AcpLimits;
 use super::updates::SessionUpdateEvent;
 
-/// Longest line we buffer. Session replays and tool results can be large, but an agent that
-/// streams megabytes without a newline is broken and must not make us allocate without bound.
-pub(crate) const MAX_LINE_BYTES: usize = 32 * 1024 * 1024;
+/// Messages to the agent that may wait for it to read them. We send a handful of requests of
+/// our own; the rest are answers to the agent's requests, so an agent that fills this sends
+/// requests without reading the answers and is cut off ([`AgentLimit::Input`]).
+pub(crate) const OUTGOING_CAPACITY: usize = 1024;
+
+/// `session/update` notifications queued per subscriber; one that falls further behind is
+/// dropped (its stream ends) rather than holding the connection or growing without bound.
+pub(crate) const SUBSCRIBER_CAPACITY: usize = 256;
+
+/// An agent-chosen request id longer than this is not echoed back: a real id is a counter or
+/// a UUID, and answering a huge one would let the agent size our outgoing queue.
+pub(crate) const MAX_ECHOED_ID_BYTES: usize = 256;
 
 /// How much of a bad line goes into a warning: enough to recognise it, not enough to flood logs
 /// (or leak much of whatever the agent printed).
@@ -42,19 +60,52 @@ const SESSION_UPDATE: &str = "session/update";
 
 type CallResult = Result<Value, RestoreFailure>;
 
+/// What one `session/load` replayed, counted as it streamed by (never buffered).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// `session/update` notifications for the loaded session.
+    pub updates: u64,
+    /// Bytes of every line the agent wrote while the load was open.
+    pub bytes: u64,
+}
+
+/// The `session/load` being answered, if any.
+struct Loading {
+    session_id: String,
+    replayed: Replayed,
+}
+
 /// Mutable connection state; only ever locked briefly and never across an `.await`.
-#[derive(Default)]
 struct State {
     pending: HashMap<u64, oneshot::Sender<CallResult>>,
-    /// Set once the stream closed (EOF, read or write error). Later calls fail at once.
-    closed: bool,
-    subscribers: Vec<mpsc::UnboundedSender<SessionUpdateEvent>>,
+    /// Set once the stream closed (EOF, read or write error: `TransportClosed`) or the agent
+    /// was cut off (`AgentLimit`). Later calls fail at once with it.
+    closed: Option<RestoreFailure>,
+    subscribers: Vec<mpsc::Sender<SessionUpdateEvent>>,
+    limits: AcpLimits,
+    loading: Option<Loading>,
+}
+
+impl State {
+    /// Counts a `session/update` of `session_id` for the open load, if it is its session.
+    fn count_update(&mut self, session_id: &str) {
+        if let Some(loading) = &mut self.loading
+            && loading.session_id == session_id
+        {
+            loading.replayed.updates += 1;
+        }
+    }
 }
 
 /// What the reader task, the writer task and the callers share.
 struct Shared {
     state: Mutex<State>,
     garbage_lines: AtomicU64,
+    /// Turns true when the connection closes; stops the writer even mid-write (an agent that
+    /// does not read its stdin would otherwise hold it forever).
+    closing: watch::Sender<bool>,
+    /// Rate limit of the warnings about what the agent sends.
+    warnings: Mutex<WarnLimiter>,
 }
 
 impl Shared {
@@ -64,21 +115,46 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Marks the stream closed and fails every pending call with `TransportClosed`. Dropping
-    /// the subscriber senders ends their receivers too, so update streams see the end.
-    fn close(&self) {
-        let (pending, subscribers) = {
+    /// Marks the stream closed for `why` and fails every pending call with it. Dropping the
+    /// subscriber senders ends their receivers too, so update streams see the end. The first
+    /// reason wins.
+    fn close(&self, why: RestoreFailure) {
+        let (pending, subscribers, why) = {
             let mut state = self.lock();
-            state.closed = true;
+            let why = state.closed.get_or_insert(why).clone();
             (
                 std::mem::take(&mut state.pending),
                 std::mem::take(&mut state.subscribers),
+                why,
             )
         };
+        self.closing.send_replace(true);
         for (_, waiter) in pending {
-            let _ = waiter.send(Err(RestoreFailure::TransportClosed));
+            let _ = waiter.send(Err(why.clone()));
         }
         drop(subscribers);
+    }
+
+    /// Cuts the agent off for breaking `limit`: its pending calls fail with the limit.
+    fn cut_off(&self, limit: AgentLimit) {
+        tracing::warn!(%limit, "cutting the agent off");
+        self.close(RestoreFailure::AgentLimit(limit));
+    }
+
+    fn closed(&self) -> Option<RestoreFailure> {
+        self.lock().closed.clone()
+    }
+
+    /// A warning about the agent's output, at most once per period (with what was held back).
+    fn warn(&self, what: impl FnOnce(u64)) {
+        let allowed = self
+            .warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .allow();
+        if let Some(suppressed) = allowed {
+            what(suppressed);
+        }
     }
 
     fn resolve(&self, id: u64, result: CallResult) {
@@ -88,26 +164,88 @@ impl Shared {
                 // The caller may have given up (timeout) in the meantime; that is fine.
                 let _ = waiter.send(result);
             }
-            None => tracing::warn!(
-                id,
-                "answer for a request nobody waits for (late after a timeout?)"
-            ),
+            None => self.warn(|suppressed| {
+                tracing::warn!(
+                    id,
+                    suppressed,
+                    "answer for a request nobody waits for (late after a timeout?)"
+                )
+            }),
         }
     }
 
     fn publish(&self, event: SessionUpdateEvent) {
         let mut state = self.lock();
-        // Dropped receivers are pruned here rather than tracked: cheap and always correct.
+        state.count_update(&event.session_id);
+        // Dropped receivers are pruned here rather than tracked: cheap and always correct. A
+        // full one is dropped too: it fell behind by a whole queue.
         state
             .subscribers
-            .retain(|subscriber| subscriber.send(event.clone()).is_ok());
+            .retain(|subscriber| match subscriber.try_send(event.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(
+                        capacity = SUBSCRIBER_CAPACITY,
+                        "session/update subscriber too slow; dropped"
+                    );
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            });
+    }
+
+    /// The limit of the next line: the replay limit while a `session/load` is open; `None`
+    /// once the connection is closed (the agent may have been cut off while a line was handled).
+    fn next_line_limit(&self) -> Option<usize> {
+        let state = self.lock();
+        match (&state.closed, &state.loading) {
+            (Some(_), _) => None,
+            (None, Some(_)) => Some(state.limits.replay_line),
+            (None, None) => Some(state.limits.line),
+        }
+    }
+
+    /// Counts a line of `bytes` against an open load's budget; the budget when it is exceeded.
+    fn count_replay(&self, bytes: usize) -> Option<u64> {
+        let mut state = self.lock();
+        let budget = state.limits.replay_budget;
+        let loading = state.loading.as_mut()?;
+        loading.replayed.bytes = loading
+            .replayed
+            .bytes
+            .saturating_add(u64::try_from(bytes).unwrap_or(u64::MAX));
+        (loading.replayed.bytes > budget).then_some(budget)
+    }
+}
+
+/// The sending side of the queue to the agent: never blocks, cuts the agent off when full.
+#[derive(Clone)]
+struct Outgoing {
+    queue: mpsc::Sender<Vec<u8>>,
+}
+
+impl Outgoing {
+    fn send(&self, line: Vec<u8>, shared: &Shared) -> Result<(), RestoreFailure> {
+        match self.queue.try_send(line) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let limit = AgentLimit::Input {
+                    limit: OUTGOING_CAPACITY,
+                };
+                shared.cut_off(limit);
+                Err(RestoreFailure::AgentLimit(limit))
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                Err(shared.closed().unwrap_or(RestoreFailure::TransportClosed))
+            }
+        }
     }
 }
 
 /// A JSON-RPC connection over one byte stream.
 pub(crate) struct RpcConnection {
     shared: Arc<Shared>,
-    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    outgoing: Outgoing,
     next_id: AtomicU64,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
@@ -121,10 +259,19 @@ impl RpcConnection {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                pending: HashMap::new(),
+                closed: None,
+                subscribers: Vec::new(),
+                limits: AcpLimits::default(),
+                loading: None,
+            }),
             garbage_lines: AtomicU64::new(0),
+            closing: watch::Sender::new(false),
+            warnings: Mutex::new(WarnLimiter::default()),
         });
-        let (outgoing, outgoing_rx) = mpsc::unbounded_channel();
+        let (queue, outgoing_rx) = mpsc::channel(OUTGOING_CAPACITY);
+        let outgoing = Outgoing { queue };
         let writer = tokio::spawn(write_loop(writer, outgoing_rx, shared.clone()));
         let reader = tokio::spawn(read_loop(
             BufReader::new(reader),
@@ -140,6 +287,11 @@ impl RpcConnection {
         }
     }
 
+    /// Replaces the line limits and the replay budget (from the next line on).
+    pub(crate) fn set_limits(&self, limits: AcpLimits) {
+        self.shared.lock().limits = limits;
+    }
+
     /// Sends a request and waits for its answer, at most `timeout` (`None`: no limit, for calls
     /// like `session/prompt` whose turn may legitimately take hours).
     pub(crate) async fn call(
@@ -152,8 +304,8 @@ impl RpcConnection {
         let (tx, rx) = oneshot::channel();
         {
             let mut state = self.shared.lock();
-            if state.closed {
-                return Err(RestoreFailure::TransportClosed);
+            if let Some(why) = &state.closed {
+                return Err(why.clone());
             }
             state.pending.insert(id, tx);
         }
@@ -176,14 +328,41 @@ impl RpcConnection {
             None => rx.await,
         };
         // A dropped sender means the connection went away without resolving us.
-        answer.unwrap_or(Err(RestoreFailure::TransportClosed))
+        answer.unwrap_or_else(|_| {
+            Err(self
+                .shared
+                .closed()
+                .unwrap_or(RestoreFailure::TransportClosed))
+        })
+    }
+
+    /// [`Self::call`] for a `session/load` of `session_id`: while it is open, lines may be as
+    /// long as the replay line limit, every line counts against the replay budget, and the
+    /// replayed updates are counted as they pass.
+    pub(crate) async fn call_replaying(
+        &self,
+        method: &str,
+        params: Value,
+        timeout: Option<Duration>,
+        session_id: &str,
+    ) -> (CallResult, Replayed) {
+        self.shared.lock().loading = Some(Loading {
+            session_id: session_id.to_owned(),
+            replayed: Replayed::default(),
+        });
+        // Ends the replay however this future ends.
+        let guard = LoadingGuard {
+            shared: &self.shared,
+        };
+        let result = self.call(method, params, timeout).await;
+        (result, guard.finish())
     }
 
     /// Sends a request whose answer nobody waits for (it is dropped when it arrives), for turns
     /// that are followed by other means (the operator follows `agentctl events`).
     pub(crate) fn send_detached(&self, method: &str, params: Value) -> Result<(), RestoreFailure> {
-        if self.is_closed() {
-            return Err(RestoreFailure::TransportClosed);
+        if let Some(why) = self.shared.closed() {
+            return Err(why);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
@@ -191,32 +370,31 @@ impl RpcConnection {
 
     /// Sends a notification (no answer expected).
     pub(crate) fn notify(&self, method: &str, params: Value) -> Result<(), RestoreFailure> {
-        if self.is_closed() {
-            return Err(RestoreFailure::TransportClosed);
+        if let Some(why) = self.shared.closed() {
+            return Err(why);
         }
         self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
     }
 
     fn send(&self, message: &Value) -> Result<(), RestoreFailure> {
-        self.outgoing
-            .send(encode_line(message))
-            .map_err(|_| RestoreFailure::TransportClosed)
+        self.outgoing.send(encode_line(message), &self.shared)
     }
 
     /// A receiver of every `session/update` notification from now on. It ends when the
-    /// connection closes; dropping it unsubscribes.
-    pub(crate) fn subscribe(&self) -> mpsc::UnboundedReceiver<SessionUpdateEvent> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// connection closes, or when it falls [`SUBSCRIBER_CAPACITY`] updates behind; dropping it
+    /// unsubscribes.
+    pub(crate) fn subscribe(&self) -> mpsc::Receiver<SessionUpdateEvent> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_CAPACITY);
         let mut state = self.shared.lock();
         // Subscribing to a closed connection yields a receiver that ends at once.
-        if !state.closed {
+        if state.closed.is_none() {
             state.subscribers.push(tx);
         }
         rx
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.shared.lock().closed
+        self.shared.lock().closed.is_some()
     }
 
     /// Lines that were not JSON-RPC messages and were skipped.
@@ -231,7 +409,7 @@ impl Drop for RpcConnection {
     fn drop(&mut self) {
         self.reader.abort();
         self.writer.abort();
-        self.shared.close();
+        self.shared.close(RestoreFailure::TransportClosed);
     }
 }
 
@@ -246,6 +424,27 @@ impl Drop for PendingGuard<'_> {
     }
 }
 
+struct LoadingGuard<'a> {
+    shared: &'a Shared,
+}
+
+impl LoadingGuard<'_> {
+    fn finish(self) -> Replayed {
+        self.shared
+            .lock()
+            .loading
+            .take()
+            .map(|loading| loading.replayed)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for LoadingGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().loading = None;
+    }
+}
+
 fn encode_line(message: &Value) -> Vec<u8> {
     // Serializing a `Value` cannot fail, and compact JSON never contains a raw newline, so one
     // message is exactly one line.
@@ -254,98 +453,74 @@ fn encode_line(message: &Value) -> Vec<u8> {
     line
 }
 
-async fn write_loop<W>(
-    mut writer: W,
-    mut outgoing: mpsc::UnboundedReceiver<Vec<u8>>,
-    shared: Arc<Shared>,
-) where
+async fn write_loop<W>(mut writer: W, mut outgoing: mpsc::Receiver<Vec<u8>>, shared: Arc<Shared>)
+where
     W: AsyncWrite + Unpin,
 {
-    while let Some(line) = outgoing.recv().await {
+    let mut closing = shared.closing.subscribe();
+    loop {
+        let line = tokio::select! {
+            line = outgoing.recv() => line,
+            _ = closing.wait_for(|closing| *closing) => return,
+        };
+        let Some(line) = line else { break };
         // Flush every line: the agent must see a request now, not when a buffer fills.
         let written = async {
             writer.write_all(&line).await?;
             writer.flush().await
-        }
-        .await;
+        };
+        let written = tokio::select! {
+            written = written => written,
+            // Cut off (or gone): an agent that does not read must not hold this write forever.
+            _ = closing.wait_for(|closing| *closing) => return,
+        };
         if let Err(error) = written {
             tracing::warn!(%error, "cannot write to the agent; closing the connection");
-            shared.close();
+            shared.close(RestoreFailure::TransportClosed);
             return;
         }
     }
     let _ = writer.shutdown().await;
 }
 
-/// Outcome of reading one line with a size cap.
-#[derive(Debug, PartialEq, Eq)]
-enum LineRead {
-    Line,
-    TooLong,
-    Eof,
-}
-
-/// Reads one `\n`-terminated line into `buf` (without the newline), refusing to buffer more than
-/// `max` bytes: the rest of an over-long line is consumed and dropped. A final line without a
-/// newline before EOF still counts as a line.
-async fn read_line_bounded<R>(
-    reader: &mut R,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<LineRead>
+async fn read_loop<R>(reader: R, shared: Arc<Shared>, outgoing: Outgoing)
 where
     R: AsyncBufRead + Unpin,
 {
-    buf.clear();
-    let mut too_long = false;
+    let mut lines = LineReader::new(reader, crate::codec::LINE_LIMIT);
     loop {
-        let available = reader.fill_buf().await?;
-        if available.is_empty() {
-            return Ok(match (too_long, buf.is_empty()) {
-                (true, _) => LineRead::TooLong,
-                (false, true) => LineRead::Eof,
-                (false, false) => LineRead::Line,
-            });
-        }
-        let (chunk_len, consumed, done) = match available.iter().position(|b| *b == b'\n') {
-            Some(newline) => (newline, newline + 1, true),
-            None => (available.len(), available.len(), false),
+        // The limit is chosen once the line has begun: a replay line that arrives after a
+        // `session/load` was sent is always read under the replay limit.
+        let ready = lines.ready().await;
+        let Some(limit) = shared.next_line_limit() else {
+            return;
         };
-        if !too_long {
-            if buf.len() + chunk_len > max {
-                too_long = true;
-                buf.clear();
-            } else {
-                buf.extend_from_slice(&available[..chunk_len]);
+        lines.set_limit(limit);
+        let frame = match ready {
+            Ok(true) => lines.next_line().await,
+            Ok(false) => Ok(Frame::Eof),
+            Err(error) => Err(error),
+        };
+        match frame {
+            Ok(Frame::Line) => {
+                if let Some(budget) = shared.count_replay(lines.line().len() + 1) {
+                    shared.cut_off(AgentLimit::Replay { limit: budget });
+                    return;
+                }
+                handle_line(lines.line(), &shared, &outgoing);
             }
-        }
-        reader.consume(consumed);
-        if done {
-            return Ok(if too_long {
-                LineRead::TooLong
-            } else {
-                LineRead::Line
-            });
-        }
-    }
-}
-
-async fn read_loop<R>(mut reader: R, shared: Arc<Shared>, outgoing: mpsc::UnboundedSender<Vec<u8>>)
-where
-    R: AsyncBufRead + Unpin,
-{
-    let mut buf = Vec::new();
-    loop {
-        match read_line_bounded(&mut reader, &mut buf, MAX_LINE_BYTES).await {
-            Ok(LineRead::Line) => handle_line(&buf, &shared, &outgoing),
-            Ok(LineRead::TooLong) => {
-                shared.garbage_lines.fetch_add(1, Ordering::Relaxed);
+            Ok(Frame::TooLong { len }) => {
                 tracing::warn!(
-                    max = MAX_LINE_BYTES,
-                    "skipped an over-long line from the agent"
+                    len,
+                    limit = lines.limit(),
+                    "the agent wrote an over-long line"
                 );
+                shared.cut_off(AgentLimit::Line {
+                    limit: lines.limit(),
+                });
+                return;
             }
-            Ok(LineRead::Eof) => {
+            Ok(Frame::Eof) => {
                 tracing::debug!("agent stream closed");
                 break;
             }
@@ -355,7 +530,7 @@ where
             }
         }
     }
-    shared.close();
+    shared.close(RestoreFailure::TransportClosed);
 }
 
 fn preview(line: &[u8]) -> String {
@@ -369,7 +544,9 @@ fn preview(line: &[u8]) -> String {
 
 fn skip_garbage(shared: &Shared, line: &[u8], why: &str) {
     let count = shared.garbage_lines.fetch_add(1, Ordering::Relaxed) + 1;
-    tracing::warn!(line = %preview(line), why, skipped_so_far = count, "skipped a line from the agent that is not a JSON-RPC message");
+    shared.warn(|suppressed| {
+        tracing::warn!(line = %preview(line), why, skipped_so_far = count, suppressed, "skipped a line from the agent that is not a JSON-RPC message")
+    });
 }
 
 /// Our request ids are numbers; tolerate an agent that echoes them back as strings.
@@ -381,8 +558,49 @@ fn our_id(id: &Value) -> Option<u64> {
     }
 }
 
-fn handle_line(line: &[u8], shared: &Shared, outgoing: &mpsc::UnboundedSender<Vec<u8>>) {
-    if line.iter().all(u8::is_ascii_whitespace) {
+/// The little of a line needed to count a `session/update`, read without building the message.
+#[derive(serde::Deserialize)]
+struct UpdatePeek {
+    method: Option<String>,
+    id: Option<serde::de::IgnoredAny>,
+    params: Option<UpdatePeekParams>,
+}
+
+#[derive(serde::Deserialize)]
+struct UpdatePeekParams {
+    #[serde(rename = "sessionId")]
+    session_id: Option<String>,
+    update: Option<serde::de::IgnoredAny>,
+}
+
+/// Counts a `session/update` that nobody subscribed to without building it as a [`Value`]
+/// (a replayed update may carry megabytes; its parsed form would be several times that). False
+/// for anything else, or when someone subscribed: the line then takes the full path.
+fn count_unobserved_update(line: &[u8], shared: &Shared) -> bool {
+    if !shared.lock().subscribers.is_empty() {
+        return false;
+    }
+    let Ok(peek) = serde_json::from_slice::<UpdatePeek>(line) else {
+        return false;
+    };
+    match (peek.method.as_deref(), peek.id, peek.params) {
+        (
+            Some(SESSION_UPDATE),
+            None,
+            Some(UpdatePeekParams {
+                session_id: Some(session_id),
+                update: Some(_),
+            }),
+        ) => {
+            shared.lock().count_update(&session_id);
+            true
+        }
+        _ => false,
+    }
+}
+
+fn handle_line(line: &[u8], shared: &Shared, outgoing: &Outgoing) {
+    if line.iter().all(u8::is_ascii_whitespace) || count_unobserved_update(line, shared) {
         return;
     }
     let message: Value = match serde_json::from_slice(line) {
@@ -394,16 +612,20 @@ fn handle_line(line: &[u8], shared: &Shared, outgoing: &mpsc::UnboundedSender<Ve
     };
     let id = object.get("id").filter(|id| !id.is_null());
     match (object.get("method").and_then(Value::as_str), id) {
-        (Some(method), Some(id)) => answer_agent_request(method, id, outgoing),
+        (Some(method), Some(id)) => answer_agent_request(method, id, shared, outgoing),
         (Some(method), None) => handle_notification(method, object.get("params"), shared),
         (None, Some(id)) => match our_id(id) {
             Some(id) => shared.resolve(id, parse_answer(object)),
-            None => tracing::warn!(?id, "answer with an id we never used"),
+            None => shared.warn(|suppressed| {
+                tracing::warn!(id = %preview(id.to_string().as_bytes()), suppressed, "answer with an id we never used")
+            }),
         },
         (None, None) => {
             if object.contains_key("error") {
                 // JSON-RPC: id null means the agent could not even parse what we sent.
-                tracing::warn!(error = ?object.get("error"), "agent reported an error without a request id");
+                shared.warn(|suppressed| {
+                    tracing::warn!(error = %preview(line), suppressed, "agent reported an error without a request id")
+                });
             } else {
                 skip_garbage(
                     shared,
@@ -451,7 +673,13 @@ fn handle_notification(method: &str, params: Option<&Value>, shared: &Shared) {
     }
     match params.and_then(SessionUpdateEvent::from_params) {
         Some(event) => shared.publish(event),
-        None => tracing::warn!(?params, "session/update without a sessionId and an update"),
+        None => shared.warn(|suppressed| {
+            tracing::warn!(
+                params = %preview(params.map(ToString::to_string).unwrap_or_default().as_bytes()),
+                suppressed,
+                "session/update without a sessionId and an update"
+            )
+        }),
     }
 }
 
@@ -470,6 +698,8 @@ pub fn default_answer_to_agent_request(id: Value, method: &str, why: &str) -> Va
                 "error": {"code": INTERNAL_ERROR, "message": format!("cannot encode answer: {error}")}}),
         }
     } else {
+        // The method is the agent's: only a bounded part of it goes back.
+        let method: String = method.chars().take(PREVIEW_CHARS).collect();
         json!({"jsonrpc": "2.0", "id": id,
             "error": {"code": METHOD_NOT_FOUND, "message": format!("method not found: {method} ({why})")}})
     }
@@ -477,12 +707,17 @@ pub fn default_answer_to_agent_request(id: Value, method: &str, why: &str) -> Va
 
 /// We serve no client capabilities (no file system, no terminal: `initialize` advertises none),
 /// so every agent→client request gets -32601, except a permission request, which is cancelled.
-fn answer_agent_request(method: &str, id: &Value, outgoing: &mpsc::UnboundedSender<Vec<u8>>) {
+fn answer_agent_request(method: &str, id: &Value, shared: &Shared, outgoing: &Outgoing) {
+    if id.to_string().len() > MAX_ECHOED_ID_BYTES {
+        skip_garbage(shared, method.as_bytes(), "a request id too long to echo");
+        return;
+    }
     tracing::debug!(method, "answering an agent request we do not serve");
     let answer =
         default_answer_to_agent_request(id.clone(), method, "this client does not serve it");
-    // If the writer is gone the connection is closing anyway.
-    let _ = outgoing.send(encode_line(&answer));
+    // A full queue cuts the agent off (the reader stops at the next line); a closed one means
+    // the connection is closing anyway.
+    let _ = outgoing.send(encode_line(&answer), shared);
 }
 
 #[cfg(test)]
@@ -690,28 +925,88 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn bounded_reader_drops_over_long_lines() {
-        let data: &[u8] = b"short\n0123456789abcdef\nok\ntail";
-        let mut reader = BufReader::with_capacity(4, data);
-        let mut buf = Vec::new();
-        let mut got = Vec::new();
-        loop {
-            let read = read_line_bounded(&mut reader, &mut buf, 8)
-                .await
-                .expect("read");
-            if read == LineRead::Eof {
-                break;
-            }
-            got.push((read, String::from_utf8_lossy(&buf).into_owned()));
-        }
+    async fn an_over_long_line_cuts_the_agent_off() {
+        let (rpc, mut from_client, mut agent) = connect();
+        let rpc = Arc::new(rpc);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call("a", json!({}), Some(Duration::from_secs(5))).await }
+        });
+        let _request = next_json(&mut from_client).await;
+        // Written in the background: the pipe is smaller than the line, and the client stops
+        // reading once it has seen the limit pass.
+        tokio::spawn(async move {
+            let _ = agent.write_all(&vec![b'x'; 2 * 1024 * 1024]).await;
+            let _ = agent.write_all(b"\n").await;
+        });
+        let limit = AgentLimit::Line {
+            limit: crate::codec::LINE_LIMIT,
+        };
         assert_eq!(
-            got,
-            vec![
-                (LineRead::Line, "short".to_owned()),
-                (LineRead::TooLong, String::new()),
-                (LineRead::Line, "ok".to_owned()),
-                (LineRead::Line, "tail".to_owned()),
-            ]
+            call.await.expect("join"),
+            Err(RestoreFailure::AgentLimit(limit))
         );
+        assert!(rpc.is_closed());
+        assert_eq!(
+            rpc.call("b", json!({}), None).await,
+            Err(RestoreFailure::AgentLimit(limit)),
+            "later calls name the reason too"
+        );
+        // The agent's stdin was closed: it sees EOF.
+        assert!(from_client.next_line().await.expect("read").is_none());
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_does_not_read_its_input_is_cut_off() {
+        let (rpc, from_client, mut agent) = connect();
+        let rpc = Arc::new(rpc);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call("a", json!({}), None).await }
+        });
+        // Requests the client answers, while nobody reads the client's output.
+        let mut requests = String::new();
+        for n in 0..OUTGOING_CAPACITY * 2 {
+            requests.push_str(&format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{n},\"method\":\"fs/read_text_file\"}}\n"
+            ));
+        }
+        tokio::spawn(async move {
+            let _ = agent.write_all(requests.as_bytes()).await;
+            // Hold the pipe open: only the limit may end this.
+            std::future::pending::<()>().await;
+        });
+        assert_eq!(
+            call.await.expect("join"),
+            Err(RestoreFailure::AgentLimit(AgentLimit::Input {
+                limit: OUTGOING_CAPACITY
+            }))
+        );
+        drop(from_client);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_dropped() {
+        let (rpc, _from_client, mut agent) = connect();
+        let mut lagging = rpc.subscribe();
+        let mut reading = rpc.subscribe();
+        let update = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk"}}}"#;
+        let total = SUBSCRIBER_CAPACITY + 10;
+        let writer = tokio::spawn(async move {
+            for _ in 0..total {
+                say(&mut agent, update).await;
+            }
+            agent
+        });
+        for _ in 0..total {
+            reading.recv().await.expect("the reader keeps up");
+        }
+        let _agent = writer.await.expect("join");
+        let mut queued = 0;
+        while lagging.recv().await.is_some() {
+            queued += 1;
+        }
+        assert_eq!(queued, SUBSCRIBER_CAPACITY, "then its stream ended");
+        assert!(!rpc.is_closed(), "the connection itself is fine");
     }
 }

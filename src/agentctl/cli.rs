@@ -62,6 +62,12 @@ pub enum Command {
     /// historyContextInjection, the first prompt after a fresh session/new is wrapped once in
     /// that history.
     ///
+    /// Memory is bounded: every line is at most 1 MiB (--replay-line-limit-mib while a
+    /// session/load is open) and is dropped unread past that, queues are bounded, and a client
+    /// that stops reading for 30 s is disconnected. An agent that writes a longer line or leaves
+    /// 1024 messages unread on its stdin is cut off: the client's open requests fail with error
+    /// -32090 naming the bound, the agent is killed and serve exits non-zero.
+    ///
     /// Exits non-zero when the agent exits, so the pod ends and the operator sees a lost pod;
     /// on SIGTERM it closes the agent's stdin, waits up to 10 s, and exits 0.
     Serve(ServeArgs),
@@ -143,6 +149,8 @@ pub struct ServeArgs {
     /// How long the agent may take to answer agentctl's `initialize`.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub initialize_timeout: u64,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// The agent command, instead of (or overriding) the profile's launch command.
     #[arg(
         last = true,
@@ -152,10 +160,34 @@ pub struct ServeArgs {
     pub command: Vec<String>,
 }
 
+/// The line limits of the ACP stream.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct LimitArgs {
+    /// Longest line while a session/load replays the transcript, in MiB (every other line:
+    /// 1 MiB). serve cuts off an agent that writes a longer line; connect passes lines up to
+    /// this long. The operator sets it in agent pods from its --acp-replay-line-limit-mib.
+    #[arg(
+        long,
+        env = "KANDEV_REPLAY_LINE_LIMIT_MIB",
+        value_name = "MIB",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u64).range(1..=crate::codec::MAX_REPLAY_LINE_LIMIT_MIB)
+    )]
+    pub replay_line_limit_mib: u64,
+}
+
+impl LimitArgs {
+    fn replay_line_limit(self) -> usize {
+        crate::codec::mib(self.replay_line_limit_mib)
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct ConnectArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Replace a connected ACP client instead of failing as busy (for a client whose exec
     /// stream died without closing its connection).
     #[arg(long)]
@@ -237,7 +269,9 @@ async fn run(command: Command) -> i32 {
     let result = match command {
         Command::Serve(args) => run_serve(args).await,
         Command::Connect(args) => match args.socket.path() {
-            Ok(path) => client::connect(&path, args.takeover).await,
+            Ok(path) => {
+                client::connect(&path, args.takeover, args.limits.replay_line_limit()).await
+            }
             Err(error) => Err(error),
         },
         Command::Events(args) => match args.path() {
@@ -324,6 +358,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
                 .is_some_and(|p| p.history_context_injection),
         },
         initialize_timeout: Duration::from_secs(args.initialize_timeout),
+        replay_line_limit: args.limits.replay_line_limit(),
     };
     serve(options).await
 }

@@ -9,8 +9,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
+
+use crate::codec::{Frame, LINE_LIMIT, LineReader};
 
 use super::socket::{self, Hello, Mode};
 use super::{AgentctlError, wire};
@@ -28,10 +30,18 @@ enum StdinEnd {
     Eof,
     /// The socket cannot be written any more (serve went away).
     SocketClosed,
+    /// stdin sent a line over the limit: the connection is closed without it.
+    TooLong,
 }
 
-/// `agentctl connect`: bridges stdin/stdout to the served agent, line by line.
-pub async fn connect(socket_path: &Path, takeover: bool) -> Result<(), AgentctlError> {
+/// `agentctl connect`: bridges stdin/stdout to the served agent, line by line. Lines from
+/// stdin may be 1 MiB long, lines from serve `replay_line_limit` (serve enforces the limits on
+/// the agent; a longer line here means the two disagree).
+pub async fn connect(
+    socket_path: &Path,
+    takeover: bool,
+    replay_line_limit: usize,
+) -> Result<(), AgentctlError> {
     let stream = socket::connect(socket_path).await?;
     let (read, mut write) = stream.into_split();
     let hello = Hello {
@@ -44,18 +54,25 @@ pub async fn connect(socket_path: &Path, takeover: bool) -> Result<(), AgentctlE
         .map_err(AgentctlError::io("cannot send the hello line"))?;
 
     let mut stdin_task = tokio::spawn(async move {
-        let mut stdin = BufReader::new(tokio::io::stdin());
-        let mut buf = Vec::new();
+        let mut stdin = LineReader::new(BufReader::new(tokio::io::stdin()), LINE_LIMIT);
         loop {
-            buf.clear();
-            match stdin.read_until(b'\n', &mut buf).await {
-                Ok(0) | Err(_) => {
+            match stdin.next_line().await {
+                Ok(Frame::Eof) | Err(_) => {
                     let _ = write.shutdown().await;
                     return StdinEnd::Eof;
                 }
-                Ok(_) => {
-                    let line = String::from_utf8_lossy(&buf);
-                    let line = line.trim_end_matches(['\n', '\r']);
+                Ok(Frame::TooLong { len }) => {
+                    tracing::error!(
+                        len,
+                        limit = LINE_LIMIT,
+                        "over-long line on stdin; closing the connection"
+                    );
+                    let _ = write.shutdown().await;
+                    return StdinEnd::TooLong;
+                }
+                Ok(Frame::Line) => {
+                    let line = String::from_utf8_lossy(stdin.line());
+                    let line = line.as_ref();
                     if line.trim().is_empty() {
                         continue;
                     }
@@ -72,25 +89,30 @@ pub async fn connect(socket_path: &Path, takeover: bool) -> Result<(), AgentctlE
         }
     });
 
-    let pump = pump_socket_to_stdout(read, tokio::io::stdout(), true);
+    let pump = pump_socket_to_stdout(read, tokio::io::stdout(), true, replay_line_limit);
     tokio::pin!(pump);
     tokio::select! {
         pumped = &mut pump => {
             stdin_task.abort();
-            pumped.map_err(|busy| busy.into_error(socket_path))
+            pumped.map_err(|end| end.into_error(socket_path))
         }
         end = &mut stdin_task => {
+            let too_long = matches!(end, Ok(StdinEnd::TooLong));
             match end {
                 Ok(StdinEnd::Disconnect) => tracing::debug!("disconnect forwarded; waiting for agentctl to close"),
-                Ok(StdinEnd::Eof) => tracing::debug!("stdin closed; waiting for agentctl to close"),
+                Ok(StdinEnd::Eof | StdinEnd::TooLong) => tracing::debug!("stdin closed; waiting for agentctl to close"),
                 Ok(StdinEnd::SocketClosed) | Err(_) => {}
             }
-            match tokio::time::timeout(GOODBYE_TIMEOUT, &mut pump).await {
-                Ok(pumped) => pumped.map_err(|busy| busy.into_error(socket_path)),
+            let pumped = match tokio::time::timeout(GOODBYE_TIMEOUT, &mut pump).await {
+                Ok(pumped) => pumped.map_err(|end| end.into_error(socket_path)),
                 Err(_) => {
                     tracing::warn!("agentctl did not close the connection after the disconnect");
                     Ok(())
                 }
+            };
+            match (pumped, too_long) {
+                (Ok(()), true) => Err(AgentctlError::LineTooLong { what: "stdin", limit: LINE_LIMIT }),
+                (pumped, _) => pumped,
             }
         }
     }
@@ -108,50 +130,67 @@ pub async fn events(socket_path: &Path) -> Result<(), AgentctlError> {
         .write_all(hello.line().as_bytes())
         .await
         .map_err(AgentctlError::io("cannot send the hello line"))?;
-    let pumped = pump_socket_to_stdout(read, tokio::io::stdout(), false).await;
+    let pumped = pump_socket_to_stdout(read, tokio::io::stdout(), false, LINE_LIMIT).await;
     drop(write);
-    pumped.map_err(|busy| busy.into_error(socket_path))
+    pumped.map_err(|end| end.into_error(socket_path))
 }
 
-/// serve refused the acp connection.
-struct BusyRefusal;
+/// Why copying from serve stopped, other than the socket closing.
+enum PumpEnd {
+    /// serve refused the acp connection.
+    Busy,
+    /// serve sent a line longer than the limit (dropped, never buffered).
+    TooLong { limit: usize },
+}
 
-impl BusyRefusal {
+impl PumpEnd {
     fn into_error(self, path: &Path) -> AgentctlError {
-        AgentctlError::Busy {
-            path: path.to_owned(),
+        match self {
+            Self::Busy => AgentctlError::Busy {
+                path: path.to_owned(),
+            },
+            Self::TooLong { limit } => AgentctlError::LineTooLong {
+                what: "agentctl serve",
+                limit,
+            },
         }
     }
 }
 
-/// Copies lines from serve to `out` (flushed per line) until the socket closes. With
-/// `detect_busy`, a first line that is agentctl's busy error is still copied (a JSON-RPC
-/// client sees a protocol error) and then reported as [`BusyRefusal`].
+/// Copies lines of at most `limit` bytes from serve to `out` (flushed per line) until the
+/// socket closes. With `detect_busy`, a first line that is agentctl's busy error is still
+/// copied (a JSON-RPC client sees a protocol error) and then reported as [`PumpEnd::Busy`].
 async fn pump_socket_to_stdout(
     read: OwnedReadHalf,
     mut out: impl AsyncWrite + Unpin,
     detect_busy: bool,
-) -> Result<(), BusyRefusal> {
-    let mut reader = BufReader::new(read);
-    let mut buf = Vec::new();
+    limit: usize,
+) -> Result<(), PumpEnd> {
+    let mut reader = LineReader::new(BufReader::new(read), limit);
     let mut first = true;
     loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return Ok(()),
-            Ok(_) => {
-                if !buf.ends_with(b"\n") {
-                    buf.push(b'\n');
-                }
-                if out.write_all(&buf).await.is_err() || out.flush().await.is_err() {
+        match reader.next_line().await {
+            Ok(Frame::Eof) | Err(_) => return Ok(()),
+            Ok(Frame::TooLong { len }) => {
+                tracing::error!(len, limit, "over-long line from agentctl serve; closing");
+                return Err(PumpEnd::TooLong { limit });
+            }
+            Ok(Frame::Line) => {
+                let line = reader.line();
+                let written = async {
+                    out.write_all(line).await?;
+                    out.write_all(b"\n").await?;
+                    out.flush().await
+                };
+                if written.await.is_err() {
                     // Nobody reads our stdout any more: nothing left to bridge.
                     return Ok(());
                 }
                 if first && detect_busy {
-                    let busy = serde_json::from_slice::<Value>(&buf)
+                    let busy = serde_json::from_slice::<Value>(line)
                         .is_ok_and(|value| wire::is_busy_error(&value));
                     if busy {
-                        return Err(BusyRefusal);
+                        return Err(PumpEnd::Busy);
                     }
                 }
                 first = false;

@@ -27,7 +27,9 @@ use serde_json::{Map, Value, json};
 
 use super::wire::{self, Message};
 use crate::acp::LAUNCH_META;
-use crate::history::{ContextLimits, HistoryEntry, wrap_prompt_once};
+use crate::codec::WarnLimiter;
+use crate::history::{ContextLimits, HistoryEntry, TRUNCATION_MARKER, wrap_prompt_once};
+use crate::resume::AgentLimit;
 
 /// Identifies one socket connection for its lifetime; never reused.
 pub type ConnId = u64;
@@ -190,6 +192,14 @@ type LaunchKey = (String, String, Option<String>);
 /// Launch-tagged requests remembered at most (a pod serves one launch, which sends a handful).
 const LAUNCH_REQUESTS_KEPT: usize = 64;
 
+/// Agent requests waiting for the client's answer, at most; more are answered with the
+/// default at once.
+pub const AGENT_REQUESTS_OPEN: usize = 1024;
+
+/// Agent text of one turn kept for the history, at most (bytes); the rest is dropped with
+/// [`TRUNCATION_MARKER`] (the resume context keeps 2000 characters of a message anyway).
+pub const RECORDED_TURN_TEXT: usize = 1024 * 1024;
+
 /// What became of a launch-tagged request.
 enum LaunchRequest {
     /// Forwarded to the agent under this agent-side id, not answered yet.
@@ -234,6 +244,11 @@ pub struct Hub {
     current_session: Option<String>,
     /// Launch-tagged requests seen, for their repeats.
     launch_requests: HashMap<LaunchKey, LaunchRequest>,
+    /// Rate limit of the warnings about bad lines (only what is logged depends on the clock,
+    /// never an output).
+    warnings: WarnLimiter,
+    /// The same for the notes about agent requests answered with the default.
+    notes: WarnLimiter,
 }
 
 impl Hub {
@@ -249,6 +264,8 @@ impl Hub {
             inject_next_prompt_of: None,
             current_session: None,
             launch_requests: HashMap::new(),
+            warnings: WarnLimiter::default(),
+            notes: WarnLimiter::default(),
         }
     }
 
@@ -330,11 +347,14 @@ impl Hub {
         }
         match wire::parse_line(line) {
             Err(invalid) => {
-                tracing::warn!(
-                    code = invalid.code,
-                    "client sent an invalid line: {}",
-                    invalid.message
-                );
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(
+                        code = invalid.code,
+                        suppressed,
+                        "client sent an invalid line: {}",
+                        invalid.message
+                    );
+                }
                 vec![Output::ToClient(conn, invalid.to_error_message())]
             }
             Ok(Message::Request { id, method, raw }) => self.client_request(conn, id, method, raw),
@@ -356,7 +376,9 @@ impl Hub {
                         vec![Output::ToAgent(Value::Object(raw))]
                     }
                     _ => {
-                        tracing::warn!(%id, "client answered a request the agent did not send it; dropped");
+                        if let Some(suppressed) = self.warnings.allow() {
+                            tracing::warn!(%id, suppressed, "client answered a request the agent did not send it; dropped");
+                        }
                         Vec::new()
                     }
                 }
@@ -371,16 +393,52 @@ impl Hub {
         }
         match wire::parse_line(line) {
             Err(invalid) => {
-                tracing::warn!(
-                    "agent wrote a line that is not JSON-RPC ({}); ignored",
-                    invalid.message
-                );
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(
+                        suppressed,
+                        "agent wrote a line that is not JSON-RPC ({}); ignored",
+                        invalid.message
+                    );
+                }
                 Vec::new()
             }
             Ok(Message::Response { id, raw }) => self.agent_response(id, raw),
             Ok(Message::Request { id, method, raw }) => self.agent_request(id, method, raw),
             Ok(Message::Notification { method, raw }) => self.agent_notification(method, raw),
         }
+    }
+
+    /// Whether a `session/load` is open: the agent may be replaying, and its lines may be as
+    /// long as the replay line limit.
+    pub fn replaying(&self) -> bool {
+        self.pending
+            .values()
+            .any(|pending| pending.method == "session/load")
+    }
+
+    /// serve cut the agent off for breaking `limit` (it is being killed): the connected
+    /// client's open requests are answered with [`wire::AGENT_PROTOCOL_LIMIT`] naming the
+    /// bound, so a restore fails with that reason rather than a closed stream.
+    pub fn agent_cut_off(&mut self, limit: AgentLimit) -> Vec<Output> {
+        let message = format!("agentctl cut off the agent: {limit}");
+        let mut out = Vec::new();
+        if let InitState::Waiting { clients, .. } = &mut self.init {
+            for (conn, id) in std::mem::take(clients) {
+                out.push(Output::ToClient(
+                    conn,
+                    wire::error_message(id, wire::AGENT_PROTOCOL_LIMIT, &message),
+                ));
+            }
+        }
+        for (_, pending) in self.pending.drain() {
+            if Some(pending.conn) == self.client {
+                out.push(Output::ToClient(
+                    pending.conn,
+                    wire::error_message(pending.client_id, wire::AGENT_PROTOCOL_LIMIT, &message),
+                ));
+            }
+        }
+        out
     }
 
     /// The agent process is gone: tell subscribers, fail what is still open, keep the turn
@@ -445,7 +503,9 @@ impl Hub {
             .into_iter()
             .filter_map(|key| self.agent_requests.remove(&key))
             .map(|request| {
-                tracing::info!(method = %request.method, "client left with an agent request open; answering with the default");
+                if let Some(suppressed) = self.notes.allow() {
+                    tracing::info!(method = %request.method, suppressed, "client left with an agent request open; answering with the default");
+                }
                 Output::ToAgent(default_answer(request.id, &request.method))
             })
             .collect()
@@ -590,7 +650,9 @@ impl Hub {
 
     fn agent_response(&mut self, id: Value, mut raw: Map<String, Value>) -> Vec<Output> {
         let Some(agent_id) = id.as_u64() else {
-            tracing::warn!(%id, "agent answered an id agentctl never sent; dropped");
+            if let Some(suppressed) = self.warnings.allow() {
+                tracing::warn!(%id, suppressed, "agent answered an id agentctl never sent; dropped");
+            }
             return Vec::new();
         };
         if let InitState::Waiting {
@@ -603,7 +665,13 @@ impl Hub {
             return self.initialize_answered(&raw, clients);
         }
         let Some(pending) = self.pending.remove(&agent_id) else {
-            tracing::warn!(agent_id, "agent answered an unknown request id; dropped");
+            if let Some(suppressed) = self.warnings.allow() {
+                tracing::warn!(
+                    agent_id,
+                    suppressed,
+                    "agent answered an unknown request id; dropped"
+                );
+            }
             return Vec::new();
         };
         if let Some(key) = &pending.launch {
@@ -729,13 +797,23 @@ impl Hub {
 
     fn agent_request(&mut self, id: Value, method: String, raw: Map<String, Value>) -> Vec<Output> {
         match self.client {
+            Some(_) if self.agent_requests.len() >= AGENT_REQUESTS_OPEN => {
+                // The client is not keeping up with the agent's requests: answered here, like
+                // with no client, rather than remembered without bound.
+                if let Some(suppressed) = self.warnings.allow() {
+                    tracing::warn!(%method, suppressed, open = AGENT_REQUESTS_OPEN, "too many agent requests open; answering with the default");
+                }
+                vec![Output::ToAgent(default_answer(id, &method))]
+            }
             Some(conn) => {
                 self.agent_requests
                     .insert(wire::id_key(&id), AgentRequest { conn, id, method });
                 vec![Output::ToClient(conn, Value::Object(raw))]
             }
             None => {
-                tracing::info!(%method, "agent request with no client connected; answering with the default");
+                if let Some(suppressed) = self.notes.allow() {
+                    tracing::info!(%method, suppressed, "agent request with no client connected; answering with the default");
+                }
                 vec![Output::ToAgent(default_answer(id, &method))]
             }
         }
@@ -778,11 +856,8 @@ impl Hub {
                 if update.pointer("/content/type").and_then(Value::as_str) == Some("text")
                     && let Some(text) = update.pointer("/content/text").and_then(Value::as_str)
                 {
-                    self.sessions
-                        .entry(session_id.to_owned())
-                        .or_default()
-                        .agent_text
-                        .push_str(text);
+                    let recording = self.sessions.entry(session_id.to_owned()).or_default();
+                    push_bounded(&mut recording.agent_text, text, RECORDED_TURN_TEXT);
                 }
             }
             Some("tool_call") => {
@@ -855,6 +930,25 @@ impl Hub {
             },
         })
     }
+}
+
+/// Appends `text` to `buf` up to `limit` bytes (on a char boundary); the first time something is
+/// dropped, [`TRUNCATION_MARKER`] is appended instead (so `buf` ends up at most a marker longer).
+fn push_bounded(buf: &mut String, text: &str, limit: usize) {
+    if buf.ends_with(TRUNCATION_MARKER) && buf.len() >= limit {
+        return;
+    }
+    let room = limit.saturating_sub(buf.len());
+    if text.len() <= room {
+        buf.push_str(text);
+        return;
+    }
+    let mut end = room;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf.push_str(&text[..end]);
+    buf.push_str(TRUNCATION_MARKER);
 }
 
 /// A `tool_result` once the tool call reached a final status (`completed`, or `failed` marked
@@ -1676,5 +1770,77 @@ mod tests {
             .to_json("T"),
             json!({"event":"agent_exited","code":null,"signal":9,"timestamp":"T"})
         );
+    }
+
+    #[test]
+    fn a_cut_off_agent_fails_the_open_requests_with_the_limit() {
+        let mut hub = ready_hub(HubConfig::default());
+        assert_eq!(hub.attach(3, false), Ok(vec![]));
+        assert!(!hub.replaying());
+        hub.client_line(
+            3,
+            &line(
+                json!({"jsonrpc":"2.0","id":"load-1","method":"session/load",
+                "params":{"sessionId":"s1","cwd":"/w","mcpServers":[]}}),
+            ),
+        );
+        assert!(hub.replaying(), "a load is open");
+        let limit = AgentLimit::Line { limit: 1024 };
+        let out = hub.agent_cut_off(limit);
+        assert_eq!(
+            to_client(&out),
+            vec![(
+                3,
+                json!({"jsonrpc":"2.0","id":"load-1","error":{"code":wire::AGENT_PROTOCOL_LIMIT,
+                    "message":"agentctl cut off the agent: agent exceeded the line limit (1024 bytes)"}})
+            )]
+        );
+        assert!(!hub.replaying());
+        // The exit that follows has nothing left to fail.
+        let exited = hub.agent_exited(None, Some(9));
+        assert_eq!(to_client(&exited), vec![]);
+        assert!(exited.contains(&Output::CloseClient(3)));
+    }
+
+    #[test]
+    fn recorded_turn_text_is_bounded_utf8_safe() {
+        #[rustfmt::skip]
+        let rows = [
+            // (already kept, new text, limit, kept after)
+            ("", "abc", 8, "abc".to_owned()),
+            ("abc", "defgh", 8, "abcdefgh".to_owned()),
+            ("abc", "defghij", 8, format!("abcdefgh{TRUNCATION_MARKER}")),
+            // A multi-byte char that does not fit is dropped whole.
+            ("abcdefg", "é", 8, format!("abcdefg{TRUNCATION_MARKER}")),
+        ];
+        for (kept, text, limit, expected) in rows {
+            let mut buf = kept.to_owned();
+            push_bounded(&mut buf, text, limit);
+            assert_eq!(buf, expected, "{kept:?} + {text:?}");
+            // Once truncated, nothing more is kept.
+            let before = buf.clone();
+            push_bounded(&mut buf, "more", limit);
+            if before.ends_with(TRUNCATION_MARKER) {
+                assert_eq!(buf, before);
+            }
+        }
+    }
+
+    #[test]
+    fn agent_requests_beyond_the_open_bound_are_answered_here() {
+        let mut hub = ready_hub(HubConfig::default());
+        assert_eq!(hub.attach(3, false), Ok(vec![]));
+        for n in 0..AGENT_REQUESTS_OPEN {
+            let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":format!("a-{n}"),
+                "method":"fs/read_text_file","params":{"sessionId":"s","path":"/x"}})));
+            assert_eq!(to_client(&out).len(), 1, "forwarded to the client");
+        }
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":"one-too-many",
+            "method":"fs/read_text_file","params":{"sessionId":"s","path":"/x"}})));
+        assert_eq!(to_client(&out), vec![]);
+        let answered = to_agent(&out);
+        assert_eq!(answered.len(), 1);
+        assert_eq!(answered[0]["id"], "one-too-many");
+        assert_eq!(answered[0]["error"]["code"], wire::METHOD_NOT_FOUND);
     }
 }

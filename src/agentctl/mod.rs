@@ -102,6 +102,13 @@ pub enum AgentctlError {
     InitializeTimeout { seconds: u64 },
     #[error("the agent exited ({status}); agentctl exits too so the pod is seen as lost")]
     AgentExited { status: String },
+    #[error(
+        "the agent was cut off: {limit}; agentctl exits too so the pod is seen as lost \
+         (a session/load may use --replay-line-limit-mib)"
+    )]
+    AgentCutOff { limit: crate::resume::AgentLimit },
+    #[error("{what} sent a line longer than {limit} bytes; connection closed")]
+    LineTooLong { what: &'static str, limit: usize },
     #[error("{context}: {source}")]
     Io {
         context: String,

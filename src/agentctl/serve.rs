@@ -7,15 +7,26 @@
 //! the order of messages on the agent's stdin is the order in which they were decided.
 //! Small helper tasks only move bytes: the agent's stdout and stdin, each client's read and
 //! write halves, each events subscriber, and the history writer.
+//!
+//! Memory is bounded: every line is read with [`crate::codec`] (1 MiB; the replay line limit
+//! from the agent while a `session/load` is open), the driver's queue is bounded (readers wait:
+//! the agent's stdout and the clients' sockets are backpressured), a client that does not read
+//! its lines within [`CLIENT_STALL`] is disconnected, and an agent that writes an over-long line
+//! or leaves [`AGENT_INPUT_CAPACITY`] messages unread on its stdin is cut off: its client's open
+//! requests are answered with [`wire::AGENT_PROTOCOL_LIMIT`], the agent is killed, and serve
+//! exits non-zero like for any agent exit.
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::signal::unix::{SignalKind, signal};
@@ -27,7 +38,9 @@ use super::launch::LaunchPlan;
 use super::socket::{self, Hello, Mode};
 use super::time::now_rfc3339;
 use super::{AgentctlError, wire};
+use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 use crate::history::{HistoryEntry, HistoryStore};
+use crate::resume::AgentLimit;
 
 /// How long a new connection may take to send its hello line.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,6 +56,20 @@ const EVENTS_BUFFER: usize = 4096;
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long to let connections and subscribers drain their last lines on the way out.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Inputs waiting for the driver; the tasks that read the agent and the clients wait when it is
+/// full, which backpressures the agent's stdout and the clients' sockets.
+const INPUTS_CAPACITY: usize = 256;
+/// Lines waiting for the agent to read its stdin. We only write requests a client sent and
+/// answers to the agent's own requests, so an agent that fills this is not reading: it is cut
+/// off.
+pub const AGENT_INPUT_CAPACITY: usize = 1024;
+/// Lines waiting for one client's socket.
+const CLIENT_QUEUE: usize = 64;
+/// A client whose queue stays full this long (it stopped reading) is disconnected; meanwhile
+/// the driver waits, which backpressures the agent.
+pub const CLIENT_STALL: Duration = Duration::from_secs(30);
+/// Longest hello line.
+const HELLO_LIMIT: usize = 4096;
 
 /// Everything `serve` needs, resolved by the CLI layer.
 #[derive(Clone, Debug)]
@@ -55,6 +82,8 @@ pub struct ServeOptions {
     pub history_dir: PathBuf,
     pub hub: HubConfig,
     pub initialize_timeout: Duration,
+    /// Longest line from the agent while a `session/load` is open (`--replay-line-limit-mib`).
+    pub replay_line_limit: usize,
 }
 
 /// Runs serve until the agent exits (an error: the pod must die) or SIGTERM/SIGINT stops it
@@ -70,14 +99,18 @@ pub async fn serve(options: ServeOptions) -> Result<(), AgentctlError> {
 }
 
 async fn run(options: &ServeOptions, listener: UnixListener) -> Result<(), AgentctlError> {
-    let (inputs_tx, inputs_rx) = mpsc::unbounded_channel();
-    let agent = spawn_agent(options, inputs_tx.clone())?;
+    let (inputs_tx, inputs_rx) = mpsc::channel(INPUTS_CAPACITY);
+    let stdout_limit = Arc::new(AtomicUsize::new(LINE_LIMIT));
+    let agent = spawn_agent(options, inputs_tx.clone(), stdout_limit.clone())?;
     let (events, _) = broadcast::channel(EVENTS_BUFFER);
     let mut driver = Driver {
         hub: Hub::new(options.hub.clone()),
         agent_stdin: Some(agent.stdin),
         kill: Some(agent.kill),
         agent_exited: false,
+        cut_off: None,
+        stdout_limit,
+        replay_line_limit: options.replay_line_limit,
         clients: HashMap::new(),
         events: Some(events),
         history: HistoryWriter::spawn(HistoryStore::new(options.history_dir.clone())),
@@ -101,6 +134,8 @@ async fn run(options: &ServeOptions, listener: UnixListener) -> Result<(), Agent
 
 enum Input {
     AgentLine(String),
+    /// The agent broke a bound; it is to be cut off.
+    AgentBrokeLimit(AgentLimit),
     AgentExited(ExitStatus),
     Hello {
         conn: ConnId,
@@ -119,7 +154,7 @@ enum Input {
 }
 
 struct AgentHandles {
-    stdin: mpsc::UnboundedSender<String>,
+    stdin: mpsc::Sender<String>,
     kill: oneshot::Sender<()>,
 }
 
@@ -128,7 +163,8 @@ struct AgentHandles {
 /// agent on request (or when the sender is dropped) and reports its exit after its last line.
 fn spawn_agent(
     options: &ServeOptions,
-    inputs: mpsc::UnboundedSender<Input>,
+    inputs: mpsc::Sender<Input>,
+    stdout_limit: Arc<AtomicUsize>,
 ) -> Result<AgentHandles, AgentctlError> {
     let argv = &options.launch.argv;
     let program = argv.first().ok_or(AgentctlError::NoCommand)?;
@@ -160,17 +196,10 @@ fn spawn_agent(
         });
     };
 
-    let (stdin_tx, stdin_rx) = mpsc::unbounded_channel::<String>();
+    let (stdin_tx, stdin_rx) = mpsc::channel::<String>(AGENT_INPUT_CAPACITY);
     tokio::spawn(write_agent_stdin(stdin, stdin_rx));
 
-    let line_inputs = inputs.clone();
-    let reader = tokio::spawn(async move {
-        read_lines(stdout, |line| {
-            line_inputs.send(Input::AgentLine(line)).is_ok()
-        })
-        .await;
-        tracing::debug!("agent stdout closed");
-    });
+    let reader = tokio::spawn(read_agent_stdout(stdout, inputs.clone(), stdout_limit));
 
     let (kill_tx, kill_rx) = oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -194,11 +223,13 @@ fn spawn_agent(
         }
         match status {
             Ok(status) => {
-                let _ = inputs.send(Input::AgentExited(status));
+                let _ = inputs.send(Input::AgentExited(status)).await;
             }
             Err(error) => {
                 tracing::error!(%error, "cannot wait for the agent");
-                let _ = inputs.send(Input::AgentExited(ExitStatus::from_raw(1 << 8)));
+                let _ = inputs
+                    .send(Input::AgentExited(ExitStatus::from_raw(1 << 8)))
+                    .await;
             }
         }
     });
@@ -210,7 +241,7 @@ fn spawn_agent(
 
 async fn write_agent_stdin(
     mut stdin: tokio::process::ChildStdin,
-    mut lines: mpsc::UnboundedReceiver<String>,
+    mut lines: mpsc::Receiver<String>,
 ) {
     while let Some(mut line) = lines.recv().await {
         line.push('\n');
@@ -226,54 +257,116 @@ async fn write_agent_stdin(
     tracing::debug!("closing the agent's stdin");
 }
 
-/// Calls `on_line` for every non-empty line (newline stripped, invalid UTF-8 replaced) until
-/// EOF, an error, or `on_line` returning false.
-async fn read_lines(source: impl AsyncRead + Unpin, mut on_line: impl FnMut(String) -> bool) {
-    read_buffered_lines(BufReader::new(source), &mut on_line).await;
+/// Hands every non-empty line of the agent's stdout to the driver (waiting while its queue is
+/// full). The limit is read when a line begins: the replay limit while a `session/load` is open.
+/// An over-long line is reported as [`Input::AgentBrokeLimit`] and ends the reading.
+async fn read_agent_stdout(
+    stdout: impl AsyncRead + Unpin,
+    inputs: mpsc::Sender<Input>,
+    limit: Arc<AtomicUsize>,
+) {
+    let mut lines = LineReader::new(BufReader::new(stdout), LINE_LIMIT);
+    loop {
+        match lines.ready().await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the agent's stdout");
+                break;
+            }
+        }
+        lines.set_limit(limit.load(Ordering::Relaxed));
+        let input = match lines.next_line().await {
+            Ok(Frame::Line) => match text_line(lines.line()) {
+                Some(line) => Input::AgentLine(line),
+                None => continue,
+            },
+            Ok(Frame::TooLong { len }) => {
+                tracing::warn!(
+                    len,
+                    limit = lines.limit(),
+                    "the agent wrote an over-long line"
+                );
+                let limit = AgentLimit::Line {
+                    limit: lines.limit(),
+                };
+                let _ = inputs.send(Input::AgentBrokeLimit(limit)).await;
+                return;
+            }
+            Ok(Frame::Eof) => break,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the agent's stdout");
+                break;
+            }
+        };
+        if inputs.send(input).await.is_err() {
+            return;
+        }
+    }
+    tracing::debug!("agent stdout closed");
 }
 
-async fn read_buffered_lines(
-    mut reader: impl tokio::io::AsyncBufRead + Unpin,
-    on_line: &mut impl FnMut(String) -> bool,
-) {
-    let mut buf = Vec::new();
+/// A line as text (invalid UTF-8 replaced); `None` for a blank one.
+fn text_line(line: &[u8]) -> Option<String> {
+    let line = String::from_utf8_lossy(line);
+    (!line.trim().is_empty()).then(|| line.into_owned())
+}
+
+/// Hands a client's lines to the driver until the client closes, errs or writes an over-long
+/// line (it is then disconnected: no line of it is half-forwarded).
+async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mpsc::Sender<Input>) {
+    let mut lines = LineReader::new(reader, LINE_LIMIT);
     loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) => return,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf);
-                let line = line.trim_end_matches(['\n', '\r']);
-                if line.trim().is_empty() {
+        match lines.next_line().await {
+            Ok(Frame::Line) => {
+                let Some(line) = text_line(lines.line()) else {
                     continue;
-                }
-                if !on_line(line.to_owned()) {
+                };
+                if inputs.send(Input::ClientLine { conn, line }).await.is_err() {
                     return;
                 }
             }
+            Ok(Frame::TooLong { len }) => {
+                tracing::warn!(
+                    conn,
+                    len,
+                    limit = LINE_LIMIT,
+                    "client wrote an over-long line; disconnecting it"
+                );
+                break;
+            }
+            Ok(Frame::Eof) => break,
             Err(error) => {
-                tracing::debug!(%error, "read failed");
-                return;
+                tracing::debug!(conn, %error, "client read failed");
+                break;
             }
         }
     }
+    let _ = inputs.send(Input::ClientClosed { conn }).await;
 }
 
 struct ClientHandle {
-    lines: mpsc::UnboundedSender<String>,
+    lines: mpsc::Sender<String>,
     reader: AbortHandle,
+    /// Aborted only for a client that stopped reading (its writer would wait forever).
+    writer: AbortHandle,
 }
 
 struct Driver {
     hub: Hub,
-    agent_stdin: Option<mpsc::UnboundedSender<String>>,
+    agent_stdin: Option<mpsc::Sender<String>>,
     kill: Option<oneshot::Sender<()>>,
     agent_exited: bool,
+    /// Why the agent was cut off, once it was.
+    cut_off: Option<AgentLimit>,
+    /// The limit of the agent's next stdout line, set from the hub after every step.
+    stdout_limit: Arc<AtomicUsize>,
+    replay_line_limit: usize,
     clients: HashMap<ConnId, ClientHandle>,
     events: Option<broadcast::Sender<String>>,
     history: HistoryWriter,
-    inputs_tx: mpsc::UnboundedSender<Input>,
-    inputs_rx: mpsc::UnboundedReceiver<Input>,
+    inputs_tx: mpsc::Sender<Input>,
+    inputs_rx: mpsc::Receiver<Input>,
     /// Connection writers and subscribers, drained on the way out.
     tasks: JoinSet<()>,
     next_conn: ConnId,
@@ -307,10 +400,12 @@ impl Driver {
                 Some(input) = self.inputs_rx.recv() => {
                     if let Input::AgentExited(status) = input {
                         self.on_agent_exited(status).await?;
-                        return if stopping {
-                            Ok(())
-                        } else {
-                            Err(AgentctlError::AgentExited { status: status.to_string() })
+                        return match (stopping, self.cut_off) {
+                            (_, Some(limit)) => Err(AgentctlError::AgentCutOff { limit }),
+                            (true, None) => Ok(()),
+                            (false, None) => {
+                                Err(AgentctlError::AgentExited { status: status.to_string() })
+                            }
                         };
                     }
                     self.handle(input).await?;
@@ -328,7 +423,8 @@ impl Driver {
                     stopping = true;
                     self.begin_stop(stop_deadline.as_mut(), "SIGINT");
                 }
-                _ = &mut stop_deadline, if stopping => {
+                _ = &mut stop_deadline, if stopping && self.kill.is_some() => {
+                    // Once: a completed deadline stays ready, and the exit takes a moment.
                     tracing::warn!("the agent did not exit after its stdin closed");
                     if let Some(kill) = self.kill.take() {
                         let _ = kill.send(());
@@ -352,22 +448,24 @@ impl Driver {
         let inputs = self.inputs_tx.clone();
         tokio::spawn(async move {
             let (read, mut writer) = stream.into_split();
-            let mut reader = BufReader::new(read);
-            let mut first = Vec::new();
-            let read = tokio::time::timeout(HELLO_TIMEOUT, reader.read_until(b'\n', &mut first));
+            let mut first = LineReader::new(BufReader::new(read), HELLO_LIMIT);
+            let read = tokio::time::timeout(HELLO_TIMEOUT, first.next_line());
             let hello = match read.await {
-                Ok(Ok(n)) if n > 0 => serde_json::from_slice::<Hello>(&first).ok(),
+                Ok(Ok(Frame::Line)) => serde_json::from_slice::<Hello>(first.line()).ok(),
                 _ => None,
             };
+            let reader = first.into_inner();
             match hello {
                 Some(hello) => {
-                    let _ = inputs.send(Input::Hello {
-                        conn,
-                        hello,
-                        reader,
-                        writer,
-                        attempt: 0,
-                    });
+                    let _ = inputs
+                        .send(Input::Hello {
+                            conn,
+                            hello,
+                            reader,
+                            writer,
+                            attempt: 0,
+                        })
+                        .await;
                 }
                 None => {
                     tracing::warn!(conn, "connection without a valid hello line; closed");
@@ -386,6 +484,7 @@ impl Driver {
     async fn handle(&mut self, input: Input) -> Result<(), AgentctlError> {
         let out = match input {
             Input::AgentLine(line) => self.hub.agent_line(&line),
+            Input::AgentBrokeLimit(limit) => self.cut_off_agent(limit),
             Input::ClientLine { conn, line } => self.hub.client_line(conn, &line),
             Input::ClientClosed { conn } => {
                 tracing::info!(conn, "client connection closed; the agent keeps running");
@@ -412,13 +511,15 @@ impl Driver {
                         let inputs = self.inputs_tx.clone();
                         tokio::spawn(async move {
                             tokio::time::sleep(BUSY_RECHECK).await;
-                            let _ = inputs.send(Input::Hello {
-                                conn,
-                                hello,
-                                reader,
-                                writer,
-                                attempt: attempt + 1,
-                            });
+                            let _ = inputs
+                                .send(Input::Hello {
+                                    conn,
+                                    hello,
+                                    reader,
+                                    writer,
+                                    attempt: attempt + 1,
+                                })
+                                .await;
                         });
                         Vec::new()
                     }
@@ -445,8 +546,8 @@ impl Driver {
         reader: BufReader<OwnedReadHalf>,
         mut writer: OwnedWriteHalf,
     ) {
-        let (lines_tx, mut lines_rx) = mpsc::unbounded_channel::<String>();
-        self.tasks.spawn(async move {
+        let (lines_tx, mut lines_rx) = mpsc::channel::<String>(CLIENT_QUEUE);
+        let writer = self.tasks.spawn(async move {
             while let Some(line) = lines_rx.recv().await {
                 if let Err(error) = write_line(&mut writer, &line).await {
                     tracing::debug!(conn, %error, "client write failed");
@@ -455,20 +556,13 @@ impl Driver {
             }
             let _ = writer.shutdown().await;
         });
-        let inputs = self.inputs_tx.clone();
-        let reader = tokio::spawn(async move {
-            let mut reader = reader;
-            read_buffered_lines(&mut reader, &mut |line| {
-                inputs.send(Input::ClientLine { conn, line }).is_ok()
-            })
-            .await;
-            let _ = inputs.send(Input::ClientClosed { conn });
-        });
+        let reader = tokio::spawn(read_client(conn, reader, self.inputs_tx.clone()));
         self.clients.insert(
             conn,
             ClientHandle {
                 lines: lines_tx,
                 reader: reader.abort_handle(),
+                writer,
             },
         );
     }
@@ -487,8 +581,7 @@ impl Driver {
         let snapshot = self.hub.snapshot().to_json(&now_rfc3339()).to_string();
         tracing::info!(conn, "events subscriber connected");
         self.tasks.spawn(async move {
-            let mut reader = reader;
-            let mut ignored = Vec::new();
+            let mut reader = LineReader::new(reader, LINE_LIMIT);
             if write_line(&mut writer, &snapshot).await.is_err() {
                 return;
             }
@@ -507,9 +600,9 @@ impl Driver {
                         Err(broadcast::error::RecvError::Closed) => break,
                     },
                     // Subscribers have nothing to say; reading only notices when they leave.
-                    read = reader.read_until(b'\n', &mut ignored) => match read {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => ignored.clear(),
+                    read = reader.next_line() => match read {
+                        Ok(Frame::Line) => {}
+                        Ok(Frame::TooLong { .. } | Frame::Eof) | Err(_) => break,
                     },
                 }
             }
@@ -518,72 +611,143 @@ impl Driver {
         });
     }
 
-    /// Carries out the hub's outputs in order.
+    /// Carries out the hub's outputs in order (and what the hub answers to a client or an agent
+    /// being cut off on the way, before the rest).
     async fn apply(&mut self, outputs: Vec<Output>) -> Result<(), AgentctlError> {
-        for output in outputs {
-            match output {
-                Output::ToAgent(message) => self.send_agent(&message),
-                Output::ToClient(conn, message) => {
-                    if let Some(client) = self.clients.get(&conn) {
-                        let _ = client.lines.send(message.to_string());
-                    }
-                }
-                Output::CloseClient(conn) => {
-                    if let Some(client) = self.clients.remove(&conn) {
-                        client.reader.abort();
-                        // Dropping the sender lets the writer flush what is queued, then close.
-                    }
-                }
-                Output::Event(event) => {
-                    let line = event.to_json(&now_rfc3339()).to_string();
-                    tracing::info!(event = %line, "event");
-                    if let Some(events) = &self.events {
-                        // No subscriber is fine: events are a live feed, not a log.
-                        let _ = events.send(line);
-                    }
-                }
-                Output::Record {
-                    history_session,
-                    entry,
-                } => self.history.append(history_session, stamped(entry)),
-                Output::InjectHistoryThenSend {
-                    history_session,
-                    mut message,
-                } => {
-                    match self.history.read(history_session.clone()).await {
-                        Ok(entries) => {
-                            if inject_history(&mut message, &entries) {
-                                tracing::info!(
-                                    history_session,
-                                    entries = entries.len(),
-                                    "first prompt after a fresh start wrapped in the resume context"
-                                );
-                            } else {
-                                tracing::info!(history_session, "no recorded history to inject");
-                            }
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "cannot read history; prompt sent without resume context");
-                        }
-                    }
-                    self.send_agent(&message);
-                }
-                Output::InitializeFailed { code, message } => {
-                    return Err(AgentctlError::InitializeFailed { code, message });
-                }
+        self.update_stdout_limit();
+        let mut queue = VecDeque::from(outputs);
+        while let Some(output) = queue.pop_front() {
+            let more = self.apply_one(output).await?;
+            for output in more.into_iter().rev() {
+                queue.push_front(output);
             }
         }
+        self.update_stdout_limit();
         Ok(())
     }
 
-    fn send_agent(&self, message: &Value) {
-        match &self.agent_stdin {
-            Some(stdin) => {
-                if stdin.send(message.to_string()).is_err() {
-                    tracing::warn!("the agent's stdin is closed; message dropped");
+    /// The agent's next line may be as long as the replay limit while a load is open.
+    fn update_stdout_limit(&self) {
+        let limit = if self.hub.replaying() {
+            self.replay_line_limit
+        } else {
+            LINE_LIMIT
+        };
+        self.stdout_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Queues a line for a client, waiting at most [`CLIENT_STALL`] while its queue is full;
+    /// a client that stays full is disconnected (what the hub then wants done is returned).
+    async fn send_client(&mut self, conn: ConnId, message: Value) -> Vec<Output> {
+        let Some(client) = self.clients.get(&conn) else {
+            return Vec::new();
+        };
+        let line = message.to_string();
+        let sent = match client.lines.try_send(line) {
+            Ok(()) => return Vec::new(),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Vec::new(),
+            Err(mpsc::error::TrySendError::Full(line)) => {
+                let lines = client.lines.clone();
+                tokio::time::timeout(CLIENT_STALL, lines.send(line)).await
+            }
+        };
+        match sent {
+            Ok(_) => Vec::new(),
+            Err(_) => {
+                tracing::warn!(conn, stall = ?CLIENT_STALL, "client stopped reading; disconnecting it");
+                if let Some(client) = self.clients.get(&conn) {
+                    client.reader.abort();
+                    client.writer.abort();
+                }
+                self.hub.client_closed(conn)
+            }
+        }
+    }
+
+    /// Cuts the agent off for breaking `limit`: no more lines to it, it is killed, and the
+    /// client's open requests are answered with the limit (returned for the caller to apply).
+    fn cut_off_agent(&mut self, limit: AgentLimit) -> Vec<Output> {
+        if self.cut_off.is_some() {
+            return Vec::new();
+        }
+        tracing::error!(%limit, "cutting the agent off");
+        self.cut_off = Some(limit);
+        self.agent_stdin = None;
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        self.hub.agent_cut_off(limit)
+    }
+
+    /// Carries out one output; returns what the hub wants done after a client or the agent was
+    /// cut off on the way.
+    async fn apply_one(&mut self, output: Output) -> Result<Vec<Output>, AgentctlError> {
+        match output {
+            Output::ToAgent(message) => return Ok(self.send_agent(&message)),
+            Output::ToClient(conn, message) => return Ok(self.send_client(conn, message).await),
+            Output::CloseClient(conn) => {
+                if let Some(client) = self.clients.remove(&conn) {
+                    client.reader.abort();
+                    // Dropping the sender lets the writer flush what is queued, then close.
                 }
             }
-            None => tracing::debug!("stopping: message to the agent dropped"),
+            Output::Event(event) => {
+                let line = event.to_json(&now_rfc3339()).to_string();
+                tracing::info!(event = %line, "event");
+                if let Some(events) = &self.events {
+                    // No subscriber is fine: events are a live feed, not a log.
+                    let _ = events.send(line);
+                }
+            }
+            Output::Record {
+                history_session,
+                entry,
+            } => self.history.append(history_session, stamped(entry)),
+            Output::InjectHistoryThenSend {
+                history_session,
+                mut message,
+            } => {
+                match self.history.read(history_session.clone()).await {
+                    Ok(entries) => {
+                        if inject_history(&mut message, &entries) {
+                            tracing::info!(
+                                history_session,
+                                entries = entries.len(),
+                                "first prompt after a fresh start wrapped in the resume context"
+                            );
+                        } else {
+                            tracing::info!(history_session, "no recorded history to inject");
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cannot read history; prompt sent without resume context");
+                    }
+                }
+                return Ok(self.send_agent(&message));
+            }
+            Output::InitializeFailed { code, message } => {
+                return Err(AgentctlError::InitializeFailed { code, message });
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Queues a line for the agent's stdin; a full queue cuts the agent off (what the hub then
+    /// wants done is returned).
+    fn send_agent(&mut self, message: &Value) -> Vec<Output> {
+        let Some(stdin) = &self.agent_stdin else {
+            tracing::debug!("stopping: message to the agent dropped");
+            return Vec::new();
+        };
+        match stdin.try_send(message.to_string()) {
+            Ok(()) => Vec::new(),
+            Err(mpsc::error::TrySendError::Full(_)) => self.cut_off_agent(AgentLimit::Input {
+                limit: AGENT_INPUT_CAPACITY,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::warn!("the agent's stdin is closed; message dropped");
+                Vec::new()
+            }
         }
     }
 
@@ -674,16 +838,21 @@ enum HistoryCommand {
     Flush(oneshot::Sender<()>),
 }
 
+/// History entries waiting for the volume; when it falls this far behind, entries are dropped.
+const HISTORY_QUEUE: usize = 1024;
+
 /// One task does all history I/O, in order, off the driver (the store is blocking). Reads go
-/// through the same queue so they see every earlier append. A failing volume costs history,
-/// never the agent: errors are logged.
+/// through the same queue so they see every earlier append. A failing (or slow) volume costs
+/// history, never the agent: errors are logged, and entries that do not fit the queue are
+/// dropped.
 struct HistoryWriter {
-    commands: mpsc::UnboundedSender<HistoryCommand>,
+    commands: mpsc::Sender<HistoryCommand>,
+    warnings: WarnLimiter,
 }
 
 impl HistoryWriter {
     fn spawn(store: HistoryStore) -> Self {
-        let (commands, mut rx) = mpsc::unbounded_channel::<HistoryCommand>();
+        let (commands, mut rx) = mpsc::channel::<HistoryCommand>(HISTORY_QUEUE);
         tokio::spawn(async move {
             while let Some(command) = rx.recv().await {
                 match command {
@@ -714,19 +883,32 @@ impl HistoryWriter {
                 }
             }
         });
-        Self { commands }
+        Self {
+            commands,
+            warnings: WarnLimiter::default(),
+        }
     }
 
-    fn append(&self, session: String, entry: HistoryEntry) {
-        let _ = self
+    fn append(&mut self, session: String, entry: HistoryEntry) {
+        let appended = self
             .commands
-            .send(HistoryCommand::Append { session, entry });
+            .try_send(HistoryCommand::Append { session, entry });
+        if let Err(mpsc::error::TrySendError::Full(_)) = appended
+            && let Some(suppressed) = self.warnings.allow()
+        {
+            tracing::warn!(
+                suppressed,
+                queue = HISTORY_QUEUE,
+                "the history volume is behind; entry not recorded"
+            );
+        }
     }
 
     async fn read(&self, session: String) -> Result<Vec<HistoryEntry>, String> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(HistoryCommand::Read { session, reply })
+            .await
             .map_err(|_| "history writer stopped".to_owned())?;
         answer
             .await
@@ -736,7 +918,12 @@ impl HistoryWriter {
     /// Waits until every earlier command is done.
     async fn flush(&self) {
         let (reply, done) = oneshot::channel();
-        if self.commands.send(HistoryCommand::Flush(reply)).is_ok() {
+        if self
+            .commands
+            .send(HistoryCommand::Flush(reply))
+            .await
+            .is_ok()
+        {
             let _ = done.await;
         }
     }

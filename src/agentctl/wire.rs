@@ -12,7 +12,7 @@ pub const JSONRPC_VERSION: &str = "2.0";
 pub const PARSE_ERROR: i64 = -32700;
 /// The JSON sent is not a valid JSON-RPC request object.
 pub const INVALID_REQUEST: i64 = -32600;
-pub use crate::resume::{INTERNAL_ERROR, METHOD_NOT_FOUND};
+pub use crate::resume::{AGENT_PROTOCOL_LIMIT, INTERNAL_ERROR, METHOD_NOT_FOUND};
 /// agentctl's own code: another ACP client is connected.
 pub const BUSY: i64 = -32001;
 /// The message a busy agentctl sends before closing the connection.

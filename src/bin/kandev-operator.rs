@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use kandev_operator::acp::AcpLimits;
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::http::{self, HttpState};
 use kandev_operator::controller::leader::{self, LeaseSettings};
@@ -30,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller against the cluster of the current kubeconfig (or in-cluster config).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the TaskSession and ExecutorRunning CRDs as one multi-document YAML stream
     /// (the same content as the files under crds/).
     Crd {
@@ -71,6 +72,19 @@ struct RunArgs {
     /// transcript before it answers — or `session/new`), in seconds.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     acp_restore_timeout_seconds: u64,
+    /// Longest line an agent may write while a session/load replays its transcript, in MiB
+    /// (every other line: 1 MiB). An agent that writes a longer line is cut off and the restore
+    /// fails with reason AgentProtocolLimit, keeping the token. Agent pods get the same value
+    /// (KANDEV_REPLAY_LINE_LIMIT_MIB, for agentctl).
+    #[arg(long, default_value_t = 8, value_name = "MIB",
+        value_parser = clap::value_parser!(u64).range(1..=kandev_operator::codec::MAX_REPLAY_LINE_LIMIT_MIB))]
+    acp_replay_line_limit_mib: u64,
+    /// Bytes an agent may write during one session/load, all lines together, in MiB. The replay
+    /// is counted as it streams (never held in memory); an agent that writes more is cut off and
+    /// the restore fails with reason AgentProtocolLimit, keeping the token.
+    #[arg(long, default_value_t = 256, value_name = "MIB",
+        value_parser = clap::value_parser!(u64).range(1..))]
+    acp_replay_budget_mib: u64,
     /// Sessions reconciled at the same time, at most (each holds at most one exec into its pod).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_reconciles: u16,
@@ -123,7 +137,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Crd { output_dir } => print_crds(output_dir.as_deref()),
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -273,10 +287,16 @@ fn run(args: RunArgs) -> Result<(), String> {
             tolerations,
             node_selector,
             run_as_user: args.run_as_user,
+            replay_line_limit_mib: args.acp_replay_line_limit_mib,
         },
         resync: Duration::from_secs(args.resync_seconds),
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
         restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
+        acp_limits: AcpLimits {
+            replay_line: kandev_operator::codec::mib(args.acp_replay_line_limit_mib),
+            replay_budget: args.acp_replay_budget_mib.saturating_mul(1024 * 1024),
+            ..AcpLimits::default()
+        },
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
     };

@@ -18,11 +18,12 @@ use kube::api::{Api, AttachParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::api::{AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus};
+use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 
 /// One line of `agentctl events`.
 #[derive(Debug, Deserialize, PartialEq)]
@@ -233,13 +234,31 @@ async fn stream_events(
     let Some(stdout) = process.stdout() else {
         return Ok(());
     };
-    let mut lines = BufReader::new(stdout).lines();
+    // Event lines are small; a longer one means the stream is not what we think it is: it is
+    // dropped (never buffered) and the stream is followed again after the backoff.
+    let mut lines = LineReader::new(BufReader::new(stdout), LINE_LIMIT);
+    let mut warnings = WarnLimiter::default();
     info!("following agentctl events");
-    while let Ok(Some(line)) = lines.next_line().await {
-        let event: AgentctlEvent = match serde_json::from_str(&line) {
+    loop {
+        match lines.next_line().await {
+            Ok(Frame::Line) => {}
+            Ok(Frame::TooLong { len }) => {
+                warn!(
+                    len,
+                    limit = LINE_LIMIT,
+                    "over-long agentctl event line; reconnecting"
+                );
+                return Ok(());
+            }
+            Ok(Frame::Eof) | Err(_) => return Ok(()),
+        }
+        let event: AgentctlEvent = match serde_json::from_slice(lines.line()) {
             Ok(event) => event,
             Err(err) => {
-                warn!(%err, line = %line.chars().take(200).collect::<String>(), "unreadable agentctl event");
+                if let Some(suppressed) = warnings.allow() {
+                    let line = String::from_utf8_lossy(lines.line());
+                    warn!(%err, suppressed, line = %line.chars().take(200).collect::<String>(), "unreadable agentctl event");
+                }
                 continue;
             }
         };
@@ -251,7 +270,6 @@ async fn stream_events(
             *known = next;
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -35,6 +35,10 @@ pub struct PodSettings {
     pub node_selector: BTreeMap<String, String>,
     /// UID the agent runs as (never root).
     pub run_as_user: i64,
+    /// agentctl's replay line limit in MiB (`KANDEV_REPLAY_LINE_LIMIT_MIB`): the operator's own
+    /// `--acp-replay-line-limit-mib`, so both ends of the exec stream agree (0: agentctl's
+    /// default).
+    pub replay_line_limit_mib: u64,
 }
 
 /// A stable, short, label-safe hash (FNV-1a 64, hex) — names must not depend on process state.
@@ -179,6 +183,12 @@ pub fn build_agentctl_pod(
         // the pod, so agentctl needs no configuration file.
         env_value("KANDEV_AGENT_PROFILE_DEFINITION", &profile.to_document()),
     ];
+    if settings.replay_line_limit_mib > 0 {
+        env.push(env_value(
+            "KANDEV_REPLAY_LINE_LIMIT_MIB",
+            &settings.replay_line_limit_mib.to_string(),
+        ));
+    }
     env.extend(ts.spec.credentials.iter().map(|c| EnvVar {
         name: c.env.clone(),
         value_from: Some(EnvVarSource {

@@ -22,7 +22,7 @@ use super::expectations::Expectations;
 use super::follower::Followers;
 use super::metrics::{self, ResumeOutcome};
 use super::pods::{self, PodSettings};
-use crate::acp::{AcpTimeouts, PodConnection, RestoreOutcome};
+use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -126,6 +126,8 @@ pub struct OperatorSettings {
     /// Timeout of `session/new`, `session/load` and `session/resume` (a load replays the whole
     /// transcript before it answers).
     pub restore_timeout: Duration,
+    /// Memory bounds of each ACP connection (lines, replay budget).
+    pub acp_limits: AcpLimits,
     /// Sessions reconciled at the same time, at most.
     pub max_concurrent_reconciles: u16,
     /// From the agentctl pod's creation to agentctl answering exec, at most; then the launch is
@@ -1032,6 +1034,7 @@ impl<'a> Session<'a> {
         // Repeated setup requests and the initial prompt of the same launch are answered by
         // agentctl from what it did the first time, without reaching the agent again.
         client.set_launch(self.launch_id());
+        client.set_limits(self.ctx.settings.acp_limits);
         let timeouts = AcpTimeouts {
             initialize: self.ctx.settings.acp_timeout,
             session: self.ctx.settings.restore_timeout,
@@ -1677,6 +1680,7 @@ mod tests {
             ("agent_not_running", "AgentNotRunning"),
             ("waiting_for_input", "WaitingForInput"),
             ("timeout", "Timeout"),
+            ("agent_protocol_limit", "AgentProtocolLimit"),
         ] {
             assert_eq!(camel(snake), camel_case);
         }

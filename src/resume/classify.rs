@@ -17,6 +17,36 @@ pub const AUTH_REQUIRED: i64 = -32000;
 pub const RESOURCE_NOT_FOUND: i64 = -32002;
 /// ACP / LSP convention: request cancelled.
 pub const REQUEST_CANCELLED: i64 = -32800;
+/// agentctl's own code (server-error range): it cut the agent off for breaking a bound of the
+/// connection ([`AgentLimit`]); the message names the bound.
+pub const AGENT_PROTOCOL_LIMIT: i64 = -32090;
+
+/// A bound of an agent connection that the agent broke. The agent is cut off; nothing about the
+/// session is learned, so the token is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentLimit {
+    /// It wrote a line longer than `limit` bytes.
+    Line { limit: usize },
+    /// It wrote more than `limit` bytes while one `session/load` replayed.
+    Replay { limit: u64 },
+    /// It left `limit` messages to it unread: it does not read its input.
+    Input { limit: usize },
+}
+
+impl std::fmt::Display for AgentLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Line { limit } => write!(f, "agent exceeded the line limit ({limit} bytes)"),
+            Self::Replay { limit } => {
+                write!(f, "agent exceeded the replay budget ({limit} bytes)")
+            }
+            Self::Input { limit } => write!(
+                f,
+                "agent does not read its input ({limit} messages to it queued)"
+            ),
+        }
+    }
+}
 
 /// How a `session/resume`, `session/load` or `session/new` call failed, as the ACP client saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +59,8 @@ pub enum RestoreFailure {
     Timeout,
     /// An answer arrived but could not be understood.
     MalformedResponse(String),
+    /// The agent broke a bound of the connection and was cut off.
+    AgentLimit(AgentLimit),
 }
 
 /// What a [`RestoreFailure`] means for the saved resume token.
@@ -53,6 +85,9 @@ pub enum RestoreErrorClass {
     Timeout,
     /// The answer could not be parsed.
     Malformed,
+    /// The agent broke a bound of the connection (a line, the replay budget, an unread input
+    /// queue), here or in agentctl ([`AGENT_PROTOCOL_LIMIT`]), and was cut off.
+    AgentProtocolLimit,
     /// Any other JSON-RPC code.
     Other(i64),
 }
@@ -88,6 +123,7 @@ impl RestoreErrorClass {
             Self::Transport => "transport_closed",
             Self::Timeout => "timeout",
             Self::Malformed => "malformed_response",
+            Self::AgentProtocolLimit => "agent_protocol_limit",
             Self::Other(_) => "other",
         }
     }
@@ -114,11 +150,13 @@ pub fn classify_restore_error(failure: &RestoreFailure) -> RestoreErrorClass {
             REQUEST_CANCELLED => RestoreErrorClass::Cancelled,
             INVALID_PARAMS => RestoreErrorClass::InvalidParams,
             INTERNAL_ERROR => RestoreErrorClass::Internal,
+            AGENT_PROTOCOL_LIMIT => RestoreErrorClass::AgentProtocolLimit,
             other => RestoreErrorClass::Other(other),
         },
         RestoreFailure::TransportClosed => RestoreErrorClass::Transport,
         RestoreFailure::Timeout => RestoreErrorClass::Timeout,
         RestoreFailure::MalformedResponse(_) => RestoreErrorClass::Malformed,
+        RestoreFailure::AgentLimit(_) => RestoreErrorClass::AgentProtocolLimit,
     }
 }
 
@@ -138,6 +176,8 @@ mod tests {
             (C::Internal, false),
             (C::Malformed, false),
             (C::Other(-1), false),
+            // An agent that broke a memory bound would break it again.
+            (C::AgentProtocolLimit, false),
         ];
         for (class, retryable) in rows {
             assert_eq!(class.is_retryable(), retryable, "{class}");
@@ -181,12 +221,30 @@ mod tests {
             (RestoreFailure::TransportClosed, C::Transport, false, "transport_closed"),
             (RestoreFailure::Timeout, C::Timeout, false, "timeout"),
             (RestoreFailure::MalformedResponse("not json".into()), C::Malformed, false, "malformed_response"),
+            // A bound broken by the agent keeps the token, whichever side cut it off.
+            (RestoreFailure::AgentLimit(AgentLimit::Line { limit: 1 << 20 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (RestoreFailure::AgentLimit(AgentLimit::Replay { limit: 1 << 28 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (RestoreFailure::AgentLimit(AgentLimit::Input { limit: 1024 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (rpc(-32090, "agentctl cut off the agent: agent exceeded the line limit (1048576 bytes)"), C::AgentProtocolLimit, false, "agent_protocol_limit"),
         ];
         for (failure, class, fresh, name) in rows {
             let got = classify_restore_error(&failure);
             assert_eq!(got, class, "{failure:?}");
             assert_eq!(got.allows_fresh_start(), fresh, "{failure:?}");
             assert_eq!(got.as_str(), name, "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn agent_limits_name_the_bound() {
+        #[rustfmt::skip]
+        let rows = [
+            (AgentLimit::Line { limit: 1_048_576 }, "agent exceeded the line limit (1048576 bytes)"),
+            (AgentLimit::Replay { limit: 268_435_456 }, "agent exceeded the replay budget (268435456 bytes)"),
+            (AgentLimit::Input { limit: 1024 }, "agent does not read its input (1024 messages to it queued)"),
+        ];
+        for (limit, text) in rows {
+            assert_eq!(limit.to_string(), text);
         }
     }
 

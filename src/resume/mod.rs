@@ -14,8 +14,9 @@ mod stall;
 mod status;
 
 pub use classify::{
-    AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
-    RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure, classify_restore_error,
+    AGENT_PROTOCOL_LIMIT, AUTH_REQUIRED, AgentLimit, INTERNAL_ERROR, INVALID_PARAMS,
+    METHOD_NOT_FOUND, REQUEST_CANCELLED, RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure,
+    classify_restore_error,
 };
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, handled_key, is_new_resume_request, remember_handled,

@@ -285,6 +285,9 @@ mod tests {
             (Resume, C::Timeout, BOTH, keep(C::Timeout)),
             (Resume, C::Malformed, BOTH, keep(C::Malformed)),
             (Resume, C::Other(-32099), BOTH, keep(C::Other(-32099))),
+            // An agent cut off for breaking a bound proved nothing about the session.
+            (Load, C::AgentProtocolLimit, LOAD, keep(C::AgentProtocolLimit)),
+            (Resume, C::AgentProtocolLimit, BOTH, keep(C::AgentProtocolLimit)),
             (Load, C::Internal, LOAD, keep(C::Internal)),
             (Load, C::Transport, LOAD, keep(C::Transport)),
             // A failed session/new has nothing to fall back to.
@@ -312,6 +315,7 @@ mod tests {
             C::Transport,
             C::Timeout,
             C::Malformed,
+            C::AgentProtocolLimit,
             C::Other(7),
         ];
         for tried in [

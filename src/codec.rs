@@ -1,0 +1,313 @@
+//! The one bounded line codec of the crate: every newline-delimited stream that an agent or a
+//! client writes (ACP over stdio, sockets and exec, the `agentctl events` feed) is read with
+//! [`LineReader`], so no peer can make us buffer more than one limited line.
+//!
+//! It sits at the crate root rather than in `acp` because three layers read lines with it:
+//! the ACP client, agentctl (the agent's stdout, its clients, `connect` and `events`) and the
+//! controller's event follower, and none of them should depend on another just for framing.
+//!
+//! A line longer than the limit is never buffered whole: the bytes past the limit are read and
+//! dropped until the newline, and the caller learns how long the line was. What to do with such
+//! a peer is the caller's decision (the ACP client and agentctl cut it off).
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+
+const MIB: usize = 1024 * 1024;
+
+/// The limit of every line outside a `session/load` replay.
+pub const LINE_LIMIT: usize = MIB;
+
+/// Default limit of a line read while a `session/load` is replaying the transcript (one update
+/// may carry a whole tool result). Operator flag `--acp-replay-line-limit-mib`, agentctl flag
+/// `--replay-line-limit-mib`.
+pub const DEFAULT_REPLAY_LINE_LIMIT: usize = 8 * MIB;
+
+/// Upper bound of the configurable replay line limit, in MiB: the operator runs in 256 Mi.
+pub const MAX_REPLAY_LINE_LIMIT_MIB: u64 = 64;
+
+/// A replay line limit given in MiB (flags), in bytes.
+pub fn mib(value: u64) -> usize {
+    usize::try_from(value)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(MIB)
+}
+
+/// What [`LineReader::next_line`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A line; its bytes are in [`LineReader::line`] (without `\n` or `\r\n`).
+    Line,
+    /// A line of `len` bytes (without its terminator) exceeded the limit and was dropped.
+    TooLong { len: usize },
+    /// The stream ended (a final line without a newline is returned as a [`Frame::Line`] first).
+    Eof,
+}
+
+/// Reads newline-delimited lines of at most `limit` bytes each.
+pub struct LineReader<R> {
+    reader: R,
+    buf: Vec<u8>,
+    limit: usize,
+}
+
+/// A buffer grown by an unusually long line is given back once it exceeds this much.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    pub fn new(reader: R, limit: usize) -> Self {
+        Self {
+            reader,
+            buf: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Applies to the next line read (e.g. the larger limit while a replay runs).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The line of the last [`Frame::Line`].
+    pub fn line(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The underlying reader (e.g. to hand the stream on after a first line).
+    pub fn into_inner(self) -> R {
+        self.reader
+    }
+
+    /// Waits until the next line has begun to arrive: false at EOF. A caller whose limit
+    /// depends on what it sent (a replay) decides it after this, so a line that answers a
+    /// request is never read under the limit from before the request.
+    pub async fn ready(&mut self) -> std::io::Result<bool> {
+        Ok(!self.reader.fill_buf().await?.is_empty())
+    }
+
+    /// Reads the next line. Cancel-safe only between lines: dropping the future mid-line loses
+    /// that line's bytes read so far.
+    pub async fn next_line(&mut self) -> std::io::Result<Frame> {
+        self.buf.clear();
+        if self.buf.capacity() > KEEP_CAPACITY {
+            self.buf.shrink_to(KEEP_CAPACITY);
+        }
+        // One byte more than the limit fits, so a `\r` before the `\n` does not count.
+        let keep = self.limit.saturating_add(1);
+        let mut len = 0usize;
+        let mut ends_cr = false;
+        loop {
+            let available = self.reader.fill_buf().await?;
+            if available.is_empty() {
+                return Ok(if len == 0 {
+                    Frame::Eof
+                } else {
+                    self.finish(len, ends_cr)
+                });
+            }
+            let (chunk, consumed, done) = match available.iter().position(|b| *b == b'\n') {
+                Some(newline) => (&available[..newline], newline + 1, true),
+                None => (available, available.len(), false),
+            };
+            len = len.saturating_add(chunk.len());
+            if let Some(last) = chunk.last() {
+                ends_cr = *last == b'\r';
+            }
+            if len <= keep {
+                self.buf.extend_from_slice(chunk);
+            } else if !self.buf.is_empty() {
+                // Over the limit: drop what was kept, count the rest without keeping it.
+                self.buf.clear();
+                self.buf.shrink_to(KEEP_CAPACITY);
+            }
+            self.reader.consume(consumed);
+            if done {
+                return Ok(self.finish(len, ends_cr));
+            }
+        }
+    }
+
+    fn finish(&mut self, mut len: usize, ends_cr: bool) -> Frame {
+        if ends_cr {
+            self.buf.pop();
+            len -= 1;
+        }
+        if len > self.limit {
+            self.buf.clear();
+            Frame::TooLong { len }
+        } else {
+            Frame::Line
+        }
+    }
+}
+
+/// Logs a repeated warning at most once per `period`, counting what it held back: each
+/// connection keeps one, so a peer flooding bad lines cannot flood the log.
+#[derive(Debug)]
+pub struct WarnLimiter {
+    period: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+/// The period of [`WarnLimiter::default`].
+pub const WARN_PERIOD: Duration = Duration::from_secs(10);
+
+impl Default for WarnLimiter {
+    fn default() -> Self {
+        Self::new(WARN_PERIOD)
+    }
+}
+
+impl WarnLimiter {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(suppressed since the last one)` when a warning may be logged now, else `None`
+    /// (and it is counted).
+    pub fn allow(&mut self) -> Option<u64> {
+        self.allow_at(Instant::now())
+    }
+
+    fn allow_at(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < self.period => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use tokio::io::BufReader;
+
+    type Frames = Vec<(Frame, String)>;
+
+    /// Every frame of `data` read through a buffer of `chunk` bytes with `limit`.
+    async fn frames(data: &[u8], chunk: usize, limit: usize) -> Frames {
+        let mut reader = LineReader::new(BufReader::with_capacity(chunk, data), limit);
+        let mut out = Vec::new();
+        loop {
+            let frame = reader.next_line().await.expect("read");
+            if frame == Frame::Eof {
+                return out;
+            }
+            out.push((frame, String::from_utf8_lossy(reader.line()).into_owned()));
+        }
+    }
+
+    fn line(text: &str) -> (Frame, String) {
+        (Frame::Line, text.to_owned())
+    }
+
+    fn too_long(len: usize) -> (Frame, String) {
+        (Frame::TooLong { len }, String::new())
+    }
+
+    #[tokio::test]
+    async fn framing_table() {
+        #[rustfmt::skip]
+        let rows: Vec<(&str, &[u8], Frames)> = vec![
+            ("exact limit", b"12345678\n", vec![line("12345678")]),
+            ("limit + 1", b"123456789\n", vec![too_long(9)]),
+            ("CRLF is stripped, not counted", b"12345678\r\nab\r\n", vec![line("12345678"), line("ab")]),
+            ("limit + 1 before CRLF", b"123456789\r\n", vec![too_long(9)]),
+            ("no newline at EOF", b"a\ntail", vec![line("a"), line("tail")]),
+            ("over-long at EOF", b"a\n0123456789abc", vec![line("a"), too_long(13)]),
+            ("empty lines are lines", b"\n\r\nx\n", vec![line(""), line(""), line("x")]),
+            ("nothing", b"", vec![]),
+            ("oversized then next", b"short\n0123456789abcdef\nok\n", vec![line("short"), too_long(16), line("ok")]),
+            ("several oversized in a row", b"0123456789\n0123456789\nz\n", vec![too_long(10), too_long(10), line("z")]),
+            ("lone CR inside a line stays", b"a\rb\n", vec![line("a\rb")]),
+        ];
+        for (name, data, expected) in rows {
+            // Split across reads at every size: one byte at a time, small, and all at once.
+            for chunk in [1, 3, 4, 64] {
+                assert_eq!(
+                    frames(data, chunk, 8).await,
+                    expected,
+                    "{name} (reads of {chunk})"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn limit_can_change_between_lines() {
+        let data: &[u8] = b"0123456789\n0123456789\n";
+        let mut reader = LineReader::new(BufReader::with_capacity(4, data), 8);
+        assert_eq!(
+            reader.next_line().await.expect("read"),
+            Frame::TooLong { len: 10 }
+        );
+        reader.set_limit(16);
+        assert!(reader.ready().await.expect("read"));
+        assert_eq!(reader.next_line().await.expect("read"), Frame::Line);
+        assert_eq!(reader.line(), b"0123456789");
+        assert!(!reader.ready().await.expect("read"), "EOF");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_line_is_never_buffered() {
+        // 64 MiB without a newline, then a short line: the buffer never grows past the limit.
+        struct Endless(usize);
+        impl tokio::io::AsyncRead for Endless {
+            fn poll_read(
+                mut self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                let n = buf.remaining().min(self.0);
+                buf.put_slice(&vec![b'x'; n]);
+                self.0 -= n;
+                std::task::Poll::Ready(Ok(()))
+            }
+        }
+        use tokio::io::AsyncReadExt;
+        let source = Endless(64 * MIB).chain(&b"\nok\n"[..]);
+        let mut reader = LineReader::new(BufReader::new(source), 1024);
+        assert_eq!(
+            reader.next_line().await.expect("read"),
+            Frame::TooLong { len: 64 * MIB }
+        );
+        assert!(reader.buf.capacity() <= KEEP_CAPACITY);
+        assert_eq!(reader.next_line().await.expect("read"), Frame::Line);
+        assert_eq!(reader.line(), b"ok");
+    }
+
+    #[test]
+    fn warnings_are_rate_limited_with_a_count() {
+        let mut limiter = WarnLimiter::new(Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(limiter.allow_at(start), Some(0));
+        assert_eq!(limiter.allow_at(start + Duration::from_secs(1)), None);
+        assert_eq!(limiter.allow_at(start + Duration::from_secs(9)), None);
+        assert_eq!(limiter.allow_at(start + Duration::from_secs(10)), Some(2));
+        assert_eq!(limiter.allow_at(start + Duration::from_secs(11)), None);
+        assert_eq!(limiter.allow_at(start + Duration::from_secs(30)), Some(1));
+    }
+
+    #[test]
+    fn mib_flags() {
+        assert_eq!(mib(8), DEFAULT_REPLAY_LINE_LIMIT);
+        assert_eq!(mib(1), LINE_LIMIT);
+    }
+}

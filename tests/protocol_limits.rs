@@ -1,0 +1,320 @@
+//! Protocol tier: the memory budget of an agent connection (issue #13). `kandev-test-agent`
+//! floods the client on `session/load` — 500 MB of `session/update` notifications, one 30 MiB
+//! line, 10^6 requests while never reading its stdin — against the real ACP client, directly
+//! over the agent's stdio and through `agentctl serve` + `agentctl connect` as the operator
+//! does over exec. Each restore must fail cleanly as `agent_protocol_limit` with the token kept,
+//! and the memory of this process (the operator side) and of serve must stay bounded: a memory
+//! ceiling is a correctness bound, so it is asserted. A 7 MiB replay line, within the replay
+//! line limit, restores normally.
+//!
+//! The tests take turns (one lock): the peak RSS of this process then belongs to one flood at a
+//! time, and two floods do not fight over a shared machine.
+
+mod agentctl_support;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use agentctl_support::{Serve, WAIT, path_str, wait_exit};
+use kandev_operator::acp::{
+    AcpClient, AcpLimits, AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions,
+};
+use kandev_operator::resume::{AgentLimit, RestoreErrorClass};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
+const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
+const TOKEN: &str = "saved-session-1";
+/// The ceiling of the issue: the operator runs in 256 Mi.
+const RSS_CEILING_KIB: u64 = 150 * 1024;
+const MIB: usize = 1024 * 1024;
+
+static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Long enough for a loaded machine to push a flood through a debug build; the floods must
+/// end by a bound, never by a timeout.
+fn timeouts() -> AcpTimeouts {
+    AcpTimeouts::uniform(Duration::from_secs(300))
+}
+
+/// `VmHWM` (peak RSS) of a process, in KiB; `None` once it is gone (or a zombie).
+fn peak_rss_kib(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Samples the peak RSS of `pid` until it is gone or `stop` is set; returns the last peak seen
+/// (the peak is monotonic, so that is the process's peak up to then).
+fn sample_peak(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let pid = pid.to_string();
+        let mut peak = 0;
+        while let Some(kib) = peak_rss_kib(&pid) {
+            peak = peak.max(kib);
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peak
+    })
+}
+
+/// `flood` is `--flood KIND [--flood-amount N]`.
+fn agent_args(flood: &str) -> Vec<String> {
+    let mut args: Vec<String> = ["--advertise", "load", "--known-session", TOKEN, "--flood"]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+    args.extend(flood.split_whitespace().map(str::to_owned));
+    args
+}
+
+/// The restore failed as `agent_protocol_limit`, keeping the token, with a reason that names
+/// `bound` (a part of the limit's text).
+fn assert_cut_off(outcome: &RestoreOutcome, bound: &str) {
+    match outcome {
+        RestoreOutcome::Failed {
+            class,
+            token_kept,
+            session_id,
+            reason,
+            ..
+        } => {
+            assert_eq!(*class, RestoreErrorClass::AgentProtocolLimit, "{outcome:?}");
+            assert!(*token_kept, "{outcome:?}");
+            assert_eq!(session_id.as_deref(), Some(TOKEN), "{outcome:?}");
+            assert!(
+                reason.starts_with("agent_protocol_limit: session/load "),
+                "{reason}"
+            );
+            assert!(reason.contains(bound), "{reason} should name {bound:?}");
+        }
+        other => panic!("expected a cut-off keeping the token, got {other:?}"),
+    }
+}
+
+/// Restores against the test agent over its own stdio: the operator-side client alone.
+async fn restore_direct(flood: &str, limits: AcpLimits) -> RestoreOutcome {
+    restore_direct_expecting(flood, limits, true).await
+}
+
+async fn restore_direct_expecting(flood: &str, limits: AcpLimits, cut_off: bool) -> RestoreOutcome {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = vec![AGENT.to_owned()];
+    cmd.extend(agent_args(flood));
+    let options = SpawnOptions {
+        stderr: AgentStderr::Inherit,
+        ..SpawnOptions::default()
+    };
+    let mut agent = LocalAgent::spawn(&cmd, &options).expect("spawn");
+    agent.client().set_limits(limits);
+    let outcome = agent
+        .client_mut()
+        .restore(Some(TOKEN), dir.path(), true, false, timeouts())
+        .await;
+    assert_eq!(agent.client().is_closed(), cut_off, "the agent was cut off");
+    agent
+        .shutdown(Duration::from_secs(2))
+        .await
+        .expect("shutdown");
+    outcome
+}
+
+/// Restores through `agentctl serve` and `agentctl connect` (as the operator does over exec);
+/// returns the outcome and serve's peak RSS in KiB. With `serve_cuts_off`, serve must then cut
+/// the agent off itself and exit (once the client is gone, nobody else answers the flood).
+async fn restore_through_agentctl(
+    flood: &str,
+    limits: AcpLimits,
+    serve_cuts_off: bool,
+) -> (RestoreOutcome, u64) {
+    let args = agent_args(flood);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut serve = Serve::start(&[], &args);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_peak(serve.child.id(), stop.clone());
+    let mut connect = tokio::process::Command::new(AGENTCTL)
+        .arg("connect")
+        .arg("--socket")
+        .arg(path_str(&serve.socket))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn agentctl connect");
+    let stdin = connect.stdin.take().expect("stdin");
+    let stdout = connect.stdout.take().expect("stdout");
+    let mut client = AcpClient::new(stdout, stdin).with_limits(limits);
+    let outcome = client
+        .restore(Some(TOKEN), Path::new("/unused"), true, false, timeouts())
+        .await;
+    drop(client);
+    let _ = connect.kill().await;
+    if serve_cuts_off {
+        let status = wait_exit(&mut serve.child, WAIT, "agentctl serve after a cut-off");
+        assert!(!status.success(), "{status}");
+        serve.wait_stderr("cutting the agent off");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let serve_peak = sampler.join().expect("sampler");
+    assert!(serve_peak > 0, "serve's memory was sampled");
+    serve.stop();
+    (outcome, serve_peak)
+}
+
+fn report(name: &str, started: Instant, serve_peak_kib: Option<u64>) {
+    let ours = peak_rss_kib("self").expect("our own status");
+    eprintln!(
+        "{name}: {:.1} s, peak RSS of this process {} MiB{}",
+        started.elapsed().as_secs_f64(),
+        ours / 1024,
+        serve_peak_kib
+            .map(|kib| format!(", of agentctl serve {} MiB", kib / 1024))
+            .unwrap_or_default()
+    );
+    assert!(
+        ours < RSS_CEILING_KIB,
+        "{name}: this process peaked at {ours} KiB"
+    );
+    if let Some(kib) = serve_peak_kib {
+        assert!(kib < RSS_CEILING_KIB, "{name}: serve peaked at {kib} KiB");
+    }
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_500_mb_replay_is_counted_streaming_and_cut_off_at_the_budget() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    // The default budget (256 MiB): the replay streams through, never held.
+    let limits = AcpLimits::default();
+    let outcome = restore_direct("replay", limits).await;
+    assert_cut_off(
+        &outcome,
+        &AgentLimit::Replay {
+            limit: limits.replay_budget,
+        }
+        .to_string(),
+    );
+    report("replay 500 MB, direct", started, None);
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_30_mib_line_is_dropped_streaming_and_cuts_the_agent_off() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let limits = AcpLimits::default();
+    let outcome = restore_direct("long-line", limits).await;
+    assert_cut_off(
+        &outcome,
+        &AgentLimit::Line {
+            limit: limits.replay_line,
+        }
+        .to_string(),
+    );
+    report("30 MiB line, direct", started, None);
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn an_agent_that_never_reads_its_stdin_is_cut_off() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let outcome = restore_direct("requests", AcpLimits::default()).await;
+    assert_cut_off(&outcome, "agent does not read its input (1024 messages");
+    report("10^6 requests, stdin unread, direct", started, None);
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_replay_flood_is_cut_off_at_the_budget() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    // A smaller budget: every byte crosses serve, connect and the client (three parses in a
+    // debug build); the bound is the same code as in the direct test.
+    let limits = AcpLimits {
+        replay_budget: 64 * MIB as u64,
+        ..AcpLimits::default()
+    };
+    let (outcome, serve_peak) = restore_through_agentctl("replay", limits, false).await;
+    assert_cut_off(
+        &outcome,
+        &AgentLimit::Replay {
+            limit: limits.replay_budget,
+        }
+        .to_string(),
+    );
+    report("replay 500 MB, through agentctl", started, Some(serve_peak));
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_30_mib_line_makes_serve_cut_the_agent_off() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let (outcome, serve_peak) =
+        restore_through_agentctl("long-line", AcpLimits::default(), true).await;
+    // serve drops the line while streaming and answers the load with -32090.
+    assert_cut_off(
+        &outcome,
+        "agentctl cut off the agent: agent exceeded the line limit (8388608 bytes)",
+    );
+    report("30 MiB line, through agentctl", started, Some(serve_peak));
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_an_agent_that_never_reads_its_stdin_is_cut_off() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let (outcome, serve_peak) =
+        restore_through_agentctl("requests", AcpLimits::default(), true).await;
+    // Whichever queue fills first (serve's to the agent, or ours to connect) names the bound.
+    assert_cut_off(&outcome, "agent does not read its input (1024 messages");
+    report(
+        "10^6 requests, stdin unread, through agentctl",
+        started,
+        Some(serve_peak),
+    );
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_7_mib_replay_line_is_within_the_replay_limit() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let flood = format!("long-line --flood-amount {}", 7 * MIB);
+    let outcome = restore_direct_expecting(&flood, AcpLimits::default(), false).await;
+    assert!(
+        matches!(outcome, RestoreOutcome::Restored { .. }),
+        "{outcome:?}"
+    );
+    report("7 MiB replay line, direct", started, None);
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_7_mib_replay_line_is_within_the_replay_limit() {
+    let _turn = TURNS.lock().await;
+    let started = Instant::now();
+    let flood = format!("long-line --flood-amount {}", 7 * MIB);
+    let (outcome, serve_peak) = restore_through_agentctl(&flood, AcpLimits::default(), false).await;
+    assert!(
+        matches!(outcome, RestoreOutcome::Restored { .. }),
+        "{outcome:?}"
+    );
+    report(
+        "7 MiB replay line, through agentctl",
+        started,
+        Some(serve_peak),
+    );
+}
