@@ -414,6 +414,8 @@ fn deployment_defaults() {
         "--resync-seconds=60".to_string(),
         "--acp-timeout-seconds=30".to_string(),
         "--acp-restore-timeout-seconds=120".to_string(),
+        "--acp-replay-line-limit-mib=8".to_string(),
+        "--acp-replay-budget-mib=256".to_string(),
         "--run-as-user=1000".to_string(),
         "--lease-name=kandev-operator".to_string(),
     ] {
