@@ -665,3 +665,143 @@ async fn refusals_and_timeouts_without_an_operator() {
     };
     with_cleanup(body, cleanup(&sessions)).await;
 }
+
+/// `agentctl events` processes exec'd into `pod` right now (kwok runs exec'd commands on this
+/// machine, with the pod's environment).
+fn event_streams(pod: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let marker = format!("KANDEV_POD_NAME={pod}");
+    entries
+        .flatten()
+        .filter(|entry| {
+            let dir = entry.path();
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let events = args.len() >= 2 && args[0].ends_with(b"agentctl") && args[1] == b"events";
+            events
+                && std::fs::read(dir.join("environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .any(|v| v == marker.as_bytes())
+        })
+        .count()
+}
+
+async fn journal_cursor(sessions: &Sessions, name: &str) -> u64 {
+    sessions
+        .executors()
+        .get(name)
+        .await
+        .ok()
+        .and_then(|er| er.status)
+        .and_then(|s| s.journal_cursor)
+        .unwrap_or(0)
+}
+
+/// Waits until no event stream into `pod` is open (the follower closed it once the agent was
+/// idle).
+async fn no_event_stream(pod: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while event_streams(pod) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an idle session still holds an event stream into {pod}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// An idle session holds no exec stream: the operator reads agentctl's event journal from its
+/// cursor and stops once the agent is idle. A prompt sent while the operator is away is in the
+/// journal (numbered, with its launch), and the operator catches up with it when it is back.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let name = unique("journal");
+    let body = async {
+        let operator = start_operator();
+        sessions
+            .create_with_task(&name, "plugin-echo", Some("Say hello."))
+            .await;
+        started(&sessions, &name).await;
+        let pod = the_pod(&sessions, &name).await.name_any();
+        no_event_stream(&pod).await;
+        let before = journal_cursor(&sessions, &name).await;
+        assert!(
+            before >= 3,
+            "session_created, prompt_started and prompt_finished applied: {before}"
+        );
+        drop(operator);
+
+        plugin(&["prompt", &name, "while you were away", "-n", &ns])
+            .await
+            .expect_code(0);
+        let out = kubectl()
+            .args(["exec", "-n", &ns, &pod, "-c", "agentctl", "--"])
+            .args([
+                "agentctl",
+                "events",
+                "--since",
+                &before.to_string(),
+                "--once",
+            ])
+            .output()
+            .expect("kubectl exec");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        let names: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
+        assert_eq!(
+            names,
+            ["prompt_started", "prompt_finished", "snapshot"],
+            "{lines:#?}"
+        );
+        let last = lines[1]["seq"].as_u64().expect("seq");
+        assert_eq!(lines[0]["seq"].as_u64(), Some(last - 1), "{lines:#?}");
+        assert!(last > before);
+        assert_eq!(lines[2]["seq"].as_u64(), Some(last), "the snapshot's seq");
+        assert_eq!(lines[0]["pod"], json!(pod), "{lines:#?}");
+
+        let operator = start_operator();
+        let caught_up = |er: Option<&kandev_operator::api::ExecutorRunning>| {
+            er.and_then(|er| er.status.as_ref())
+                .and_then(|s| s.journal_cursor)
+                .is_some_and(|c| c >= last)
+        };
+        wait_for(
+            &sessions.executors(),
+            &name,
+            "the journal caught up",
+            caught_up,
+        )
+        .await;
+        no_event_stream(&pod).await;
+        assert_eq!(
+            sessions
+                .sessions()
+                .get(&name)
+                .await
+                .ok()
+                .and_then(|t| t.status)
+                .map(|s| s.state),
+            Some(SessionState::WaitingForInput)
+        );
+        drop(operator);
+    };
+    // The session's finalizer needs an operator to go.
+    let after = async {
+        let _operator = start_operator();
+        cleanup(&sessions).await;
+    };
+    with_cleanup(body, after).await;
+}

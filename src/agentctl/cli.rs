@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
 use super::hub::HubConfig;
+use super::journal::JOURNAL_FILE;
 use super::launch::plan_launch;
 use super::serve::{ServeOptions, serve};
 use super::socket::resolve_socket_path;
@@ -81,13 +82,17 @@ pub enum Command {
     Connect(ConnectArgs),
     /// Print the served agent's events as JSON lines until the agent exits (for the operator).
     ///
-    /// First a {"event":"snapshot","sessionId":…|null,"promptActive":…} with the current
-    /// state (earlier events are not replayed), then one object per line as things happen:
+    /// With --since N, first the journal entries after sequence number N (serve keeps every
+    /// event in <workspace>/.kandev/journal.jsonl, the last 1024 replayable; a cursor older than
+    /// that gets {"event":"journal_gap"} first). Then a
+    /// {"event":"snapshot","sessionId":…|null,"promptActive":…,"seq":<newest>} with the current
+    /// state, then (unless --once; with --until-idle only while a prompt is active) one object per
+    /// line as things happen:
     /// {"event":"session_created","sessionId":…,"method":…},
     /// {"event":"prompt_started","sessionId":…}, {"event":"prompt_finished","sessionId":…,
-    /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}; each
-    /// with a "timestamp".
-    Events(SocketArgs),
+    /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}. Each
+    /// event has a "timestamp", its "seq", the operator's "launch" it happened in and the "pod".
+    Events(EventsArgs),
     /// Debugging: start an agent locally, restore a session the way the operator would, and
     /// print the outcome as one JSON object.
     ///
@@ -112,6 +117,22 @@ impl SocketArgs {
     fn path(&self) -> Result<PathBuf, AgentctlError> {
         resolve_socket_path(self.socket.as_deref(), self.workspace.as_deref())
     }
+}
+
+#[derive(Args, Debug)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// Replay the journal entries after this sequence number first.
+    #[arg(long, value_name = "SEQ")]
+    pub since: Option<u64>,
+    /// Stop after the replay and the snapshot instead of following live.
+    #[arg(long)]
+    pub once: bool,
+    /// Follow live only while a prompt is active: stop once the agent is idle (at once if it
+    /// is idle after the snapshot).
+    #[arg(long, conflicts_with = "once")]
+    pub until_idle: bool,
 }
 
 #[derive(Args, Debug)]
@@ -274,8 +295,8 @@ async fn run(command: Command) -> i32 {
             }
             Err(error) => Err(error),
         },
-        Command::Events(args) => match args.path() {
-            Ok(path) => client::events(&path).await,
+        Command::Events(args) => match args.socket.path() {
+            Ok(path) => client::events(&path, args.since, args.once, args.until_idle).await,
             Err(error) => Err(error),
         },
         Command::Restore(args) => return run_restore(args).await,
@@ -350,6 +371,10 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         launch,
         cwd,
         history_dir: args.workspace.join(".kandev").join("sessions"),
+        journal: args.workspace.join(".kandev").join(JOURNAL_FILE),
+        pod: std::env::var(crate::controller::pods::ENV_POD_NAME)
+            .ok()
+            .filter(|p| !p.is_empty()),
         hub: HubConfig {
             session_name: args.session_name.clone(),
             session_cwd: Some(session_cwd),

@@ -45,8 +45,8 @@ pub async fn connect(
     let stream = socket::connect(socket_path).await?;
     let (read, mut write) = stream.into_split();
     let hello = Hello {
-        mode: Mode::Acp,
         takeover,
+        ..Hello::new(Mode::Acp)
     };
     write
         .write_all(hello.line().as_bytes())
@@ -119,12 +119,19 @@ pub async fn connect(
 }
 
 /// `agentctl events`: copies event lines to stdout until serve closes the socket.
-pub async fn events(socket_path: &Path) -> Result<(), AgentctlError> {
+pub async fn events(
+    socket_path: &Path,
+    since: Option<u64>,
+    once: bool,
+    until_idle: bool,
+) -> Result<(), AgentctlError> {
     let stream = socket::connect(socket_path).await?;
     let (read, mut write) = stream.into_split();
     let hello = Hello {
-        mode: Mode::Events,
-        takeover: false,
+        since,
+        once,
+        until_idle,
+        ..Hello::new(Mode::Events)
     };
     write
         .write_all(hello.line().as_bytes())

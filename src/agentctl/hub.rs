@@ -244,6 +244,8 @@ pub struct Hub {
     current_session: Option<String>,
     /// Launch-tagged requests seen, for their repeats.
     launch_requests: HashMap<LaunchKey, LaunchRequest>,
+    /// The launch of the last launch-tagged request, for the event journal.
+    last_launch: Option<String>,
     /// Rate limit of the warnings about bad lines (only what is logged depends on the clock,
     /// never an output).
     warnings: WarnLimiter,
@@ -264,9 +266,15 @@ impl Hub {
             inject_next_prompt_of: None,
             current_session: None,
             launch_requests: HashMap::new(),
+            last_launch: None,
             warnings: WarnLimiter::default(),
             notes: WarnLimiter::default(),
         }
+    }
+
+    /// The launch of the last launch-tagged request (the operator's current launch).
+    pub fn last_launch(&self) -> Option<&str> {
+        self.last_launch.as_deref()
     }
 
     /// The state a new events subscriber starts from.
@@ -556,6 +564,7 @@ impl Hub {
         let agent_id = self.alloc_id();
         raw.insert("id".into(), json!(agent_id));
         if let Some(key) = &launch {
+            self.last_launch = Some(key.0.clone());
             if self.launch_requests.len() >= LAUNCH_REQUESTS_KEPT {
                 self.launch_requests
                     .retain(|_, request| matches!(request, LaunchRequest::Open(_)));

@@ -27,6 +27,7 @@
 pub mod cli;
 pub mod client;
 pub mod hub;
+pub mod journal;
 pub mod launch;
 pub mod serve;
 pub mod socket;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -33,7 +33,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 
-use super::hub::{ConnId, Hub, HubConfig, Output, inject_history};
+use super::hub::{ConnId, Event, Hub, HubConfig, Output, inject_history};
+use super::journal::Journal;
 use super::launch::LaunchPlan;
 use super::socket::{self, Hello, Mode};
 use super::time::now_rfc3339;
@@ -80,6 +81,10 @@ pub struct ServeOptions {
     pub cwd: PathBuf,
     /// `<workspace>/.kandev/sessions`.
     pub history_dir: PathBuf,
+    /// `<workspace>/.kandev/journal.jsonl`.
+    pub journal: PathBuf,
+    /// The pod serve runs in (for the journal's entries).
+    pub pod: Option<String>,
     pub hub: HubConfig,
     pub initialize_timeout: Duration,
     /// Longest line from the agent while a `session/load` is open (`--replay-line-limit-mib`).
@@ -113,6 +118,7 @@ async fn run(options: &ServeOptions, listener: UnixListener) -> Result<(), Agent
         replay_line_limit: options.replay_line_limit,
         clients: HashMap::new(),
         events: Some(events),
+        journal: Journal::open(options.journal.clone(), options.pod.clone()),
         history: HistoryWriter::spawn(HistoryStore::new(options.history_dir.clone())),
         inputs_tx,
         inputs_rx,
@@ -345,6 +351,24 @@ async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mps
     let _ = inputs.send(Input::ClientClosed { conn }).await;
 }
 
+/// How long an events subscriber follows the live feed after its snapshot.
+#[derive(Clone, Copy, Debug)]
+enum Follow {
+    /// Not at all (`--once`).
+    No,
+    /// While a prompt is active (`--until-idle`): the operator's way, so that an idle agent has
+    /// no stream open.
+    WhileWorking,
+    /// Until the agent exits.
+    Always,
+}
+
+/// The `event` field of one of our event lines.
+fn event_name(line: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(line).ok()?;
+    value.get("event")?.as_str().map(str::to_owned)
+}
+
 struct ClientHandle {
     lines: mpsc::Sender<String>,
     reader: AbortHandle,
@@ -364,6 +388,7 @@ struct Driver {
     replay_line_limit: usize,
     clients: HashMap<ConnId, ClientHandle>,
     events: Option<broadcast::Sender<String>>,
+    journal: Journal,
     history: HistoryWriter,
     inputs_tx: mpsc::Sender<Input>,
     inputs_rx: mpsc::Receiver<Input>,
@@ -498,7 +523,12 @@ impl Driver {
                 attempt,
             } => match hello.mode {
                 Mode::Events => {
-                    self.subscribe(conn, reader, writer);
+                    let follow = match (hello.once, hello.until_idle) {
+                        (true, _) => Follow::No,
+                        (false, true) => Follow::WhileWorking,
+                        (false, false) => Follow::Always,
+                    };
+                    self.subscribe(conn, reader, writer, hello.since, follow);
                     Vec::new()
                 }
                 Mode::Acp => match self.hub.attach(conn, hello.takeover) {
@@ -567,22 +597,56 @@ impl Driver {
         );
     }
 
+    /// An events subscriber: the journal after `since`, a snapshot, then the live feed as
+    /// `follow` says.
     fn subscribe(
         &mut self,
         conn: ConnId,
         reader: BufReader<OwnedReadHalf>,
         mut writer: OwnedWriteHalf,
+        since: Option<u64>,
+        follow: Follow,
     ) {
         let Some(events) = &self.events else {
             return;
         };
-        // Subscribed and snapshotted in the same driver step: no event falls in between.
+        // Replayed, subscribed and snapshotted in the same driver step: no event falls in
+        // between or comes twice.
         let mut receiver = events.subscribe();
-        let snapshot = self.hub.snapshot().to_json(&now_rfc3339()).to_string();
-        tracing::info!(conn, "events subscriber connected");
+        let mut first = Vec::new();
+        if let Some(since) = since {
+            let replay = self.journal.since(since);
+            if replay.gap {
+                first.push(json!({"event": "journal_gap", "since": since}).to_string());
+            }
+            first.extend(replay.lines);
+        }
+        let snapshot = self.hub.snapshot();
+        let mut working = matches!(
+            snapshot,
+            Event::Snapshot {
+                prompt_active: true,
+                ..
+            }
+        );
+        let mut snapshot = snapshot.to_json(&now_rfc3339());
+        snapshot["seq"] = json!(self.journal.last_seq());
+        first.push(snapshot.to_string());
+        tracing::info!(conn, ?since, ?follow, "events subscriber connected");
         self.tasks.spawn(async move {
             let mut reader = LineReader::new(reader, LINE_LIMIT);
-            if write_line(&mut writer, &snapshot).await.is_err() {
+            for line in &first {
+                if write_line(&mut writer, line).await.is_err() {
+                    return;
+                }
+            }
+            let done = |working: bool| match follow {
+                Follow::No => true,
+                Follow::WhileWorking => !working,
+                Follow::Always => false,
+            };
+            if done(working) {
+                let _ = writer.shutdown().await;
                 return;
             }
             loop {
@@ -590,6 +654,14 @@ impl Driver {
                     event = receiver.recv() => match event {
                         Ok(line) => {
                             if write_line(&mut writer, &line).await.is_err() {
+                                break;
+                            }
+                            match event_name(&line).as_deref() {
+                                Some("prompt_started") => working = true,
+                                Some("prompt_finished" | "agent_exited") => working = false,
+                                _ => {}
+                            }
+                            if done(working) {
                                 break;
                             }
                         }
@@ -692,10 +764,12 @@ impl Driver {
                 }
             }
             Output::Event(event) => {
-                let line = event.to_json(&now_rfc3339()).to_string();
+                let line = self
+                    .journal
+                    .append(event.to_json(&now_rfc3339()), self.hub.last_launch());
                 tracing::info!(event = %line, "event");
                 if let Some(events) = &self.events {
-                    // No subscriber is fine: events are a live feed, not a log.
+                    // No subscriber is fine: the journal keeps the event.
                     let _ = events.send(line);
                 }
             }

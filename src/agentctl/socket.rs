@@ -23,6 +23,15 @@ pub struct Hello {
     /// acp only: replace a connected client instead of being refused as busy.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub takeover: bool,
+    /// events only: first replay the journal entries after this sequence number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+    /// events only: end after the replay and the snapshot instead of following live.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub once: bool,
+    /// events only: follow live only while a prompt is active; end once the agent is idle.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_idle: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +44,17 @@ pub enum Mode {
 }
 
 impl Hello {
+    /// A hello of `mode` with nothing else asked for.
+    pub fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            takeover: false,
+            since: None,
+            once: false,
+            until_idle: false,
+        }
+    }
+
     pub fn line(&self) -> String {
         let mut line = serde_json::to_string(self).unwrap_or_else(|_| match self.mode {
             Mode::Acp => r#"{"mode":"acp"}"#.to_owned(),
@@ -165,18 +185,15 @@ mod tests {
 
     #[test]
     fn hello_lines() {
-        let acp = Hello {
-            mode: Mode::Acp,
-            takeover: false,
-        };
+        let acp = Hello::new(Mode::Acp);
         assert_eq!(acp.line(), "{\"mode\":\"acp\"}\n");
         let parsed: Result<Hello, _> = serde_json::from_str(r#"{"mode":"events"}"#);
+        assert_eq!(parsed.ok(), Some(Hello::new(Mode::Events)));
+        let since: Result<Hello, _> =
+            serde_json::from_str(r#"{"mode":"events","since":41,"once":true}"#);
         assert_eq!(
-            parsed.ok(),
-            Some(Hello {
-                mode: Mode::Events,
-                takeover: false
-            })
+            since.map(|h| (h.since, h.once)).ok(),
+            Some((Some(41), true))
         );
         let takeover: Result<Hello, _> = serde_json::from_str(r#"{"mode":"acp","takeover":true}"#);
         assert_eq!(takeover.map(|h| h.takeover).ok(), Some(true));

@@ -130,6 +130,10 @@ pub struct ExecutorRunningStatus {
     /// When agentctl was last seen alive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seen_at: Option<Time>,
+    /// The sequence number of the last agentctl event journal entry applied here: the operator
+    /// catches up with `agentctl events --since <journalCursor>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_cursor: Option<u64>,
     /// ACP capabilities negotiated at the last `initialize`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<NegotiatedCapabilities>,

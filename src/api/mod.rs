@@ -22,6 +22,10 @@ pub const RESUME_ANNOTATION: &str = "kandev.dev/resume-requested-at";
 /// Annotation asking one resume to ignore the saved token and start fresh: its value is the
 /// [`RESUME_ANNOTATION`] token of that request (any other value has no effect).
 pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
+/// Annotation a client sets (any new value, e.g. a timestamp) after it sent a prompt to the agent
+/// itself: the operator then reads the agent's event journal at once instead of at its next
+/// periodic catch-up. `kubectl kandev prompt` sets it.
+pub const PROMPTED_ANNOTATION: &str = "kandev.dev/prompted-at";
 /// Label on every pod the operator manages.
 pub const MANAGED_LABEL: &str = "kandev.dev/managed";
 /// Label naming the TaskSession a managed pod belongs to.

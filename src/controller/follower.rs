@@ -1,14 +1,23 @@
-//! Follows `agentctl events` in every running agentctl pod (over exec) and records what the agent
-//! does in ExecutorRunning status: the resume token on session-created and prompt-finished, and
-//! whether a prompt is in flight. The TaskSession reconcile (which watches ExecutorRunning)
-//! turns that into RUNNING ↔ WAITING_FOR_INPUT. A dropped stream reconnects with backoff.
+//! Follows `agentctl events` of the running agentctl pods (over exec) and records what the agent
+//! does in ExecutorRunning status: the resume token on session-created and prompt-finished,
+//! whether a prompt is in flight, and the journal cursor. The TaskSession reconcile (which
+//! watches ExecutorRunning) turns that into RUNNING ↔ WAITING_FOR_INPUT.
 //!
-//! Only changes are written: each follower remembers what ExecutorRunning holds, so the snapshot
-//! that opens every stream, and repeated lines, cost no API call.
+//! agentctl journals every event on the workspace volume (DESIGN §3 "Event journal"), so a
+//! follower catches up with `agentctl events --since <journalCursor>` and holds its exec stream
+//! only while the agent works: once the agent is idle it ends, and an idle session costs the API
+//! server nothing. A follower starts when a launch succeeds, when the operator first sees a
+//! running pod, when a client nudges it (annotation [`PROMPTED_ANNOTATION`], which `kubectl
+//! kandev prompt` sets after it sent a prompt), and at most every [`CATCH_UP_EVERY`] otherwise,
+//! for prompts from clients that do not nudge. A dropped stream reconnects with backoff.
+//!
+//! Only changes are written: each follower remembers what ExecutorRunning holds, so replayed
+//! entries, the snapshot and repeated lines cost no API call. An entry at or below the cursor
+//! (an older launch's, or one applied already) changes nothing.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -22,7 +31,22 @@ use tokio::io::BufReader;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+pub use crate::api::PROMPTED_ANNOTATION;
 use crate::api::{AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus};
+
+/// An idle session's journal is read at least this often, for prompts from clients that do not
+/// nudge the operator.
+pub const CATCH_UP_EVERY: Duration = Duration::from_secs(600);
+
+/// One line of `agentctl events`: its journal sequence number (none on lines from an agentctl
+/// without a journal) and the event.
+#[derive(Debug, Deserialize, PartialEq)]
+pub struct EventLine {
+    #[serde(default)]
+    pub seq: Option<u64>,
+    #[serde(flatten)]
+    pub event: AgentctlEvent,
+}
 use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 
 /// One line of `agentctl events`.
@@ -53,12 +77,14 @@ pub enum AgentctlEvent {
     Other,
 }
 
-/// The ExecutorRunning fields that events set, as last written.
+/// The ExecutorRunning fields that events set, as last written, and the journal entry last
+/// applied (written with the next change).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Known {
     pub resume_token: Option<String>,
     pub activity: Option<AgentActivity>,
     pub running: bool,
+    pub cursor: u64,
 }
 
 impl Known {
@@ -67,18 +93,38 @@ impl Known {
             resume_token: status.resume_token.clone().filter(|t| !t.is_empty()),
             activity: status.activity,
             running: status.status == Some(ExecutorPhase::Running),
+            cursor: status.journal_cursor.unwrap_or(0),
         }
+    }
+
+    fn same_fields(&self, other: &Known) -> bool {
+        (&self.resume_token, self.activity, self.running)
+            == (&other.resume_token, other.activity, other.running)
     }
 }
 
-/// What an event changes in ExecutorRunning status, given what it holds (`known`): a JSON merge
-/// patch of the changed fields and what the status holds after it; `None` when nothing changes.
+/// What an event line changes in ExecutorRunning status, given what it holds (`known`): a JSON
+/// merge patch of the changed fields (with the journal cursor) and what the status holds after
+/// it; `None` when nothing changes. A journal entry at or below the cursor changes nothing; the
+/// snapshot (the current state) always counts.
 pub fn status_patch_for(
-    event: &AgentctlEvent,
+    line: &EventLine,
     known: &Known,
     now: Timestamp,
 ) -> Option<(serde_json::Value, Known)> {
+    let event = &line.event;
+    let is_snapshot = matches!(event, AgentctlEvent::Snapshot { .. });
+    if !is_snapshot && line.seq.is_some_and(|seq| seq <= known.cursor) {
+        return None;
+    }
     let mut next = known.clone();
+    match line.seq {
+        // The snapshot is the state as of the newest entry (lower than the cursor only if the
+        // journal was started over).
+        Some(seq) if is_snapshot => next.cursor = seq,
+        Some(seq) => next.cursor = next.cursor.max(seq),
+        None => {}
+    }
     match event {
         AgentctlEvent::Snapshot {
             session_id,
@@ -107,7 +153,7 @@ pub fn status_patch_for(
         }
         AgentctlEvent::AgentExited | AgentctlEvent::Other => return None,
     }
-    if next == *known {
+    if next.same_fields(known) {
         return None;
     }
     let mut status = json!({ "lastSeenAt": Time(now) });
@@ -121,12 +167,17 @@ pub fn status_patch_for(
         status["resumeToken"] = json!(next.resume_token);
         status["resumable"] = json!(true);
     }
+    if next.cursor != known.cursor {
+        status["journalCursor"] = json!(next.cursor);
+    }
     Some((json!({ "status": status }), next))
 }
 
-/// The followers currently running, by pod UID.
+/// The followers, by pod UID: the running ones, and when each pod's journal was last read.
 pub struct Followers {
     running: Mutex<HashMap<String, JoinHandle<()>>>,
+    /// When a follower last started for the pod, and the nudge it started for.
+    started: Mutex<HashMap<String, (Instant, Option<String>)>>,
     /// The operator's pod cache: a follower stops when its pod is gone from it.
     pods: Store<Pod>,
 }
@@ -135,18 +186,21 @@ impl Followers {
     pub fn new(pods: Store<Pod>) -> Self {
         Self {
             running: Mutex::default(),
+            started: Mutex::default(),
             pods,
         }
     }
 
-    /// Starts following the pod unless a live follower already does; `status` is what its
-    /// ExecutorRunning holds now.
+    /// Reads the pod's journal, and follows it while the agent works, unless a follower runs
+    /// already or one started less than [`CATCH_UP_EVERY`] ago for the same `nudge` (the
+    /// session's [`PROMPTED_ANNOTATION`]). `status` is what its ExecutorRunning holds now.
     pub fn ensure(
         &self,
         client: &Client,
         pod: &Pod,
         executor: &str,
         status: &ExecutorRunningStatus,
+        nudge: Option<&str>,
     ) {
         let (Some(uid), Some(name), Some(ns)) = (
             pod.metadata.uid.clone(),
@@ -155,13 +209,20 @@ impl Followers {
         ) else {
             return;
         };
-        let Ok(mut running) = self.running.lock() else {
+        let (Ok(mut running), Ok(mut started)) = (self.running.lock(), self.started.lock()) else {
             return;
         };
         running.retain(|_, handle| !handle.is_finished());
         if running.contains_key(&uid) {
             return;
         }
+        let recent = started
+            .get(&uid)
+            .is_some_and(|(at, seen)| seen.as_deref() == nudge && at.elapsed() < CATCH_UP_EVERY);
+        if recent {
+            return;
+        }
+        started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
         let span = info_span!("agentctl.events", pod = %name, namespace = %ns);
         let task = follow(
             client.clone(),
@@ -174,7 +235,7 @@ impl Followers {
         running.insert(uid, tokio::spawn(task));
     }
 
-    /// Keeps following only the pods for which `keep(uid)` holds (and whose follower lives).
+    /// Keeps only the pods for which `keep(uid)` holds (and whose follower lives).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         if let Ok(mut running) = self.running.lock() {
             running.retain(|uid, handle| {
@@ -185,11 +246,23 @@ impl Followers {
                 alive
             });
         }
+        if let Ok(mut started) = self.started.lock() {
+            started.retain(|uid, _| keep(uid));
+        }
     }
 }
 
-/// Follows one pod until it is gone from the cache or stops running; reconnects with
-/// exponential backoff (1 s … 30 s).
+/// How one event stream ended.
+enum StreamEnd {
+    /// The agent is idle: the journal is caught up and nothing needs following.
+    Idle,
+    /// The stream ended or broke while the agent worked (or before the snapshot): reconnect.
+    Dropped,
+}
+
+/// Catches up with the pod's journal and follows it while the agent works; ends when the agent
+/// is idle, or when the pod is gone from the cache or stops running. A dropped stream reconnects
+/// with exponential backoff (1 s … 30 s), from the cursor.
 async fn follow(
     client: Client,
     cache: Store<Pod>,
@@ -211,7 +284,11 @@ async fn follow(
             return;
         }
         match stream_events(&pods, &pod.name, &executors, &executor, &mut known).await {
-            Ok(()) => debug!("event stream ended"),
+            Ok(StreamEnd::Idle) => {
+                debug!(cursor = known.cursor, "agent idle; journal caught up");
+                return;
+            }
+            Ok(StreamEnd::Dropped) => debug!("event stream ended"),
             Err(err) => warn!(error = %err, "event stream failed"),
         }
         tokio::time::sleep(backoff).await;
@@ -225,20 +302,30 @@ async fn stream_events(
     executors: &Api<ExecutorRunning>,
     executor: &str,
     known: &mut Known,
-) -> Result<(), kube::Error> {
+) -> Result<StreamEnd, kube::Error> {
     let params = AttachParams::default()
         .stdin(false)
         .stdout(true)
         .stderr(false);
-    let mut process = pods.exec(pod, ["agentctl", "events"], &params).await?;
+    let since = known.cursor.to_string();
+    // agentctl ends the stream itself once the agent is idle: no process lingers in the pod.
+    let command = [
+        "agentctl",
+        "events",
+        "--since",
+        since.as_str(),
+        "--until-idle",
+    ];
+    let mut process = pods.exec(pod, command, &params).await?;
     let Some(stdout) = process.stdout() else {
-        return Ok(());
+        return Ok(StreamEnd::Dropped);
     };
     // Event lines are small; a longer one means the stream is not what we think it is: it is
     // dropped (never buffered) and the stream is followed again after the backoff.
     let mut lines = LineReader::new(BufReader::new(stdout), LINE_LIMIT);
     let mut warnings = WarnLimiter::default();
-    info!("following agentctl events");
+    let mut caught_up = false;
+    debug!(since = known.cursor, "reading agentctl events");
     loop {
         match lines.next_line().await {
             Ok(Frame::Line) => {}
@@ -248,12 +335,15 @@ async fn stream_events(
                     limit = LINE_LIMIT,
                     "over-long agentctl event line; reconnecting"
                 );
-                return Ok(());
+                return Ok(StreamEnd::Dropped);
             }
-            Ok(Frame::Eof) | Err(_) => return Ok(()),
+            Ok(Frame::Eof) if caught_up && known.activity != Some(AgentActivity::Working) => {
+                return Ok(StreamEnd::Idle);
+            }
+            Ok(Frame::Eof) | Err(_) => return Ok(StreamEnd::Dropped),
         }
-        let event: AgentctlEvent = match serde_json::from_slice(lines.line()) {
-            Ok(event) => event,
+        let line: EventLine = match serde_json::from_slice(lines.line()) {
+            Ok(line) => line,
             Err(err) => {
                 if let Some(suppressed) = warnings.allow() {
                     let line = String::from_utf8_lossy(lines.line());
@@ -262,13 +352,17 @@ async fn stream_events(
                 continue;
             }
         };
-        debug!(?event, "agentctl event");
-        if let Some((patch, next)) = status_patch_for(&event, known, Timestamp::now()) {
+        debug!(?line, "agentctl event");
+        if let Some((patch, next)) = status_patch_for(&line, known, Timestamp::now()) {
             executors
                 .patch_status(executor, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
             *known = next;
+        } else if let Some(seq) = line.seq {
+            known.cursor = known.cursor.max(seq);
         }
+        // The snapshot ends the replay; agentctl closes the stream once the agent is idle.
+        caught_up |= matches!(line.event, AgentctlEvent::Snapshot { .. });
     }
 }
 
@@ -276,7 +370,7 @@ async fn stream_events(
 mod tests {
     use super::*;
 
-    fn parse(line: &str) -> AgentctlEvent {
+    fn parse(line: &str) -> EventLine {
         serde_json::from_str(line).expect("event parses")
     }
 
@@ -287,6 +381,11 @@ mod tests {
             resume_token: Some("s1".into()),
             activity: Some(AgentActivity::Idle),
             running: true,
+            cursor: 0,
+        };
+        let at_5 = Known {
+            cursor: 5,
+            ..running_idle.clone()
         };
         let cases = [
             (
@@ -329,6 +428,29 @@ mod tests {
                 None,
             ),
             (running_idle, r#"{"event":"something_new"}"#, None),
+            // The journal: an entry applied already (or an older launch's) changes nothing…
+            (
+                at_5.clone(),
+                r#"{"seq":5,"event":"prompt_started","sessionId":"s1","launch":"r1"}"#,
+                None,
+            ),
+            (
+                at_5.clone(),
+                r#"{"seq":2,"event":"session_created","sessionId":"old","launch":"initial"}"#,
+                None,
+            ),
+            // …a newer one is applied with its cursor…
+            (
+                at_5.clone(),
+                r#"{"seq":6,"event":"prompt_started","sessionId":"s1","launch":"r1"}"#,
+                Some(json!({"activity":"Working","journalCursor":6})),
+            ),
+            // …and a snapshot below the cursor (the journal started over) resets it.
+            (
+                Known { cursor: 9, ..at_5 },
+                r#"{"seq":3,"event":"snapshot","sessionId":"s1","promptActive":true}"#,
+                Some(json!({"activity":"Working","journalCursor":3})),
+            ),
         ];
         for (known, line, expected) in cases {
             let patch = status_patch_for(&parse(line), &known, now);

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    SeccompProfile, SecretKeySelector, SecurityContext, Toleration, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, SeccompProfile, SecretKeySelector, SecurityContext, Toleration,
+    Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
@@ -40,6 +40,9 @@ pub struct PodSettings {
     /// default).
     pub replay_line_limit_mib: u64,
 }
+
+/// The agentctl pod's own name (downward API), for the event journal's entries.
+pub const ENV_POD_NAME: &str = "KANDEV_POD_NAME";
 
 /// A stable, short, label-safe hash (FNV-1a 64, hex) — names must not depend on process state.
 pub fn short_hash(text: &str) -> String {
@@ -182,6 +185,18 @@ pub fn build_agentctl_pod(
         // The session's effective profile (custom profiles, per-session overrides) travels with
         // the pod, so agentctl needs no configuration file.
         env_value("KANDEV_AGENT_PROFILE_DEFINITION", &profile.to_document()),
+        // Which pod wrote an entry of the event journal.
+        EnvVar {
+            name: ENV_POD_NAME.to_string(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     ];
     if settings.replay_line_limit_mib > 0 {
         env.push(env_value(

@@ -28,8 +28,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
-    NegotiatedCapabilities, RESUME_ANNOTATION, ResumeReason, SessionState, TaskSession,
-    TaskSessionStatus, TaskState,
+    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SessionState,
+    TaskSession, TaskSessionStatus, TaskState,
 };
 use crate::resume::{
     InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass, ResumeRequest,
@@ -1225,6 +1225,7 @@ impl<'a> Session<'a> {
             pod,
             &pods::executor_name(&self.ts),
             &self.executor_status(),
+            self.annotation(PROMPTED_ANNOTATION),
         );
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
@@ -1454,6 +1455,7 @@ impl<'a> Session<'a> {
                 pod,
                 &pods::executor_name(&self.ts),
                 &self.executor_status(),
+                self.annotation(PROMPTED_ANNOTATION),
             );
             self.follow_agent_activity();
         }

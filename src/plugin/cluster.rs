@@ -163,6 +163,25 @@ impl Cluster {
         })
     }
 
+    /// Tells the operator that a prompt was sent to the agent (annotation
+    /// [`crate::api::PROMPTED_ANNOTATION`], a new token), so it reads the agent's event journal
+    /// now. Best effort: without it the operator still catches up, later.
+    pub async fn note_prompt(&self, name: &str) {
+        let patch =
+            json!({"metadata": {"annotations": {crate::api::PROMPTED_ANNOTATION: new_token()}}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        };
+        if let Err(error) = self
+            .sessions()
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            tracing::debug!(%error, "could not note the prompt on the TaskSession");
+        }
+    }
+
     /// Sets `kandev.dev/resume-requested-at` to a new token in one merge patch (field manager
     /// [`FIELD_MANAGER`]), together with `kandev.dev/resume-fresh: <the same token>` for a fresh
     /// start (the operator honours the flag only for the request whose token it carries), or the

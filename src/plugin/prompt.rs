@@ -57,7 +57,7 @@ pub async fn prompt(
     let mut printer = Printer::default();
     loop {
         let ready = ensure_ready(cluster, name, Deadline::after(timeout)).await?;
-        let failure = match attempt(cluster, &ready, text, &mut printer).await {
+        let failure = match attempt(cluster, name, &ready, text, &mut printer).await {
             Attempt::Done { stop_reason } => {
                 printer.finish();
                 eprintln!("[stop reason: {stop_reason}]");
@@ -227,7 +227,17 @@ fn ready_target(snapshot: &Snapshot) -> Option<Ready> {
 
 /// One connection: `initialize` (agentctl answers from its cache), `session/prompt` on the
 /// agent's saved session, the turn's answer streamed, then `_kandev/disconnect`.
-async fn attempt(cluster: &Cluster, ready: &Ready, text: &str, printer: &mut Printer) -> Attempt {
+/// How long after sending the prompt the operator is told about it (the agent has started the
+/// turn by then, so the operator finds it working and follows it).
+const NOTE_AFTER: Duration = Duration::from_millis(300);
+
+async fn attempt(
+    cluster: &Cluster,
+    name: &str,
+    ready: &Ready,
+    text: &str,
+    printer: &mut Printer,
+) -> Attempt {
     let mut connection = match PodConnection::open(&cluster.pods(), &ready.pod, CONTAINER).await {
         Ok(connection) => connection,
         Err(error) => {
@@ -252,17 +262,27 @@ async fn attempt(cluster: &Cluster, ready: &Ready, text: &str, printer: &mut Pri
         });
     }
     let mut updates = connection.client.subscribe_updates();
+    let mut noted = false;
     let result = {
         let prompt = connection.client.prompt(&ready.session_id, text);
         tokio::pin!(prompt);
+        let note = tokio::time::sleep(NOTE_AFTER);
+        tokio::pin!(note);
         loop {
             tokio::select! {
                 result = &mut prompt => break Some(result),
                 Some(event) = updates.recv() => printer.update(&event, &ready.session_id),
+                () = &mut note, if !noted => {
+                    noted = true;
+                    cluster.note_prompt(name).await;
+                }
                 _ = tokio::signal::ctrl_c() => break None,
             }
         }
     };
+    if !noted {
+        cluster.note_prompt(name).await;
+    }
     // Updates published before the answer are queued already.
     while let Ok(event) = updates.try_recv() {
         printer.update(&event, &ready.session_id);
