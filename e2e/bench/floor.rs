@@ -149,6 +149,7 @@ fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
         tolerations: Vec::new(),
         node_selector: Default::default(),
         run_as_user: 1000,
+        ..Default::default()
     };
     let mut pod = pods::build_agentctl_pod(&ts, "floor", &settings, &profile);
     pod.metadata.owner_references = None;
