@@ -111,6 +111,9 @@ fn create_pod_as_operator(namespace: &str, pod: &serde_json::Value) -> Result<()
     }
 }
 
+/// A change to a pod manifest.
+type PodEdit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
 /// A pod as the operator would make it (restricted Pod Security, managed label, no token),
 /// changed by `edit`.
 fn operator_like_pod(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::Value {
@@ -401,7 +404,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         create_pod_as_operator(&watched.namespace, &operator_like_pod(|_| {}))
             .expect("a pod shaped like the operator's is admitted");
         let ns = lax.as_str();
-        let refusals: [(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &str); 4] = [
+        let refusals: [(&str, PodEdit, &str); 4] = [
             (
                 "without the managed label",
                 Box::new(|p| p["metadata"]["labels"] = serde_json::json!({"app": "x"})),
