@@ -116,6 +116,13 @@ fn is_invalid(code: u16) -> bool {
     matches!(code, 400 | 422)
 }
 
+/// A 403 that an admission check gave (Pod Security, a ValidatingAdmissionPolicy, a webhook),
+/// not RBAC (whose message is `User "…" cannot create resource …`): like 422, retrying the same
+/// pod cannot help until the spec or the settings change.
+fn refused_by_admission(code: u16, message: &str) -> bool {
+    code == 403 && !message.contains("\" cannot ")
+}
+
 /// Settings of the running operator.
 #[derive(Clone, Debug)]
 pub struct OperatorSettings {
@@ -1039,7 +1046,9 @@ impl<'a> Session<'a> {
                     _ => info!(pod = %name, "adopting existing agentctl pod"),
                 }
             }
-            Err(kube::Error::Api(e)) if is_invalid(e.code) => {
+            Err(kube::Error::Api(e))
+                if is_invalid(e.code) || refused_by_admission(e.code, &e.message) =>
+            {
                 let message = format!("the API server refused agentctl pod {name}: {}", e.message);
                 return self.invalid_spec(&message).await;
             }
@@ -1741,6 +1750,23 @@ fn describe_launch(launch_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admission_refusals_are_final_rbac_refusals_are_not() {
+        assert!(refused_by_admission(
+            403,
+            "pods \"a\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true"
+        ));
+        assert!(refused_by_admission(
+            403,
+            "pods \"a\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'p' denied request: the kandev operator may only create pods labelled kandev.dev/managed=true"
+        ));
+        assert!(!refused_by_admission(
+            403,
+            "pods is forbidden: User \"system:serviceaccount:k:k\" cannot create resource \"pods\" in API group \"\" in the namespace \"x\""
+        ));
+        assert!(!refused_by_admission(409, "already exists"));
+    }
 
     #[test]
     fn condition_reasons_are_camel_case() {
