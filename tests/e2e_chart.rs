@@ -22,6 +22,7 @@ use e2e_support::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kandev_operator::api::{SessionState, TaskSession};
 use kandev_operator::controller::conditions;
 use kube::api::{Api, ListParams, PostParams};
@@ -465,6 +466,37 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
             state_is(SessionState::WaitingForInput),
         )
         .await;
+        // Its pod got the default resources (never BestEffort), and the session its egress
+        // NetworkPolicy, owned by the session, as the API server stored it.
+        let pods = watched.live_pods(name).await;
+        let pod = pods.first().expect("the session's pod");
+        assert_eq!(
+            pod.status.as_ref().and_then(|s| s.qos_class.as_deref()),
+            Some("Burstable"),
+            "{:?}",
+            pod.spec.as_ref().map(|s| &s.containers[0].resources)
+        );
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &watched.namespace);
+        let policy = policies
+            .get(&format!("{name}-agent-egress"))
+            .await
+            .expect("the session's egress NetworkPolicy");
+        let ts = watched.sessions().get(name).await.expect("session");
+        assert!(
+            policy
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && Some(&o.uid) == ts.metadata.uid.as_ref()),
+            "owned by the session: {policy:?}"
+        );
+        let spec = serde_json::to_value(policy.spec).expect("json");
+        assert_eq!(spec["policyTypes"], serde_json::json!(["Egress"]));
+        assert!(
+            spec["egress"][1]["to"][0]["ipBlock"]["except"]
+                .as_array()
+                .is_some_and(|e| e.contains(&"169.254.169.254/32".into())),
+            "the metadata endpoint is denied: {spec}"
+        );
         // An image outside the allow-list never gets a pod: the launch stalls as InvalidSpec.
         let refused = "refused-image";
         let mut ts = watched.new_session(
