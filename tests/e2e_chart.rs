@@ -15,13 +15,17 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client, kubectl, repo_path, unique, wait_for, wait_for_within, with_cleanup};
+use e2e_support::{
+    client, kubectl, repo_path, restricted_namespace, unique, wait_for, wait_for_within,
+    with_cleanup,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kandev_operator::api::{SessionState, TaskSession};
 use kandev_operator::controller::conditions;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
 const RELEASE: &str = "kandev-operator";
@@ -69,6 +73,69 @@ fn helm_install(args: &[&str]) {
             "--tail=5",
         ]),
     );
+}
+
+/// `kubectl auth can-i VERB RESOURCE -n NAMESPACE` as the operator's ServiceAccount: "yes" or
+/// "no".
+fn operator_can(verb: &str, resource: &str, namespace: &str) -> String {
+    let out = kubectl()
+        .args(["auth", "can-i", verb, resource, "-n", namespace])
+        .args(["--as", OPERATOR_ACCOUNT])
+        .output()
+        .expect("kubectl auth can-i");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `kubectl create --dry-run=server` of `pod` in `namespace` as the operator's ServiceAccount
+/// (admission runs, nothing is stored): Ok, or Err(kubectl's stderr).
+fn create_pod_as_operator(namespace: &str, pod: &serde_json::Value) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = kubectl()
+        .args(["create", "--dry-run=server", "-n", namespace, "-f", "-"])
+        .args(["--as", OPERATOR_ACCOUNT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl create");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(pod.to_string().as_bytes())
+        .expect("write the pod");
+    let out = child.wait_with_output().expect("kubectl create");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A change to a pod manifest.
+type PodEdit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
+/// A pod as the operator would make it (restricted Pod Security, managed label, no token),
+/// changed by `edit`.
+fn operator_like_pod(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::Value {
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "vap-probe", "labels": {"kandev.dev/managed": "true"}},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "agentctl",
+                "image": "kandev/agentctl:probe",
+                "securityContext": {"allowPrivilegeEscalation": false,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    });
+    edit(&mut pod);
+    pod
 }
 
 /// Removes the release and its namespace, waiting until both are gone (a namespace that is
@@ -130,13 +197,14 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
     let sessions = Sessions::new(&client, &unique("chart"));
     let body = async {
         let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        // The operator's pods pass the restricted Pod Security Standard, or they are refused.
+        restricted_namespace(&client, CHART_NS).await;
         helm_install(&[
             "install",
             RELEASE,
             chart,
             "-n",
             CHART_NS,
-            "--create-namespace",
             "--wait",
             "--timeout",
             &timeout,
@@ -251,6 +319,247 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         let _ = kubectl()
             .args(["delete", "namespace", &sessions.namespace, "--wait=false"])
             .output();
+        uninstall();
+    };
+    with_cleanup(body, cleanup).await;
+}
+
+/// Namespaced mode (`watchNamespaces`): the operator's RBAC reaches only the watched namespace,
+/// it serves sessions there and ignores the others, and the chart's ValidatingAdmissionPolicy
+/// holds its ServiceAccount to managed, non-root, token-less pods of allowed images.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_its_pods() {
+    let client = client().await;
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 chart path");
+    uninstall(); // leftovers of an interrupted run
+    let watched = Sessions::new(&client, &unique("watched"));
+    let other = Sessions::new(&client, &unique("unwatched"));
+    // Watched too, without Pod Security: there the admission policy is the only guard.
+    let lax = unique("lax");
+    let body = async {
+        restricted_namespace(&client, CHART_NS).await;
+        watched.ensure_namespace().await;
+        other.ensure_namespace().await;
+        kubectl()
+            .args(["create", "namespace", &lax])
+            .output()
+            .expect("kubectl create namespace");
+        let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        // --wait: the pod is ready only after its RBAC self-check passed, here per namespace.
+        helm_install(&[
+            "install",
+            RELEASE,
+            chart,
+            "-n",
+            CHART_NS,
+            "--wait",
+            "--timeout",
+            &timeout,
+            "--set",
+            "replicaCount=1",
+            "--set",
+            &format!("watchNamespaces={{{},{lax}}}", watched.namespace),
+            "--set",
+            "agentPods.allowedImagePrefixes={kandev/}",
+        ]);
+
+        // RBAC: yes in the watched namespace, no anywhere else.
+        for (verb, resource) in [
+            ("create", "pods/exec"),
+            ("create", "pods"),
+            ("delete", "pods"),
+            ("list", "tasksessions.kandev.dev"),
+        ] {
+            assert_eq!(
+                operator_can(verb, resource, &watched.namespace),
+                "yes",
+                "{verb} {resource} in the watched namespace"
+            );
+            for ns in [other.namespace.as_str(), "kube-system"] {
+                assert_eq!(
+                    operator_can(verb, resource, ns),
+                    "no",
+                    "{verb} {resource} in {ns}"
+                );
+            }
+        }
+        let all = kubectl()
+            .args([
+                "auth",
+                "can-i",
+                "list",
+                "pods",
+                "--all-namespaces",
+                "--as",
+                OPERATOR_ACCOUNT,
+            ])
+            .output()
+            .expect("kubectl auth can-i");
+        assert_eq!(String::from_utf8_lossy(&all.stdout).trim(), "no");
+
+        // The admission policy: the operator's kind of pod is admitted (in a namespace that
+        // enforces restricted Pod Security too), anything else refused, even where RBAC lets the
+        // ServiceAccount create pods and no Pod Security level is enforced.
+        create_pod_as_operator(&watched.namespace, &operator_like_pod(|_| {}))
+            .expect("a pod shaped like the operator's is admitted");
+        let ns = lax.as_str();
+        let refusals: [(&str, PodEdit, &str); 4] = [
+            (
+                "without the managed label",
+                Box::new(|p| p["metadata"]["labels"] = serde_json::json!({"app": "x"})),
+                "kandev.dev/managed=true",
+            ),
+            (
+                "with a service-account token",
+                Box::new(|p| p["spec"]["automountServiceAccountToken"] = true.into()),
+                "automountServiceAccountToken: false",
+            ),
+            (
+                "with a container that may run as root",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = false.into()
+                }),
+                "non-root",
+            ),
+            (
+                "with an image outside agentPods.allowedImagePrefixes",
+                Box::new(|p| p["spec"]["containers"][0]["image"] = "evil.example/x:1".into()),
+                "agentPods.allowedImagePrefixes",
+            ),
+        ];
+        for (what, edit, message) in refusals {
+            let err = create_pod_as_operator(ns, &operator_like_pod(edit))
+                .err()
+                .unwrap_or_else(|| panic!("a pod {what} was admitted"));
+            assert!(
+                err.contains("ValidatingAdmissionPolicy") && err.contains(message),
+                "a pod {what} is refused by the chart's policy, saying {message:?}:\n{err}"
+            );
+        }
+        // The policy matches only the operator: an admin's unlabelled pod is none of its business
+        // (restricted Pod Security still applies).
+        let admin_pod = operator_like_pod(|p| p["metadata"]["labels"] = serde_json::json!({}));
+        let admin_pod: Pod = serde_json::from_value(admin_pod).expect("pod");
+        watched
+            .pods()
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &admin_pod,
+            )
+            .await
+            .expect("the policy leaves other users alone");
+
+        // The operator serves the watched namespace: its real pod passed the policy and the
+        // restricted Pod Security Standard.
+        let name = "watched-session";
+        watched.create(name, "claude-code").await;
+        wait_for_within(
+            &watched.sessions(),
+            name,
+            "WAITING_FOR_INPUT",
+            Duration::from_secs(120),
+            state_is(SessionState::WaitingForInput),
+        )
+        .await;
+        // Its pod got the default resources (never BestEffort), and the session its egress
+        // NetworkPolicy, owned by the session, as the API server stored it.
+        let pods = watched.live_pods(name).await;
+        let pod = pods.first().expect("the session's pod");
+        assert_eq!(
+            pod.status.as_ref().and_then(|s| s.qos_class.as_deref()),
+            Some("Burstable"),
+            "{:?}",
+            pod.spec.as_ref().map(|s| &s.containers[0].resources)
+        );
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &watched.namespace);
+        let policy = policies
+            .get(&format!("{name}-agent-egress"))
+            .await
+            .expect("the session's egress NetworkPolicy");
+        let ts = watched.sessions().get(name).await.expect("session");
+        assert!(
+            policy
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && Some(&o.uid) == ts.metadata.uid.as_ref()),
+            "owned by the session: {policy:?}"
+        );
+        let spec = serde_json::to_value(policy.spec).expect("json");
+        assert_eq!(spec["policyTypes"], serde_json::json!(["Egress"]));
+        assert!(
+            spec["egress"][1]["to"][0]["ipBlock"]["except"]
+                .as_array()
+                .is_some_and(|e| e.contains(&"169.254.169.254/32".into())),
+            "the metadata endpoint is denied: {spec}"
+        );
+        // An image outside the allow-list never gets a pod: the launch stalls as InvalidSpec.
+        let refused = "refused-image";
+        let mut ts = watched.new_session(
+            refused,
+            "claude-code",
+            serde_json::json!({"template": {"size": "1Gi"}}),
+        );
+        ts.spec.image = Some("evil.example/agentctl:1".into());
+        watched
+            .sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create TaskSession");
+        let stalled = wait_for(
+            &watched.sessions(),
+            refused,
+            "Stalled InvalidSpec",
+            |ts: Option<&TaskSession>| {
+                ts.and_then(|t| t.status.as_ref())
+                    .and_then(|s| conditions::find(&s.conditions, conditions::STALLED))
+                    .is_some_and(|c| c.status == "True" && c.reason == "InvalidSpec")
+            },
+        )
+        .await
+        .expect("session");
+        let status = stalled.status.expect("status");
+        let stall = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
+        assert!(
+            stall
+                .message
+                .contains("\"evil.example/agentctl:1\" is not allowed"),
+            "{stall:?}"
+        );
+        assert!(watched.live_pods(refused).await.is_empty());
+
+        // A session in a namespace the operator does not watch is never touched.
+        let ignored = "unwatched-session";
+        other.create(ignored, "claude-code").await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let ts = other.sessions().get(ignored).await.expect("session");
+        assert!(
+            ts.status.is_none() && ts.finalizers().is_empty(),
+            "the operator reached into an unwatched namespace: {ts:?}"
+        );
+
+        for name in [name, refused] {
+            watched.delete(name).await;
+            wait_for_within(
+                &watched.sessions(),
+                name,
+                "deleted",
+                Duration::from_secs(60),
+                |ts: Option<&TaskSession>| ts.is_none(),
+            )
+            .await;
+        }
+    };
+    let cleanup = async {
+        for ns in [&watched.namespace, &other.namespace, &lax] {
+            let _ = kubectl()
+                .args(["delete", "namespace", ns, "--wait=false"])
+                .output();
+        }
         uninstall();
     };
     with_cleanup(body, cleanup).await;

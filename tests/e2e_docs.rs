@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 use e2e_support::{client, kubectl, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
-const PAGES: [&str; 9] = [
+const PAGES: [&str; 10] = [
     "install.md",
     "spec.md",
     "resume.md",
     "status.md",
     "agent-profiles.md",
+    "security.md",
     "troubleshooting.md",
     "gitops.md",
     "performance.md",

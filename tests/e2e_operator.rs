@@ -20,7 +20,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-const NS: &str = "default";
+/// The tests' namespace: it enforces the restricted Pod Security Standard, so every agent pod
+/// these tests launch is also proof that the operator's pods pass it.
+const NS: &str = "kandev-e2e-operator";
 /// Reconcile period of the operator under test: "no relaunch for several periods" is measured
 /// in these.
 const RESYNC: Duration = Duration::from_secs(2);
@@ -46,9 +48,12 @@ fn operator() -> OperatorBuilder {
         .resync(RESYNC)
 }
 
-/// A cluster client with the CRDs installed, and the kandev objects of [`NS`].
+/// A cluster client with the CRDs installed, and the kandev objects of [`NS`] (created and
+/// labelled restricted when missing).
 async fn setup() -> Sessions {
-    Sessions::new(&client_with_crds().await, NS)
+    let sessions = Sessions::new(&client_with_crds().await, NS);
+    sessions.ensure_namespace().await;
+    sessions
 }
 
 async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
@@ -412,7 +417,9 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
     // controller ownerReference does.
     let stray: Pod = serde_json::from_value(json!({
         "metadata": {"name": format!("{name}-stray"), "labels": pod.labels()},
-        "spec": {"containers": [{"name": "agentctl", "image": "stray"}],
+        "spec": {"containers": [{"name": "agentctl", "image": "stray", "securityContext": {
+                     "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
+                 "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
                  "nodeSelector": {"e2e.kandev.dev/nowhere": "true"}},
     }))
     .expect("pod");

@@ -13,10 +13,10 @@ use std::time::Duration;
 use e2e_support::operator::Operator;
 use e2e_support::sessions::{Sessions, needs_resume, state_is};
 use e2e_support::{client_with_crds, kubectl, unique, wait_for, with_cleanup};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kandev_operator::api::{RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
@@ -130,20 +130,7 @@ async fn via_kubectl(args: &[&str]) -> Run {
 async fn setup() -> Sessions {
     let client = client_with_crds().await;
     let name = unique("plugin");
-    let ns: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("create namespace");
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-    wait_for(
-        &accounts,
-        "default",
-        "created",
-        |sa: Option<&ServiceAccount>| sa.is_some(),
-    )
-    .await;
+    e2e_support::restricted_namespace(&client, &name).await;
     Sessions::new(&client, &name)
 }
 

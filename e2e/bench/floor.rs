@@ -150,6 +150,7 @@ fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
         node_selector: Default::default(),
         run_as_user: 1000,
         replay_line_limit_mib: 8,
+        ..Default::default()
     };
     let mut pod = pods::build_agentctl_pod(&ts, "floor", &settings, &profile);
     pod.metadata.owner_references = None;

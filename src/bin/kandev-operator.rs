@@ -10,7 +10,7 @@ use kandev_operator::acp::AcpLimits;
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::http::{self, HttpState};
 use kandev_operator::controller::leader::{self, LeaseSettings};
-use kandev_operator::controller::pods::PodSettings;
+use kandev_operator::controller::pods::{self, Cidr, EgressPolicy, PodSettings};
 use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
 use tokio::time::Instant;
 
@@ -53,9 +53,65 @@ struct RunArgs {
     /// YAML or JSON file of agent profiles that extend or override the built-in ones.
     #[arg(long, env = "KANDEV_AGENT_PROFILES", value_name = "FILE")]
     agent_profiles: Option<PathBuf>,
-    /// UID agent pods run as (never root).
-    #[arg(long, default_value_t = 1000)]
+    /// UID (and GID, fsGroup) agent pods run as; never root (0 is refused).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
     run_as_user: i64,
+    /// Serve only the sessions of this namespace (repeatable, or comma-separated in
+    /// KANDEV_WATCH_NAMESPACES): only these namespaces are watched, cached and checked for RBAC.
+    /// None: every namespace.
+    #[arg(
+        long = "watch-namespace",
+        value_name = "NAMESPACE",
+        env = "KANDEV_WATCH_NAMESPACES",
+        value_delimiter = ','
+    )]
+    watch_namespaces: Vec<String>,
+    /// Resource request of the agentctl container when the session sets no resources, as
+    /// NAME=QUANTITY (repeatable; giving one replaces all defaults).
+    #[arg(
+        long = "default-resource-request",
+        value_name = "NAME=QUANTITY",
+        default_values = ["cpu=250m", "memory=512Mi"]
+    )]
+    default_resource_requests: Vec<String>,
+    /// Resource limit of the agentctl container when the session sets no resources, as
+    /// NAME=QUANTITY (repeatable; giving one replaces all defaults).
+    #[arg(
+        long = "default-resource-limit",
+        value_name = "NAME=QUANTITY",
+        default_values = ["memory=2Gi"]
+    )]
+    default_resource_limits: Vec<String>,
+    /// runtimeClassName of every agent pod (e.g. gvisor or kata); none by default.
+    #[arg(long, value_name = "NAME")]
+    runtime_class_name: Option<String>,
+    /// hostUsers of every agent pod: false gives each pod its own user namespace (the cluster
+    /// must support it); true (the default) leaves the field unset.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    host_users: bool,
+    /// Only images starting with this prefix may run as agent pods (repeatable); a session with
+    /// another spec.image is refused (Stalled, reason InvalidSpec). None: any image.
+    #[arg(long = "allowed-image-prefix", value_name = "PREFIX")]
+    allowed_image_prefixes: Vec<String>,
+    /// Create an egress NetworkPolicy with every session's agent pod (DNS to kube-dns, the
+    /// --egress-allow-cidr ranges minus the --egress-deny-cidr ones).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    agent_network_policy: bool,
+    /// Egress that agent pods may reach (repeatable; giving one replaces the defaults).
+    #[arg(
+        long = "egress-allow-cidr",
+        value_name = "CIDR",
+        default_values = pods::DEFAULT_EGRESS_ALLOW
+    )]
+    egress_allow_cidrs: Vec<Cidr>,
+    /// Egress that agent pods may not reach, cut out of the allowed ranges (repeatable; giving
+    /// one replaces the defaults: the metadata endpoint, private and link-local ranges).
+    #[arg(
+        long = "egress-deny-cidr",
+        value_name = "CIDR",
+        default_values = pods::DEFAULT_EGRESS_DENY
+    )]
+    egress_deny_cidrs: Vec<Cidr>,
     /// Toleration added to every agent pod, as KEY[=VALUE]:EFFECT (repeatable).
     #[arg(long = "pod-toleration", value_name = "KEY[=VALUE]:EFFECT")]
     pod_tolerations: Vec<String>,
@@ -182,11 +238,61 @@ fn parse_toleration(text: &str) -> Result<k8s_openapi::api::core::v1::Toleration
     })
 }
 
+/// `NAME=QUANTITY` pairs as a resource list (`None` when empty).
+fn parse_resources(
+    list: &[String],
+) -> Result<Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, String>
+{
+    let mut out = BTreeMap::new();
+    for text in list {
+        match text.split_once('=') {
+            Some((name, quantity)) if !name.is_empty() && !quantity.is_empty() => {
+                out.insert(
+                    name.to_string(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(quantity.to_string()),
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "resource {text:?}: expected NAME=QUANTITY, e.g. memory=2Gi"
+                ));
+            }
+        }
+    }
+    Ok((!out.is_empty()).then_some(out))
+}
+
 fn parse_node_selector(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
         _ => Err(format!("node selector {text:?}: expected KEY=VALUE")),
     }
+}
+
+/// The default requests and limits of the agentctl container (`None` when both are empty).
+fn default_resources(
+    args: &RunArgs,
+) -> Result<Option<k8s_openapi::api::core::v1::ResourceRequirements>, String> {
+    let requests = parse_resources(&args.default_resource_requests)?;
+    let limits = parse_resources(&args.default_resource_limits)?;
+    Ok((requests.is_some() || limits.is_some()).then(|| {
+        k8s_openapi::api::core::v1::ResourceRequirements {
+            requests,
+            limits,
+            ..Default::default()
+        }
+    }))
+}
+
+/// The watched namespaces, trimmed, without empty entries and duplicates, in order.
+fn watch_namespaces(list: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for ns in list.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        if !out.iter().any(|o| o == ns) {
+            out.push(ns.to_string());
+        }
+    }
+    out
 }
 
 /// `--http-address`: `None` when the endpoints are off.
@@ -288,7 +394,21 @@ fn run(args: RunArgs) -> Result<(), String> {
             node_selector,
             run_as_user: args.run_as_user,
             replay_line_limit_mib: args.acp_replay_line_limit_mib,
+            default_resources: default_resources(&args)?,
+            runtime_class_name: args.runtime_class_name.clone().filter(|n| !n.is_empty()),
+            user_namespace: !args.host_users,
+            allowed_image_prefixes: args
+                .allowed_image_prefixes
+                .iter()
+                .filter(|p| !p.is_empty())
+                .cloned()
+                .collect(),
+            egress: args.agent_network_policy.then(|| EgressPolicy {
+                allow: args.egress_allow_cidrs.clone(),
+                deny: args.egress_deny_cidrs.clone(),
+            }),
         },
+        watch_namespaces: watch_namespaces(&args.watch_namespaces),
         resync: Duration::from_secs(args.resync_seconds),
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
         restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
@@ -324,7 +444,7 @@ fn run(args: RunArgs) -> Result<(), String> {
             tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
         } else {
             let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
-            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, user.as_deref()))
+            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, &settings.watch_namespaces, user.as_deref()))
                 .await
                 .map_err(|_| format!("RBAC self-check: the API server did not answer within {}s (--startup-timeout-seconds)", timeout.as_secs()))??;
             tracing::info!("RBAC self-check passed");
@@ -379,4 +499,78 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "kandev-operator".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["kandev-operator", "run"].iter().chain(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Run(args) => Ok(*args),
+            Command::Crd { .. } => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn root_is_refused() {
+        let err = run_args(&["--run-as-user", "0"]).err().expect("refused");
+        assert!(err.to_string().contains("--run-as-user"), "{err}");
+        assert!(run_args(&["--run-as-user=-1"]).is_err());
+        assert_eq!(run_args(&[]).expect("defaults").run_as_user, 1000);
+    }
+
+    #[test]
+    fn containment_defaults_and_flags() {
+        let args = run_args(&[]).expect("defaults");
+        assert!(args.watch_namespaces.is_empty());
+        let resources = default_resources(&args).expect("valid").expect("some");
+        let json = serde_json::to_value(resources).expect("json");
+        assert_eq!(
+            json,
+            serde_json::json!({"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}})
+        );
+        assert!(args.host_users && args.agent_network_policy);
+        assert!(args.allowed_image_prefixes.is_empty() && args.runtime_class_name.is_none());
+        assert_eq!(
+            args.egress_deny_cidrs.len(),
+            pods::DEFAULT_EGRESS_DENY.len()
+        );
+
+        let args = run_args(&[
+            "--watch-namespace=team-a",
+            "--watch-namespace=team-b,team-a",
+            "--host-users=false",
+            "--agent-network-policy=false",
+            "--runtime-class-name=gvisor",
+            "--allowed-image-prefix=registry.example/agents/",
+            "--allowed-image-prefix=ghcr.io/kandev/",
+            "--default-resource-limit=memory=4Gi",
+            "--default-resource-limit=cpu=2",
+            "--egress-deny-cidr=169.254.169.254/32",
+        ])
+        .expect("valid");
+        assert_eq!(
+            watch_namespaces(&args.watch_namespaces),
+            ["team-a", "team-b"]
+        );
+        assert!(!args.host_users && !args.agent_network_policy);
+        assert_eq!(args.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(
+            args.allowed_image_prefixes.len(),
+            2,
+            "repeated flags add up"
+        );
+        assert_eq!(args.default_resource_limits, ["memory=4Gi", "cpu=2"]);
+        assert_eq!(
+            args.egress_deny_cidrs.len(),
+            1,
+            "given values replace the defaults"
+        );
+
+        assert!(run_args(&["--egress-allow-cidr=10.0.0.1/8"]).is_err());
+        let args = run_args(&["--default-resource-request=cpu"]).expect("parsed later");
+        assert!(default_resources(&args).is_err());
+    }
 }

@@ -120,7 +120,7 @@ pub struct Metrics {
     restore_duration: Histogram,
     leader: AtomicBool,
     /// The controller's TaskSession cache; set on the replica that runs the controller.
-    sessions: Mutex<Option<Store<TaskSession>>>,
+    sessions: Mutex<Vec<Store<TaskSession>>>,
 }
 
 impl Default for Metrics {
@@ -147,7 +147,7 @@ impl Metrics {
             agents_lost: AtomicU64::new(0),
             restore_duration: Histogram::new(RESTORE_BUCKETS),
             leader: AtomicBool::new(false),
-            sessions: Mutex::new(None),
+            sessions: Mutex::new(Vec::new()),
         }
     }
 
@@ -191,7 +191,7 @@ impl Metrics {
     /// Sessions by state are counted from this cache at scrape time.
     pub fn track_sessions(&self, store: Store<TaskSession>) {
         if let Ok(mut sessions) = self.sessions.lock() {
-            *sessions = Some(store);
+            sessions.push(store);
         }
     }
 
@@ -307,7 +307,8 @@ impl Metrics {
             .sessions
             .lock()
             .ok()
-            .and_then(|s| s.as_ref().map(Store::state));
+            .filter(|stores| !stores.is_empty())
+            .map(|stores| stores.iter().flat_map(Store::state).collect::<Vec<_>>());
         if let Some(sessions) = sessions {
             let mut by_state: BTreeMap<&str, u64> =
                 SessionState::ALL.iter().map(|s| (s.as_str(), 0)).collect();

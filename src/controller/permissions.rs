@@ -4,7 +4,8 @@
 //! hours later on the first resume that needs `pods/exec`.
 //!
 //! [`REQUIRED_PERMISSIONS`] is also the contract of the Helm chart: `tests/chart.rs` renders the
-//! chart and requires its ClusterRole and Role to grant exactly this list, no more, no less.
+//! chart and requires its ClusterRole (or, with `watchNamespaces`, the Role of each watched
+//! namespace) and the Lease Role to grant exactly this list, no more, no less.
 //! Change the code's API calls, this list and `charts/kandev-operator/templates/rbac.yaml`
 //! together.
 
@@ -19,8 +20,9 @@ use kube::api::{Api, PostParams};
 /// Where a permission is needed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
-    /// In every namespace (sessions live anywhere): a ClusterRole.
-    AllNamespaces,
+    /// Where sessions live: in every namespace (a ClusterRole), or, when the operator watches
+    /// only some namespaces (`--watch-namespace`), in each of them (a Role per namespace).
+    Watched,
     /// Only in the namespace of the leader-election Lease (the release namespace): a Role.
     /// Not needed without leader election.
     LeaseNamespace,
@@ -59,7 +61,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         resource: "tasksessions",
         subresource: "",
         verbs: &["list", "watch", "patch"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "the controller watches every TaskSession; the kandev.dev/cleanup finalizer is added and removed with a JSON patch",
     },
     Permission {
@@ -67,7 +69,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         resource: "tasksessions",
         subresource: "status",
         verbs: &["patch"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "status is written with server-side apply",
     },
     Permission {
@@ -75,7 +77,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         resource: "executorrunnings",
         subresource: "",
         verbs: &["get", "list", "watch", "create"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "the controller watches the ExecutorRunnings it owns, reads and creates a session's record",
     },
     Permission {
@@ -83,7 +85,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         resource: "executorrunnings",
         subresource: "status",
         verbs: &["patch"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "resume token, pod and agent activity are merge-patched into ExecutorRunning status",
     },
     Permission {
@@ -91,7 +93,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         resource: "pods",
         subresource: "",
         verbs: &["get", "list", "watch", "create", "delete"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "agentctl pods: watched, listed per session, created on launch, deleted after a failed restore; the event follower reads its pod",
     },
     Permission {
@@ -101,7 +103,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         // kube-rs execs over WebSocket: the upgrade is a GET (verb `get`), and since Kubernetes
         // 1.35 the API server also requires `create` on it (AuthorizePodWebsocketUpgradeCreatePermission).
         verbs: &["get", "create"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "ACP (agentctl connect) and agentctl events over exec into agentctl pods",
     },
     Permission {
@@ -109,15 +111,23 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         resource: "persistentvolumeclaims",
         subresource: "",
         verbs: &["get", "list", "watch", "create"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "the workspace PVC is checked before a launch (from a metadata cache) and created from the session's template",
+    },
+    Permission {
+        group: "networking.k8s.io",
+        resource: "networkpolicies",
+        subresource: "",
+        verbs: &["create"],
+        scope: Scope::Watched,
+        why: "the egress NetworkPolicy of a session is created with its agentctl pod (owned by the session, garbage-collected with it)",
     },
     Permission {
         group: "events.k8s.io",
         resource: "events",
         subresource: "",
         verbs: &["create", "patch"],
-        scope: Scope::AllNamespaces,
+        scope: Scope::Watched,
         why: "Events on TaskSessions (kube-runtime's recorder patches repeated events into a series)",
     },
     Permission {
@@ -187,24 +197,32 @@ impl AccessCheck {
     }
 }
 
-/// The checks to run: every verb of [`REQUIRED_PERMISSIONS`]; the Lease ones only with leader
+/// The checks to run: every verb of [`REQUIRED_PERMISSIONS`], in all namespaces or (when
+/// `watch_namespaces` is not empty) in each watched namespace; the Lease ones only with leader
 /// election (`lease_namespace`).
-pub fn access_checks(lease_namespace: Option<&str>) -> Vec<AccessCheck> {
+pub fn access_checks(
+    lease_namespace: Option<&str>,
+    watch_namespaces: &[String],
+) -> Vec<AccessCheck> {
+    let all = [None];
+    let watched: Vec<Option<String>> = watch_namespaces.iter().cloned().map(Some).collect();
+    let lease = [lease_namespace.map(str::to_string)];
     let mut checks = Vec::new();
     for permission in REQUIRED_PERMISSIONS {
-        let namespace = match permission.scope {
-            Scope::AllNamespaces => None,
-            Scope::LeaseNamespace => match lease_namespace {
-                Some(ns) => Some(ns.to_string()),
-                None => continue,
-            },
+        let namespaces: &[Option<String>] = match permission.scope {
+            Scope::Watched if watched.is_empty() => &all,
+            Scope::Watched => &watched,
+            Scope::LeaseNamespace if lease_namespace.is_none() => continue,
+            Scope::LeaseNamespace => &lease,
         };
-        for verb in permission.verbs {
-            checks.push(AccessCheck {
-                verb,
-                permission: *permission,
-                namespace: namespace.clone(),
-            });
+        for namespace in namespaces {
+            for verb in permission.verbs {
+                checks.push(AccessCheck {
+                    verb,
+                    permission: *permission,
+                    namespace: namespace.clone(),
+                });
+            }
         }
     }
     checks
@@ -242,9 +260,10 @@ pub fn missing_permissions_message(missing: &[AccessCheck], user: Option<&str>) 
 pub async fn verify(
     client: &Client,
     lease_namespace: Option<&str>,
+    watch_namespaces: &[String],
     user: Option<&str>,
 ) -> Result<(), String> {
-    let checks = access_checks(lease_namespace);
+    let checks = access_checks(lease_namespace, watch_namespaces);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let answers = join_all(checks.iter().map(|check| {
         let api = api.clone();
@@ -290,7 +309,7 @@ mod tests {
 
     #[test]
     fn every_verb_becomes_one_review() {
-        let checks = access_checks(Some("kandev-system"));
+        let checks = access_checks(Some("kandev-system"), &[]);
         let verbs: usize = REQUIRED_PERMISSIONS.iter().map(|p| p.verbs.len()).sum();
         assert_eq!(checks.len(), verbs);
 
@@ -327,9 +346,45 @@ mod tests {
 
     #[test]
     fn no_leader_election_needs_no_lease_permissions() {
-        let checks = access_checks(None);
+        let checks = access_checks(None, &[]);
         assert!(checks.iter().all(|c| c.permission.resource != "leases"));
         assert!(checks.iter().all(|c| c.namespace.is_none()));
+    }
+
+    #[test]
+    fn watched_namespaces_are_checked_one_by_one() {
+        let watched = ["team-a".to_string(), "team-b".to_string()];
+        let checks = access_checks(Some("kandev-system"), &watched);
+        let per_namespace: usize = REQUIRED_PERMISSIONS
+            .iter()
+            .filter(|p| p.scope == Scope::Watched)
+            .map(|p| p.verbs.len())
+            .sum();
+        for ns in &watched {
+            let here: Vec<_> = checks
+                .iter()
+                .filter(|c| c.namespace.as_deref() == Some(ns.as_str()))
+                .collect();
+            assert_eq!(here.len(), per_namespace, "{ns}");
+            assert!(here.iter().all(|c| c.permission.scope == Scope::Watched));
+        }
+        assert!(
+            checks.iter().all(|c| c.namespace.is_some()),
+            "nothing cluster-wide in namespaced mode"
+        );
+        let exec = checks
+            .iter()
+            .find(|c| {
+                c.permission.subresource == "exec" && c.namespace.as_deref() == Some("team-b")
+            })
+            .expect("pods/exec in team-b");
+        assert_eq!(exec.describe(), "get pods/exec (namespace team-b)");
+        assert!(
+            checks
+                .iter()
+                .filter(|c| c.permission.resource == "leases")
+                .all(|c| c.namespace.as_deref() == Some("kandev-system"))
+        );
     }
 
     #[test]
@@ -366,7 +421,7 @@ mod tests {
 
     #[test]
     fn missing_permissions_are_listed_in_one_message() {
-        let checks = access_checks(Some("kandev-system"));
+        let checks = access_checks(Some("kandev-system"), &[]);
         let pick = |verb: &str, resource: &str| {
             checks
                 .iter()

@@ -3,13 +3,22 @@
 
 use std::collections::BTreeMap;
 
+use std::net::IpAddr;
+use std::str::FromStr;
+
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, SeccompProfile, SecretKeySelector, SecurityContext, Toleration,
-    Volume, VolumeMount, VolumeResourceRequirements,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
@@ -39,6 +48,140 @@ pub struct PodSettings {
     /// `--acp-replay-line-limit-mib`, so both ends of the exec stream agree (0: agentctl's
     /// default).
     pub replay_line_limit_mib: u64,
+    /// Requests and limits of the agentctl container when the session sets none, so that an
+    /// agent pod is never BestEffort.
+    pub default_resources: Option<ResourceRequirements>,
+    /// `runtimeClassName` of every agent pod (e.g. gVisor or Kata); `None`: the cluster default.
+    pub runtime_class_name: Option<String>,
+    /// `hostUsers: false`: the pod gets its own user namespace (needs cluster support).
+    pub user_namespace: bool,
+    /// Images a session may run; empty: any. Plain string prefixes, e.g.
+    /// `registry.example.com/agents/`.
+    pub allowed_image_prefixes: Vec<String>,
+    /// The egress NetworkPolicy created with every agent pod; `None`: none.
+    pub egress: Option<EgressPolicy>,
+}
+
+/// The egress of agent pods: DNS to kube-dns, and the `allow` CIDRs minus the `deny` ones (the
+/// cloud metadata endpoint, cluster-internal ranges). Everything else is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EgressPolicy {
+    pub allow: Vec<Cidr>,
+    pub deny: Vec<Cidr>,
+}
+
+impl Default for EgressPolicy {
+    /// The internet, without the metadata endpoint, link-local, private and shared ranges.
+    fn default() -> Self {
+        let parse = |list: &[&str]| list.iter().filter_map(|c| c.parse().ok()).collect();
+        Self {
+            allow: parse(DEFAULT_EGRESS_ALLOW),
+            deny: parse(DEFAULT_EGRESS_DENY),
+        }
+    }
+}
+
+/// Default egress of agent pods: every address…
+pub const DEFAULT_EGRESS_ALLOW: &[&str] = &["0.0.0.0/0", "::/0"];
+/// …except the cloud metadata endpoint, RFC 1918 private ranges, the carrier-grade NAT range
+/// some clusters use for pods, and IPv6 unique-local (AWS's fd00:ec2::254 metadata endpoint
+/// included) and link-local. The rest of 169.254.0.0/16 stays open: node-local DNS caches
+/// listen there.
+pub const DEFAULT_EGRESS_DENY: &[&str] = &[
+    "169.254.169.254/32",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "fc00::/7",
+    "fe80::/10",
+];
+
+/// An IP range in canonical CIDR form (no host bits set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    address: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `inner` lies inside `self` (same family, at least as long a prefix).
+    pub fn contains(&self, inner: &Cidr) -> bool {
+        inner.prefix >= self.prefix
+            && match (self.address, inner.address) {
+                (IpAddr::V4(a), IpAddr::V4(b)) => {
+                    mask(u128::from(u32::from(b)), 32, self.prefix) == u128::from(u32::from(a))
+                }
+                (IpAddr::V6(a), IpAddr::V6(b)) => {
+                    mask(u128::from(b), 128, self.prefix) == u128::from(a)
+                }
+                _ => false,
+            }
+    }
+}
+
+/// `bits` (an address of `width` bits) with all but the first `prefix` bits cleared.
+fn mask(bits: u128, width: u8, prefix: u8) -> u128 {
+    let host = u32::from(width - prefix.min(width));
+    if host >= 128 {
+        0
+    } else {
+        (bits >> host) << host
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad =
+            |why: &str| format!("{text:?} is not a CIDR ({why}), e.g. 10.0.0.0/8 or fc00::/7");
+        let (address, prefix) = text.split_once('/').ok_or_else(|| bad("no /prefix"))?;
+        let address: IpAddr = address.parse().map_err(|_| bad("not an IP address"))?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad("not a prefix length"))?;
+        let (bits, width) = match address {
+            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        if prefix > width {
+            return Err(bad("prefix too long"));
+        }
+        if mask(bits, width, prefix) != bits {
+            return Err(bad("host bits set"));
+        }
+        Ok(Self { address, prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.address, self.prefix)
+    }
+}
+
+/// Why the session's image may not run, given the allow-list; `None` when it may.
+pub fn image_refusal(ts: &TaskSession, settings: &PodSettings) -> Option<String> {
+    let image = agent_image(ts, settings);
+    let prefixes = &settings.allowed_image_prefixes;
+    if prefixes.is_empty() || prefixes.iter().any(|p| image.starts_with(p.as_str())) {
+        return None;
+    }
+    Some(format!(
+        "image {image:?} is not allowed: this operator runs only images that start with {} (--allowed-image-prefix, chart value agentPods.allowedImagePrefixes)",
+        prefixes
+            .iter()
+            .map(|p| format!("{p:?}"))
+            .collect::<Vec<_>>()
+            .join(" or ")
+    ))
+}
+
+/// The image of the session's agentctl pod: its own, or the operator's default.
+fn agent_image(ts: &TaskSession, settings: &PodSettings) -> String {
+    ts.spec
+        .image
+        .clone()
+        .unwrap_or_else(|| settings.default_image.clone())
 }
 
 /// The agentctl pod's own name (downward API), for the event journal's entries.
@@ -219,12 +362,7 @@ pub fn build_agentctl_pod(
 
     let container = Container {
         name: CONTAINER.to_string(),
-        image: Some(
-            ts.spec
-                .image
-                .clone()
-                .unwrap_or_else(|| settings.default_image.clone()),
-        ),
+        image: Some(agent_image(ts, settings)),
         command: Some(vec!["agentctl".to_string()]),
         args: Some(vec![
             "serve".to_string(),
@@ -237,7 +375,12 @@ pub fn build_agentctl_pod(
         ]),
         working_dir: Some(mount_path.clone()),
         env: Some(env),
-        resources: ts.spec.resources.clone(),
+        resources: ts
+            .spec
+            .resources
+            .clone()
+            .filter(|r| r.requests.is_some() || r.limits.is_some())
+            .or_else(|| settings.default_resources.clone()),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: "workspace".into(),
@@ -255,12 +398,18 @@ pub fn build_agentctl_pod(
                 ..Default::default()
             },
         ]),
+        // The restricted Pod Security Standard, at container level too (so a pod-level
+        // setting is never the only line of defence).
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
             run_as_non_root: Some(true),
             capabilities: Some(Capabilities {
                 drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
                 ..Default::default()
             }),
             ..Default::default()
@@ -281,6 +430,8 @@ pub fn build_agentctl_pod(
             restart_policy: Some("Never".into()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
+            runtime_class_name: settings.runtime_class_name.clone(),
+            host_users: settings.user_namespace.then_some(false),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
                 run_as_user: Some(settings.run_as_user),
@@ -318,6 +469,97 @@ pub fn build_agentctl_pod(
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// The name of a session's egress NetworkPolicy (one per session, owned by it).
+pub fn network_policy_name(session: &str) -> String {
+    const SUFFIX: &str = "-agent-egress";
+    let prefix = if session.len() > 253 - SUFFIX.len() {
+        session[..253 - SUFFIX.len()].trim_end_matches(['.', '-'])
+    } else {
+        session
+    };
+    format!("{prefix}{SUFFIX}")
+}
+
+/// The session's egress NetworkPolicy, owned by it: its agent pods may reach kube-dns (UDP and
+/// TCP 53) and `egress.allow` minus `egress.deny`, nothing else. Ingress is not restricted
+/// (the operator reaches agentctl through exec, not the network).
+pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkPolicy {
+    let dns_ports = ["UDP", "TCP"]
+        .iter()
+        .map(|protocol| NetworkPolicyPort {
+            port: Some(IntOrString::Int(53)),
+            protocol: Some(protocol.to_string()),
+            ..Default::default()
+        })
+        .collect();
+    let dns = NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_string(),
+                    "kube-system".to_string(),
+                )])),
+                ..Default::default()
+            }),
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "k8s-app".to_string(),
+                    "kube-dns".to_string(),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        ports: Some(dns_ports),
+    };
+    let blocks: Vec<NetworkPolicyPeer> = egress
+        .allow
+        .iter()
+        .map(|allow| {
+            let except: Vec<String> = egress
+                .deny
+                .iter()
+                .filter(|deny| allow.contains(deny) && *deny != allow)
+                .map(Cidr::to_string)
+                .collect();
+            NetworkPolicyPeer {
+                ip_block: Some(IPBlock {
+                    cidr: allow.to_string(),
+                    except: (!except.is_empty()).then_some(except),
+                }),
+                ..Default::default()
+            }
+        })
+        .collect();
+    let mut rules = vec![dns];
+    if !blocks.is_empty() {
+        rules.push(NetworkPolicyEgressRule {
+            to: Some(blocks),
+            ports: None,
+        });
+    }
+    let mut selector = session_labels(ts);
+    selector.retain(|k, _| k == MANAGED_LABEL || k == SESSION_LABEL);
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(network_policy_name(&ts.name_any())),
+            namespace: ts.namespace(),
+            labels: Some(session_labels(ts)),
+            owner_references: ts.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Egress".to_string()]),
+            egress: Some(rules),
+            ingress: None,
+        }),
     }
 }
 
@@ -471,5 +713,196 @@ mod tests {
         assert!(pod_name("demo", "x").starts_with("demo-agent-"));
         let spec = pvc.spec.expect("spec");
         assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+    }
+
+    fn profile() -> AgentProfile {
+        let registry = crate::agents::AgentRegistry::builtin().expect("built-ins");
+        registry.get("claude-code").expect("claude-code").clone()
+    }
+
+    fn quantities(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn agentctl_pod_passes_the_restricted_pod_security_standard() {
+        let pod = build_agentctl_pod(
+            &session(claim("ws")),
+            "tok-1",
+            &PodSettings::default(),
+            &profile(),
+        );
+        let spec = pod.spec.expect("spec");
+        let pod_ctx = spec.security_context.expect("pod securityContext");
+        assert_eq!(pod_ctx.run_as_non_root, Some(true));
+        assert_eq!(
+            pod_ctx.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+        assert!(spec.host_network.is_none() && spec.host_pid.is_none() && spec.host_ipc.is_none());
+        for c in &spec.containers {
+            let ctx = c
+                .security_context
+                .clone()
+                .expect("container securityContext");
+            assert_eq!(ctx.allow_privilege_escalation, Some(false));
+            assert_eq!(ctx.run_as_non_root, Some(true));
+            assert_eq!(ctx.privileged, None);
+            assert_eq!(
+                ctx.capabilities.and_then(|c| c.drop),
+                Some(vec!["ALL".to_string()])
+            );
+            assert_eq!(
+                ctx.seccomp_profile.map(|p| p.type_).as_deref(),
+                Some("RuntimeDefault")
+            );
+        }
+        // Only volume types the restricted profile allows.
+        for v in spec.volumes.unwrap_or_default() {
+            assert!(
+                v.persistent_volume_claim.is_some() || v.empty_dir.is_some(),
+                "{v:?}"
+            );
+        }
+        // Defaults: no runtime class, host user namespace, no resources unless configured.
+        assert_eq!(spec.runtime_class_name, None);
+        assert_eq!(spec.host_users, None);
+    }
+
+    #[test]
+    fn containment_settings_shape_the_pod() {
+        let defaults = ResourceRequirements {
+            requests: quantities(&[("cpu", "250m"), ("memory", "512Mi")]),
+            limits: quantities(&[("memory", "2Gi")]),
+            ..Default::default()
+        };
+        let settings = PodSettings {
+            default_resources: Some(defaults.clone()),
+            runtime_class_name: Some("gvisor".into()),
+            user_namespace: true,
+            ..Default::default()
+        };
+        let pod = build_agentctl_pod(&session(claim("ws")), "tok-1", &settings, &profile());
+        let spec = pod.spec.expect("spec");
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(spec.host_users, Some(false));
+        assert_eq!(
+            spec.containers[0].resources.as_ref(),
+            Some(&defaults),
+            "a session without resources gets the defaults: never BestEffort"
+        );
+
+        // The session's own resources win, whole.
+        let mut ts = session(claim("ws"));
+        let own = ResourceRequirements {
+            limits: quantities(&[("cpu", "4"), ("memory", "8Gi")]),
+            ..Default::default()
+        };
+        ts.spec.resources = Some(own.clone());
+        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        assert_eq!(pod.spec.expect("spec").containers[0].resources, Some(own));
+        // An empty resources object counts as none.
+        ts.spec.resources = Some(ResourceRequirements::default());
+        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        assert_eq!(
+            pod.spec.expect("spec").containers[0].resources,
+            Some(defaults)
+        );
+    }
+
+    #[test]
+    fn the_image_allow_list_refuses_other_images() {
+        let mut settings = PodSettings {
+            default_image: "registry.example/agents/agentctl:1".into(),
+            ..Default::default()
+        };
+        let mut ts = session(claim("ws"));
+        assert_eq!(image_refusal(&ts, &settings), None, "no list: any image");
+        settings.allowed_image_prefixes = vec!["registry.example/agents/".into()];
+        assert_eq!(image_refusal(&ts, &settings), None, "the default image");
+        ts.spec.image = Some("registry.example/agents/custom:2".into());
+        assert_eq!(image_refusal(&ts, &settings), None);
+        ts.spec.image = Some("evil.example/registry.example/agents/x".into());
+        let refusal = image_refusal(&ts, &settings).expect("refused");
+        assert!(
+            refusal.contains("\"evil.example/registry.example/agents/x\" is not allowed")
+                && refusal.contains("\"registry.example/agents/\""),
+            "{refusal}"
+        );
+    }
+
+    #[test]
+    fn cidrs_parse_canonically_and_nest() {
+        let cidr = |s: &str| s.parse::<Cidr>().expect(s);
+        assert_eq!(cidr("10.0.0.0/8").to_string(), "10.0.0.0/8");
+        assert_eq!(cidr("fc00::/7").to_string(), "fc00::/7");
+        for bad in [
+            "10.0.0.1/8",
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "::/129",
+            "x/8",
+            "10.0.0.0/x",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+        assert!(cidr("0.0.0.0/0").contains(&cidr("169.254.169.254/32")));
+        assert!(cidr("10.0.0.0/8").contains(&cidr("10.1.0.0/16")));
+        assert!(!cidr("10.0.0.0/8").contains(&cidr("11.0.0.0/8")));
+        assert!(!cidr("10.1.0.0/16").contains(&cidr("10.0.0.0/8")));
+        assert!(
+            !cidr("0.0.0.0/0").contains(&cidr("fc00::/7")),
+            "families never nest"
+        );
+        assert!(cidr("::/0").contains(&cidr("fd00:ec2::254/128")));
+    }
+
+    #[test]
+    fn network_policy_allows_dns_and_the_internet_only() {
+        let ts = session(claim("ws"));
+        let np = build_network_policy(&ts, &EgressPolicy::default());
+        assert_eq!(np.metadata.name.as_deref(), Some("demo-agent-egress"));
+        let owner = &np.metadata.owner_references.as_ref().expect("owned")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("TaskSession", Some(true))
+        );
+        let json = serde_json::to_value(np.spec.expect("spec")).expect("json");
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "podSelector": {"matchLabels": {"kandev.dev/managed": "true", "kandev.dev/session": "demo"}},
+                "policyTypes": ["Egress"],
+                "egress": [
+                    {
+                        "to": [{
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                        }],
+                        "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+                    },
+                    {"to": [
+                        {"ipBlock": {"cidr": "0.0.0.0/0", "except": [
+                            "169.254.169.254/32", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                        ]}},
+                        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10"]}},
+                    ]},
+                ],
+            })
+        );
+        // Only DNS when nothing is allowed.
+        let closed = EgressPolicy {
+            allow: vec![],
+            deny: vec![],
+        };
+        let np = build_network_policy(&ts, &closed);
+        assert_eq!(np.spec.expect("spec").egress.map(|e| e.len()), Some(1));
+        let long = "a".repeat(253);
+        assert!(network_policy_name(&long).len() <= 253);
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action, Controller};
@@ -115,10 +116,19 @@ fn is_invalid(code: u16) -> bool {
     matches!(code, 400 | 422)
 }
 
+/// A 403 that an admission check gave (Pod Security, a ValidatingAdmissionPolicy, a webhook),
+/// not RBAC (whose message is `User "…" cannot create resource …`): like 422, retrying the same
+/// pod cannot help until the spec or the settings change.
+fn refused_by_admission(code: u16, message: &str) -> bool {
+    code == 403 && !message.contains("\" cannot ")
+}
+
 /// Settings of the running operator.
 #[derive(Clone, Debug)]
 pub struct OperatorSettings {
     pub pod: PodSettings,
+    /// Namespaces whose sessions this operator serves; empty: every namespace.
+    pub watch_namespaces: Vec<String>,
     /// How often a steady session is re-evaluated even without a watch event.
     pub resync: Duration,
     /// Timeout of opening the exec into an agent pod and of `initialize`.
@@ -169,9 +179,63 @@ pub struct Context {
 }
 
 /// Runs the controller until a shutdown signal. Watches TaskSessions (every change, annotation
-/// changes included: the resume trigger is an annotation), their ExecutorRunnings and their pods.
+/// changes included: the resume trigger is an annotation), their ExecutorRunnings and their pods:
+/// in all namespaces, or, with [`OperatorSettings::watch_namespaces`], one controller per watched
+/// namespace (each with its own caches, so nothing outside those namespaces is listed or cached).
 pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSettings) {
+    let scopes: Vec<Option<String>> = if settings.watch_namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings
+            .watch_namespaces
+            .iter()
+            .cloned()
+            .map(Some)
+            .collect()
+    };
+    // The bound on concurrent reconciles is the operator's, shared by its controllers.
+    let per_scope = settings
+        .max_concurrent_reconciles
+        .div_ceil(u16::try_from(scopes.len()).unwrap_or(u16::MAX))
+        .max(1);
+    let controllers = scopes.into_iter().map(|namespace| {
+        run_scope(
+            clients.clone(),
+            agents.clone(),
+            settings.clone(),
+            namespace,
+            per_scope,
+        )
+    });
+    futures::future::join_all(controllers).await;
+}
+
+/// An API of `K` in `namespace`, or in all namespaces.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// One controller over the sessions of `namespace` (all namespaces when `None`).
+async fn run_scope(
+    clients: Clients,
+    agents: AgentRegistry,
+    settings: OperatorSettings,
+    namespace: Option<String>,
+    concurrency: u16,
+) {
     let client = clients.streams.clone();
+    let ns = namespace.as_deref();
+    match ns {
+        Some(ns) => info!(namespace = ns, "watching one namespace"),
+        None => info!("watching all namespaces"),
+    }
     let reporter = Reporter {
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
@@ -180,18 +244,15 @@ pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSett
     // managedFields are dropped before caching: nothing reads them and they are most of a
     // small object.
     let (executors, executors_writer) = reflector::store();
-    let executor_events = watcher(
-        Api::<ExecutorRunning>::all(client.clone()),
-        Default::default(),
-    )
-    .default_backoff()
-    .modify(|er| er.managed_fields_mut().clear())
-    .reflect(executors_writer)
-    .applied_objects();
+    let executor_events = watcher(scoped::<ExecutorRunning>(&client, ns), Default::default())
+        .default_backoff()
+        .modify(|er| er.managed_fields_mut().clear())
+        .reflect(executors_writer)
+        .applied_objects();
     let (pods, pods_writer) = reflector::store();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
     // Deletions count too: a pod is lost only once it is gone (a Terminating pod is not).
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), managed)
+    let pod_events = watcher(scoped::<Pod>(&client, ns), managed)
         .default_backoff()
         .modify(|pod| pod.managed_fields_mut().clear())
         .reflect(pods_writer)
@@ -199,7 +260,7 @@ pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSett
     // Only whether a claim exists matters: metadata, without labels and annotations.
     let (claims, claims_writer) = reflector::store();
     let claim_events = watcher(
-        Api::<PartialObjectMeta<PersistentVolumeClaim>>::all(client.clone()),
+        scoped::<PartialObjectMeta<PersistentVolumeClaim>>(&client, ns),
         Default::default(),
     )
     .default_backoff()
@@ -211,12 +272,11 @@ pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSett
     .reflect(claims_writer)
     .applied_objects();
     let (sessions, sessions_writer) = reflector::store();
-    let session_events = watcher(Api::<TaskSession>::all(client.clone()), Default::default())
+    let session_events = watcher(scoped::<TaskSession>(&client, ns), Default::default())
         .default_backoff()
         .modify(|ts| ts.managed_fields_mut().clear())
         .reflect(sessions_writer)
         .applied_objects();
-    let concurrency = settings.max_concurrent_reconciles;
     let ctx = Arc::new(Context {
         recorder: Recorder::new(clients.calls.clone(), reporter),
         client: clients.calls,
@@ -939,6 +999,28 @@ impl<'a> Session<'a> {
             let reason = self.unknown_profile_reason();
             return self.fail_launch(&reason).await;
         };
+        if let Some(refusal) = pods::image_refusal(&self.ts, &self.ctx.settings.pod) {
+            return self.invalid_spec(&refusal).await;
+        }
+        // The egress policy first, so the agent never runs without it.
+        if let Some(egress) = &self.ctx.settings.pod.egress {
+            let policy = pods::build_network_policy(&self.ts, egress);
+            let api: Api<NetworkPolicy> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+            match api.create(&PostParams::default(), &policy).await {
+                Ok(_) => info!(policy = %policy.name_any(), "created the egress NetworkPolicy"),
+                // Created by an earlier launch of this session (owned by it, gone with it).
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(kube::Error::Api(e)) if is_invalid(e.code) => {
+                    let message = format!(
+                        "the API server refused NetworkPolicy {}: {}",
+                        policy.name_any(),
+                        e.message
+                    );
+                    return self.invalid_spec(&message).await;
+                }
+                Err(e) => return Err(kube_err("creating the egress NetworkPolicy")(e)),
+            }
+        }
         let pod =
             pods::build_agentctl_pod(&self.ts, self.launch_id(), &self.ctx.settings.pod, &profile);
         let name = pod.name_any();
@@ -969,7 +1051,9 @@ impl<'a> Session<'a> {
                     _ => info!(pod = %name, "adopting existing agentctl pod"),
                 }
             }
-            Err(kube::Error::Api(e)) if is_invalid(e.code) => {
+            Err(kube::Error::Api(e))
+                if is_invalid(e.code) || refused_by_admission(e.code, &e.message) =>
+            {
                 let message = format!("the API server refused agentctl pod {name}: {}", e.message);
                 return self.invalid_spec(&message).await;
             }
@@ -1674,6 +1758,23 @@ fn describe_launch(launch_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admission_refusals_are_final_rbac_refusals_are_not() {
+        assert!(refused_by_admission(
+            403,
+            "pods \"a\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true"
+        ));
+        assert!(refused_by_admission(
+            403,
+            "pods \"a\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'p' denied request: the kandev operator may only create pods labelled kandev.dev/managed=true"
+        ));
+        assert!(!refused_by_admission(
+            403,
+            "pods is forbidden: User \"system:serviceaccount:k:k\" cannot create resource \"pods\" in API group \"\" in the namespace \"x\""
+        ));
+        assert!(!refused_by_admission(409, "already exists"));
+    }
 
     #[test]
     fn condition_reasons_are_camel_case() {

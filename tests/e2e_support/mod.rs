@@ -139,6 +139,37 @@ pub async fn install_crd(client: &Client, file: &str) -> CustomResourceDefinitio
     crd
 }
 
+/// The Pod Security Standard that every namespace of our pods enforces in the e2e tier: the API
+/// server itself then proves that agent and operator pods pass `restricted`.
+pub const PSS_ENFORCE: (&str, &str) = ("pod-security.kubernetes.io/enforce", "restricted");
+
+/// Creates namespace `name` (or takes the existing one), labels it with [`PSS_ENFORCE`], and
+/// waits for its default ServiceAccount (pods are refused before it exists).
+pub async fn restricted_namespace(client: &Client, name: &str) {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {PSS_ENFORCE.0: PSS_ENFORCE.1}},
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("kandev-e2e-tests"),
+        &Patch::Apply(&ns),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("namespace {name} with restricted Pod Security: {e}"));
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    wait_for(
+        &accounts,
+        "default",
+        "created",
+        |sa: Option<&ServiceAccount>| sa.is_some(),
+    )
+    .await;
+}
+
 /// The kubectl built for the e2e cluster (e2e/bin.sh), not whatever is first on PATH.
 pub fn kubectl() -> std::process::Command {
     let script = repo_path("e2e/bin.sh");

@@ -1,6 +1,6 @@
 //! TaskSessions in one namespace, as the e2e tests create, lose, resume and inspect them.
 
-use k8s_openapi::api::core::v1::{Event, Namespace as CoreNamespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::Condition;
@@ -25,16 +25,10 @@ impl Sessions {
         }
     }
 
-    /// Creates the namespace if it does not exist.
+    /// Creates the namespace if it does not exist, enforcing the restricted Pod Security
+    /// Standard (see [`super::restricted_namespace`]).
     pub async fn ensure_namespace(&self) {
-        let api: Api<CoreNamespace> = Api::all(self.client.clone());
-        let ns: CoreNamespace =
-            serde_json::from_value(json!({"metadata": {"name": self.namespace}})).expect("ns");
-        match api.create(&PostParams::default(), &ns).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => panic!("create namespace {}: {e}", self.namespace),
-        }
+        super::restricted_namespace(&self.client, &self.namespace).await;
     }
 
     pub fn sessions(&self) -> Api<TaskSession> {

@@ -64,3 +64,47 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kandev-operator.profilesFile" -}}
 {{ dict "profiles" .Values.agentProfiles | toYaml }}
 {{- end }}
+
+{{/* The RBAC rules of the namespaces the operator serves (Scope::Watched of REQUIRED_PERMISSIONS). */}}
+{{- define "kandev-operator.sessionRules" -}}
+# Watch every TaskSession; the kandev.dev/cleanup finalizer is added and removed by JSON patch.
+- apiGroups: ["kandev.dev"]
+  resources: ["tasksessions"]
+  verbs: ["list", "watch", "patch"]
+# Status is written with server-side apply.
+- apiGroups: ["kandev.dev"]
+  resources: ["tasksessions/status"]
+  verbs: ["patch"]
+- apiGroups: ["kandev.dev"]
+  resources: ["executorrunnings"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: ["kandev.dev"]
+  resources: ["executorrunnings/status"]
+  verbs: ["patch"]
+# agentctl pods: created on a launch, deleted after a failed restore.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# ACP over a WebSocket exec: the upgrade is a GET, and since Kubernetes 1.35 the API server
+# also requires create (AuthorizePodWebsocketUpgradeCreatePermission).
+- apiGroups: [""]
+  resources: ["pods/exec"]
+  verbs: ["get", "create"]
+# Workspace PVCs: checked before a launch (from a metadata cache), created from a session's
+# template.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create"]
+# The egress NetworkPolicy of each session, created with its agent pod (owned by the session).
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* The operator's user name, as the API server sees its ServiceAccount token. */}}
+{{- define "kandev-operator.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "kandev-operator.serviceAccountName" .) }}
+{{- end }}
