@@ -11,7 +11,7 @@
 //! * the status write itself carries the resourceVersion it was decided on, so whatever slips
 //!   past these rules fails with a conflict instead of overwriting newer status.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,9 @@ impl Expected {
 #[derive(Debug, Default)]
 pub struct Expectations {
     by_session: Mutex<HashMap<String, Expected>>,
+    /// Sessions whose egress NetworkPolicy exists (created, or found by a 409), so that a
+    /// resume does not write it again; an operator restart creates it once more (409).
+    with_policy: Mutex<HashSet<String>>,
 }
 
 impl Expectations {
@@ -136,6 +139,22 @@ impl Expectations {
         backoff(failures, jitter_seed(session))
     }
 
+    /// Whether the session's egress NetworkPolicy is known to exist.
+    pub fn has_policy(&self, session: &str) -> bool {
+        self.with_policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(session)
+    }
+
+    /// The session's egress NetworkPolicy exists.
+    pub fn policy_exists(&self, session: &str) {
+        self.with_policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session.to_string());
+    }
+
     /// The session is gone.
     pub fn forget(&self, session: &str) {
         let mut map = self
@@ -143,6 +162,10 @@ impl Expectations {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         map.remove(session);
+        self.with_policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(session);
     }
 }
 

@@ -1002,14 +1002,22 @@ impl<'a> Session<'a> {
         if let Some(refusal) = pods::image_refusal(&self.ts, &self.ctx.settings.pod) {
             return self.invalid_spec(&refusal).await;
         }
-        // The egress policy first, so the agent never runs without it.
-        if let Some(egress) = &self.ctx.settings.pod.egress {
+        // The egress policy first, so the agent never runs without it (once per session and
+        // operator run: a resume does not write it again).
+        if let Some(egress) = &self.ctx.settings.pod.egress
+            && !self.ctx.expectations.has_policy(&self.uid)
+        {
             let policy = pods::build_network_policy(&self.ts, egress);
             let api: Api<NetworkPolicy> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             match api.create(&PostParams::default(), &policy).await {
-                Ok(_) => info!(policy = %policy.name_any(), "created the egress NetworkPolicy"),
+                Ok(_) => {
+                    info!(policy = %policy.name_any(), "created the egress NetworkPolicy");
+                    self.ctx.expectations.policy_exists(&self.uid);
+                }
                 // Created by an earlier launch of this session (owned by it, gone with it).
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    self.ctx.expectations.policy_exists(&self.uid)
+                }
                 Err(kube::Error::Api(e)) if is_invalid(e.code) => {
                     let message = format!(
                         "the API server refused NetworkPolicy {}: {}",
