@@ -13,10 +13,12 @@ use std::time::Duration;
 use e2e_support::operator::Operator;
 use e2e_support::sessions::{Sessions, needs_resume, state_is};
 use e2e_support::{client_with_crds, kubectl, unique, wait_for, with_cleanup};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kandev_operator::api::{RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use kandev_operator::api::{
+    ExecutorPhase, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState, TaskState,
+};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
@@ -30,6 +32,10 @@ const TEST_PROFILES: &str = r#"
 profiles:
   plugin-echo:
     launch: ["kandev-test-agent", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
+    nativeSessionResume: true
+    historyContextInjection: false
+  plugin-hang:
+    launch: ["kandev-test-agent", "--on-prompt", "hang", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
     nativeSessionResume: true
     historyContextInjection: false
   plugin-hang-once:
@@ -791,4 +797,127 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
         cleanup(&sessions).await;
     };
     with_cleanup(body, after).await;
+}
+
+/// Sessions end: `kubectl kandev complete` stops an idle agent and deletes the template's PVC
+/// (retention: Delete); `kubectl kandev cancel` cancels a running prompt first. Both end
+/// terminal, the executor stopped, resume requests refused, and spec.end cannot change.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn sessions_end_completed_or_cancelled() {
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
+    let body = async {
+        // Completed, idle, retention Delete.
+        let done = unique("done");
+        let mut ts = sessions.new_session_with_task(
+            &done,
+            "plugin-echo",
+            Some("Say hello."),
+            json!({"template": {"size": "1Gi"}, "retention": "Delete"}),
+        );
+        ts.metadata.namespace = Some(ns.clone());
+        sessions
+            .sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create");
+        started(&sessions, &done).await;
+        let run = plugin(&["complete", &done, "--wait", "-n", &ns])
+            .await
+            .expect_code(0);
+        assert!(run.stdout.contains("is COMPLETED"), "{run:#?}");
+        let status = sessions
+            .sessions()
+            .get(&done)
+            .await
+            .expect("get")
+            .status
+            .expect("status");
+        assert_eq!(
+            (status.state, status.task_state),
+            (SessionState::Completed, TaskState::Completed)
+        );
+        assert!(!status.is_resumable && !status.needs_resume, "{status:#?}");
+        assert!(sessions.live_pods(&done).await.is_empty(), "agent stopped");
+        let er = sessions.executors().get(&done).await.expect("er");
+        let er = er.status.expect("er status");
+        assert_eq!(er.status, Some(ExecutorPhase::Stopped));
+        assert!(!er.resumable);
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(sessions.client.clone(), &ns);
+        let claim = format!("{done}-workspace");
+        let gone = |pvc: Option<&PersistentVolumeClaim>| {
+            pvc.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+        };
+        wait_for(&claims, &claim, "the workspace deleted", gone).await;
+
+        // A resume is refused; the end cannot change.
+        let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: "after-end"}}});
+        sessions
+            .sessions()
+            .patch(&done, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("annotate");
+        let handled = |ts: Option<&kandev_operator::api::TaskSession>| {
+            ts.and_then(|t| t.status.as_ref())
+                .is_some_and(|s| s.last_handled_resume_request.as_deref() == Some("after-end"))
+        };
+        wait_for(&sessions.sessions(), &done, "the request refused", handled).await;
+        assert!(
+            sessions.live_pods(&done).await.is_empty(),
+            "no pod after a refused resume"
+        );
+        let err = sessions
+            .sessions()
+            .patch(
+                &done,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"end": "Cancelled"}})),
+            )
+            .await
+            .expect_err("spec.end is set once");
+        assert!(err.to_string().contains("spec.end is set once"), "{err}");
+
+        // Cancelled while a prompt runs: the prompt is cancelled, then the agent stopped.
+        let busy = unique("busy");
+        sessions
+            .create_with_task(&busy, "plugin-hang", Some("Work forever."))
+            .await;
+        let working = |ts: Option<&kandev_operator::api::TaskSession>| {
+            ts.and_then(|t| t.status.as_ref())
+                .is_some_and(|s| s.state == SessionState::Running)
+        };
+        wait_for(&sessions.sessions(), &busy, "RUNNING", working).await;
+        plugin(&["cancel", &busy, "--wait", "--timeout", "2m", "-n", &ns])
+            .await
+            .expect_code(0);
+        let status = sessions
+            .sessions()
+            .get(&busy)
+            .await
+            .expect("get")
+            .status
+            .expect("status");
+        assert_eq!(
+            (status.state, status.task_state),
+            (SessionState::Cancelled, TaskState::Cancelled)
+        );
+        let log = std::fs::read_to_string(operator.log()).unwrap_or_default();
+        assert!(
+            log.contains("cancelled the running prompt"),
+            "session/cancel sent"
+        );
+        assert!(sessions.live_pods(&busy).await.is_empty(), "agent stopped");
+        assert!(
+            claims
+                .get_opt(&format!("{busy}-workspace"))
+                .await
+                .expect("get")
+                .is_some(),
+            "retention Retain (the default) keeps the workspace"
+        );
+    };
+    with_cleanup(body, cleanup(&sessions)).await;
+    drop(operator);
 }

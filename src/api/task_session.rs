@@ -56,6 +56,8 @@ use super::{ResumeReason, SessionState, TaskState};
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
     ),
+    validation = Rule::new("!has(oldSelf.spec.end) || (has(self.spec.end) && self.spec.end == oldSelf.spec.end)")
+        .message("spec.end is set once: a session that ends cannot be reopened or end another way"),
     validation = Rule::new("!has(self.spec.workspace.template) || self.metadata.name.size() <= 243")
         .message("a TaskSession with workspace.template needs a name of at most 243 characters: its PVC is named <name>-workspace")
 )]
@@ -137,6 +139,31 @@ pub struct TaskSessionSpec {
     /// Overrides of the agent profile's capabilities for this session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<CapabilityOverrides>,
+
+    /// Ends the session, once: `Completed` lets a running prompt finish (up to the operator's
+    /// end grace period), `Cancelled` cancels it. Then the agent is stopped, the session and its
+    /// task become COMPLETED or CANCELLED, and resume requests are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<SessionEnd>,
+}
+
+/// How a session ends (`spec.end`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The work is done: a running prompt may finish first.
+    Completed,
+    /// The work is abandoned: a running prompt is cancelled.
+    Cancelled,
+}
+
+/// What becomes of a workspace PVC created from `workspace.template` when the session ends.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkspaceRetention {
+    /// Kept until the TaskSession is deleted (it is owned by it).
+    #[default]
+    Retain,
+    /// Deleted once the agent has stopped.
+    Delete,
 }
 
 /// CEL: every key of `requests` and `limits` is a container resource the pod accepts without
@@ -204,6 +231,11 @@ pub struct WorkspaceSpec {
     /// Template of a PVC the operator creates (named `<session>-workspace`) and owns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<WorkspaceTemplate>,
+
+    /// What becomes of the template's PVC when the session ends (`spec.end`): `Retain` (the
+    /// default; it goes with the TaskSession) or `Delete`. A `claimName` PVC is never deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<WorkspaceRetention>,
 
     /// Where the workspace is mounted in the agentctl container: an absolute, normalised path
     /// (no `//`, `.` or `..` segments, no trailing `/`, not `/`) of at most 1024 characters,

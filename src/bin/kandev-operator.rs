@@ -149,6 +149,10 @@ struct RunArgs {
     /// is removed and a resume keeps its token.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
     launch_deadline_seconds: u64,
+    /// Seconds a session that ends Completed (spec.end) lets a running prompt finish before the
+    /// prompt is cancelled and the agent stopped.
+    #[arg(long, default_value_t = 600)]
+    end_grace_seconds: u64,
     /// Do not elect a leader (only for a single replica, e.g. local development).
     #[arg(long)]
     no_leader_election: bool,
@@ -419,6 +423,7 @@ fn run(args: RunArgs) -> Result<(), String> {
         },
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
+        end_grace: Duration::from_secs(args.end_grace_seconds),
     };
     let runtime =
         tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;

@@ -29,13 +29,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
-    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SessionState,
-    TaskSession, TaskSessionStatus, TaskState,
+    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SessionEnd,
+    SessionState, TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention,
 };
 use crate::resume::{
-    InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass, ResumeRequest,
-    ResumeRequestFacts, SessionFacts, build_resume_request, evaluate_resume_eligibility,
-    handled_key, is_new_resume_request, launch_stall, pod_liveness as liveness, remember_handled,
+    EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass,
+    ResumeRequest, ResumeRequestFacts, SessionFacts, build_resume_request, end_step,
+    evaluate_resume_eligibility, handled_key, is_new_resume_request, launch_stall,
+    pod_liveness as liveness, remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -143,6 +144,8 @@ pub struct OperatorSettings {
     /// From the agentctl pod's creation to agentctl answering exec, at most; then the launch is
     /// stalled.
     pub launch_deadline: Duration,
+    /// How long a session that ends `Completed` lets a running prompt finish.
+    pub end_grace: Duration,
 }
 
 /// The operator's two API clients, built from one configuration.
@@ -578,6 +581,14 @@ impl<'a> Session<'a> {
     }
 
     async fn apply(mut self) -> Result<Action, Error> {
+        if let Some(end) = self.ts.spec.end
+            && !matches!(
+                self.status.state,
+                SessionState::Completed | SessionState::Cancelled
+            )
+        {
+            return self.end_session(end).await;
+        }
         if let Some(token) = self.new_resume_request()
             && let Some(action) = self.accept_or_refuse(&token).await?
         {
@@ -594,6 +605,176 @@ impl<'a> Session<'a> {
             return self.launch().await;
         }
         self.observe().await
+    }
+
+    /// `spec.end`: one step per pass (the pure [`end_step`]) until nothing runs, then the
+    /// session and its task are COMPLETED or CANCELLED. The first pass says so
+    /// (`Reconciling=True`, reason `Ending`, which also dates the grace period), ends a latched
+    /// resume request, and reads the agent's journal so that a running prompt is known.
+    async fn end_session(mut self, end: SessionEnd) -> Result<Action, Error> {
+        let ending_since = conditions::find(&self.status.conditions, conditions::RECONCILING)
+            .filter(|c| c.status == "True" && c.reason == "Ending")
+            .map(|c| c.last_transition_time.0);
+        let Some(since) = ending_since else {
+            let message = format!("ending the session (spec.end: {})", end_word(end));
+            if let Some(token) = self.status.active_resume_request.clone() {
+                let ended = format!("resume request {token:?} ended by spec.end");
+                self.set_conditions(&[Want::new(
+                    conditions::RESUMED,
+                    false,
+                    "SessionEnded",
+                    ended,
+                )]);
+                self.finish_request();
+            }
+            self.set_conditions(&[Want::new(conditions::RECONCILING, true, "Ending", &message)]);
+            self.write_status().await?;
+            if let Some(pod) = self
+                .current_pod()
+                .filter(|p| liveness(Some(p)) == PodLiveness::Running)
+            {
+                self.ctx.followers.ensure(
+                    &self.ctx.streams,
+                    pod,
+                    &pods::executor_name(&self.ts),
+                    &self.executor_status(),
+                    Some(&format!("end:{}", end_word(end))),
+                );
+            }
+            return Ok(Action::requeue(Duration::from_secs(2)));
+        };
+        let pod = self.current_pod().cloned();
+        let facts = EndFacts {
+            end,
+            pod: liveness(pod.as_ref()),
+            working: self.executor_status().activity == Some(AgentActivity::Working),
+            ending_for: Timestamp::now().duration_since(since).unsigned_abs(),
+            grace: self.ctx.settings.end_grace,
+        };
+        let recheck = Duration::from_secs(2);
+        match (end_step(&facts), pod) {
+            (EndStep::Finish, _) => self.finish_session(end).await,
+            (EndStep::AwaitPrompt(left), _) => Ok(Action::requeue(left.min(POD_RECHECK))),
+            (EndStep::AwaitPodGone, _) => Ok(Action::requeue(recheck)),
+            (EndStep::CancelPrompt, Some(pod)) if self.resume_token().is_some() => {
+                if let Err(err) = self.cancel_prompt(&pod).await {
+                    warn!(%err, pod = %pod.name_any(), "could not cancel the running prompt; stopping the agent");
+                    self.stop_pods().await;
+                }
+                Ok(Action::requeue(recheck))
+            }
+            (EndStep::CancelPrompt | EndStep::StopPod, _) => {
+                self.stop_pods().await;
+                Ok(Action::requeue(recheck))
+            }
+        }
+    }
+
+    /// ACP `session/cancel` for the agent's session, over exec into `pod`.
+    async fn cancel_prompt(&self, pod: &Pod) -> Result<(), String> {
+        let session = self.resume_token().unwrap_or_default().to_string();
+        let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
+        let limit = self.ctx.settings.acp_timeout;
+        let cancel = async {
+            let mut connection = PodConnection::open(&pods_api, &pod.name_any(), pods::CONTAINER)
+                .await
+                .map_err(|e| e.to_string())?;
+            let client = &mut connection.client;
+            client.set_timeouts(AcpTimeouts::uniform(limit));
+            let sent = match client.initialize().await {
+                Ok(_) => client.cancel(&session).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            connection.close(Duration::from_secs(3)).await;
+            sent
+        };
+        match tokio::time::timeout(limit, cancel).await {
+            Ok(sent) => {
+                info!(pod = %pod.name_any(), %session, "cancelled the running prompt");
+                sent
+            }
+            Err(_) => Err(format!("no answer within {limit:?}")),
+        }
+    }
+
+    /// Deletes every pod of the session that may still run.
+    async fn stop_pods(&self) {
+        for pod in self.pods.iter().filter(|p| {
+            p.metadata.deletion_timestamp.is_none() && liveness(Some(p)) != PodLiveness::Failed
+        }) {
+            info!(pod = %pod.name_any(), "stopping the agent: the session ends");
+            self.pod_deletion(pod).await;
+        }
+    }
+
+    /// Nothing runs any more: COMPLETED or CANCELLED, the executor `Stopped` and not resumable,
+    /// the template's PVC deleted when `workspace.retention` says so, one Event.
+    async fn finish_session(mut self, end: SessionEnd) -> Result<Action, Error> {
+        let (state, task_state) = match end {
+            SessionEnd::Completed => (SessionState::Completed, TaskState::Completed),
+            SessionEnd::Cancelled => (SessionState::Cancelled, TaskState::Cancelled),
+        };
+        if let Some(er) = &self.executor {
+            let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+            let patch = json!({"status": {"status": ExecutorPhase::Stopped, "resumable": false, "activity": null}});
+            api.patch_status(
+                &er.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(kube_err("marking the executor stopped"))?;
+        }
+        let workspace = match (
+            &self.ts.spec.workspace.template,
+            self.ts.spec.workspace.retention.unwrap_or_default(),
+        ) {
+            (Some(_), WorkspaceRetention::Delete) => {
+                let claim = pods::workspace_claim_name(&self.ts);
+                let pvcs: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.ctx.client.clone(), &self.ns);
+                match pvcs.delete(&claim, &Default::default()).await {
+                    Ok(_) => format!("workspace PVC {claim} deleted (retention: Delete)"),
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        format!("workspace PVC {claim} already gone")
+                    }
+                    Err(e) => return Err(kube_err("deleting the workspace PVC")(e)),
+                }
+            }
+            _ => format!(
+                "workspace PVC {} kept",
+                pods::workspace_claim_name(&self.ts)
+            ),
+        };
+        let word = end_word(end);
+        let message =
+            format!("the session is {state} (spec.end: {word}); the agent is stopped, {workspace}");
+        self.status.state = state;
+        self.status.task_state = task_state;
+        self.status.needs_resume = false;
+        self.status.is_resumable = false;
+        self.status.resume_reason = Some(ResumeReason::TerminalState);
+        self.status.error_message = None;
+        self.finish_request();
+        self.set_conditions(&[
+            Want::new(conditions::READY, false, word, &message),
+            Want::new(conditions::AGENT_RUNNING, false, "Stopped", ""),
+            Want::new(conditions::NEEDS_RESUME, false, "TerminalState", ""),
+            Want::new(conditions::RECONCILING, false, word, ""),
+            Want::new(conditions::STALLED, false, word, ""),
+        ]);
+        self.write_status().await?;
+        let uids: Vec<String> = self
+            .pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        self.ctx
+            .followers
+            .retain(|uid| !uids.iter().any(|u| u == uid));
+        self.event(EventType::Normal, "SessionEnded", "End", &message)
+            .await;
+        Ok(Action::await_change())
     }
 
     /// The annotation's token when it has not been handled and is not being handled.
@@ -1742,6 +1923,14 @@ fn pod_age(pod: &Pod) -> Duration {
 }
 
 /// `auth_required` → `AuthRequired` (condition reasons are CamelCase).
+/// `spec.end` as a condition reason.
+fn end_word(end: SessionEnd) -> &'static str {
+    match end {
+        SessionEnd::Completed => "Completed",
+        SessionEnd::Cancelled => "Cancelled",
+    }
+}
+
 fn camel(snake: &str) -> String {
     snake
         .split('_')

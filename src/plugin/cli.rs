@@ -71,7 +71,10 @@ pub enum Command {
     /// Nothing is requested for a session whose agent is already running ("already running",
     /// exit 0) or that the operator is still launching; a terminal session (COMPLETED,
     /// CANCELLED, FAILED without a resumable executor) is refused with exit code 4. When a
-    /// resume is already in progress, it is awaited instead of adding a second one.
+    /// resume is already in progress, it is awaited instead of adding a second one, unless its
+    /// pod plainly cannot start (an image that cannot be pulled, a missing Secret, an
+    /// unschedulable pod): then a new request supersedes it. --wait reports such a pod at once
+    /// (exit code 1) instead of waiting out its timeout.
     #[command(after_help = EXIT_CODES_HELP)]
     Resume(ResumeArgs),
     /// Send a prompt to a session's agent and stream its answer.
@@ -97,6 +100,20 @@ pub enum Command {
     /// code 4: resume the session first.
     #[command(after_help = EXIT_CODES_HELP)]
     History(HistoryArgs),
+    /// End a session as done: sets spec.end to Completed (once; it cannot be undone).
+    ///
+    /// The operator lets a running prompt finish (up to its end grace period, 10 minutes by
+    /// default), stops the agent, and the session and its task become COMPLETED; resume requests
+    /// are refused from then on. With --wait, waits until the session is COMPLETED.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Complete(EndArgs),
+    /// End a session as abandoned: sets spec.end to Cancelled (once; it cannot be undone).
+    ///
+    /// The operator cancels a running prompt (ACP session/cancel), stops the agent, and the
+    /// session and its task become CANCELLED; resume requests are refused from then on. With
+    /// --wait, waits until the session is CANCELLED.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Cancel(EndArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -155,6 +172,19 @@ pub struct PromptArgs {
     /// How long to wait for the session to be ready (resume included), e.g. 90s, 2m. The turn
     /// itself has no time limit.
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct EndArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// Wait until the session has ended.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits (e.g. 90s, 15m); a Completed session may wait for its running
+    /// prompt.
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
 
@@ -234,6 +264,21 @@ mod tests {
     }
 
     #[test]
+    fn end_arguments() {
+        match parse(&["cancel", "demo", "--wait"]).expect("parse").command {
+            Command::Cancel(args) => {
+                assert!(args.wait);
+                assert_eq!(args.timeout, Duration::from_secs(900));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["complete", "demo"]).expect("parse").command,
+            Command::Complete(_)
+        ));
+    }
+
+    #[test]
     fn prompt_and_history_arguments() {
         match parse(&["prompt", "demo", "fix it", "--timeout", "10s"])
             .expect("parse")
@@ -267,7 +312,9 @@ mod tests {
         let help = cmd.render_long_help().to_string();
         assert!(help.contains("Exit codes:"), "{help}");
         assert!(help.contains("kubectl kandev"), "{help}");
-        for sub in ["status", "resume", "prompt", "history"] {
+        for sub in [
+            "status", "resume", "prompt", "history", "complete", "cancel",
+        ] {
             let sub_help = cmd
                 .find_subcommand_mut(sub)
                 .expect("subcommand")

@@ -163,6 +163,30 @@ impl Cluster {
         })
     }
 
+    /// Sets `spec.end` (merge patch, field manager [`FIELD_MANAGER`]).
+    pub async fn set_end(
+        &self,
+        name: &str,
+        end: crate::api::SessionEnd,
+    ) -> Result<(), PluginError> {
+        let patch = json!({"spec": {"end": end}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        };
+        match self
+            .sessions()
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(name)),
+            Err(source) => {
+                Err(self.kube_error(format!("setting spec.end of tasksession {name:?}"), source))
+            }
+        }
+    }
+
     /// Tells the operator that a prompt was sent to the agent (annotation
     /// [`crate::api::PROMPTED_ANNOTATION`], a new token), so it reads the agent's event journal
     /// now. Best effort: without it the operator still catches up, later.

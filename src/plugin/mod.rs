@@ -27,7 +27,9 @@ use tracing_subscriber::EnvFilter;
 
 pub use error::{EXIT_CODES_HELP, ExitCode, PluginError, format_duration, parse_duration};
 
-use cli::{Cli, Command, Output, ResumeArgs, StatusArgs};
+use crate::api::SessionEnd;
+use crate::controller::conditions;
+use cli::{Cli, Command, EndArgs, Output, ResumeArgs, StatusArgs};
 use cluster::{Cluster, Deadline};
 use view::{OutcomeKind, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
 
@@ -110,7 +112,38 @@ async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginEr
             prompt::prompt(&cluster, &args.session, &text, args.timeout).await
         }
         Command::History(args) => history::history(&cluster, args).await,
+        Command::Complete(args) => end(&cluster, args, SessionEnd::Completed).await,
+        Command::Cancel(args) => end(&cluster, args, SessionEnd::Cancelled).await,
     }
+}
+
+/// `complete` / `cancel`: sets `spec.end` (a merge patch; the API server refuses another end
+/// than the one set), then with --wait waits for the terminal state.
+async fn end(cluster: &Cluster, args: EndArgs, end: SessionEnd) -> Result<ExitCode, PluginError> {
+    let name = args.session;
+    let snapshot = cluster.snapshot(&name).await?;
+    let wanted = match end {
+        SessionEnd::Completed => crate::api::SessionState::Completed,
+        SessionEnd::Cancelled => crate::api::SessionState::Cancelled,
+    };
+    if snapshot.session.spec.end != Some(end) {
+        cluster.set_end(&name, end).await?;
+    }
+    eprintln!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
+    if !args.wait {
+        return Ok(ExitCode::Ok);
+    }
+    let what = format!("tasksession {name:?} to be {wanted}");
+    let done = cluster
+        .poll(&name, &what, Deadline::after(args.timeout), |s| {
+            Ok((s.status().state == wanted).then(|| s.clone()))
+        })
+        .await?;
+    let message = conditions::find(&done.status().conditions, conditions::READY)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    write_stdout(&format!("tasksession {name:?} is {wanted}: {message}\n"))?;
+    Ok(ExitCode::Ok)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error.

@@ -6,6 +6,7 @@
 //! and the tables in each file's tests map line by line to DESIGN §3.
 
 mod classify;
+mod end;
 mod handshake;
 mod prompt;
 mod request;
@@ -18,6 +19,7 @@ pub use classify::{
     METHOD_NOT_FOUND, REQUEST_CANCELLED, RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure,
     classify_restore_error,
 };
+pub use end::{EndFacts, EndStep, end_step};
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, handled_key, is_new_resume_request, remember_handled,
 };
