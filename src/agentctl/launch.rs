@@ -19,7 +19,7 @@ pub struct LaunchPlan {
 /// 1. an explicit command after `--` wins (the most specific thing the user said; the profile
 ///    then only contributes its environment and capabilities);
 /// 2. a resume token for a profile that restores by command-line flags (it has `cliResume`
-///    and no `nativeSessionResume`) → the profile's CLI resume command;
+///    and `nativeSessionResume: false`) → the profile's CLI resume command;
 /// 3. the profile's ACP launch command.
 pub fn plan_launch(
     profile: Option<&AgentProfile>,
@@ -41,7 +41,7 @@ pub fn plan_launch(
     }
     let profile = profile.ok_or(AgentctlError::NoCommand)?;
     let cli_resume = resume_token
-        .filter(|_| !profile.native_session_resume)
+        .filter(|_| !profile.native_session_resume.restores_natively())
         .and_then(|token| profile.cli_resume_command(token));
     let (argv, via_cli_resume) = match cli_resume {
         Some(argv) => (argv, true),
@@ -70,7 +70,7 @@ mod tests {
         AgentProfile {
             name: "p".into(),
             launch: argv(&["agent", "--acp"]),
-            native_session_resume: native,
+            native_session_resume: native.into(),
             history_context_injection: !native,
             cli_resume: cli_resume.map(argv),
             env: BTreeMap::from([("MODE".to_string(), "acp".to_string())]),
