@@ -4,7 +4,9 @@
 //! (a) it answers `initialize`;
 //! (b) what it advertises is what docs/agent-profiles.md's "Pinned agents" table says;
 //! (c) `session/new` works, or answers auth-required (-32000), classified `auth_required` with the
-//!     saved token kept — as the table says.
+//!     saved token kept — as the table says;
+//! and, for the table's "Unknown saved session" column, how the restore of a session the agent
+//! does not know ends (`session/new` after -32002, or the token kept).
 //!
 //! The table is the one place the expected values live; the untagged test below checks that it
 //! matches the versions file, the built-in profiles and the pure restore selection.
@@ -19,13 +21,16 @@ use std::time::Duration;
 use kandev_operator::acp::{AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions};
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::resume::{
-    AgentRestoreCapabilities, FreshReason, RestoreErrorClass, RestoreMethod, select_restore_method,
+    AgentRestoreCapabilities, FreshReason, RestoreErrorClass, RestoreFailure, RestoreMethod,
+    classify_restore_error, select_restore_method,
 };
 use pretty_assertions::assert_eq;
 
 const IGNORED: &str = "protocol: needs the pinned npm agents (make agents-smoke)";
 /// A saved token for the `session/new` check: it must survive an auth-required answer.
 const SAVED_TOKEN: &str = "11111111-2222-4333-8444-555555555555";
+/// A saved token no agent knows (UUID-shaped: some agents answer a malformed id differently).
+const UNKNOWN_SESSION: &str = "99999999-8888-4777-8666-555555555555";
 /// Credentials an agent could pick up from our environment; the smoke test runs without any.
 const CREDENTIAL_VARIABLES: [&str; 12] = [
     "ANTHROPIC_API_KEY",
@@ -90,6 +95,24 @@ enum Offline {
     NotTested,
 }
 
+/// How the restore of a saved session the agent does not know ends: the agent's error code, and
+/// whether the operator then starts a new session (else the token is kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Unknown {
+    code: i64,
+    new_session: bool,
+}
+
+impl Unknown {
+    /// The class the operator gives the code.
+    fn class(self) -> RestoreErrorClass {
+        classify_restore_error(&RestoreFailure::JsonRpc {
+            code: self.code,
+            message: String::new(),
+        })
+    }
+}
+
 /// One row of docs/agent-profiles.md's "Pinned agents" table.
 #[derive(Debug)]
 struct Documented {
@@ -99,11 +122,13 @@ struct Documented {
     /// `None` for `—` (not tested).
     load_session: Option<bool>,
     session_resume: Option<bool>,
-    offline: Offline,
     restore: String,
+    /// `None` for `—`.
+    unknown: Option<Unknown>,
+    offline: Offline,
 }
 
-const TABLE_HEADER: &str = "| Profile | npm package | Version | `loadSession` | `sessionCapabilities.resume` | `session/new` offline | Restore of a saved token |";
+const TABLE_HEADER: &str = "| Profile | npm package | Version | `loadSession` | `sessionCapabilities.resume` | Restore of a saved token | Unknown saved session | `session/new` offline |";
 
 fn documented() -> Vec<Documented> {
     let docs = read("docs/agent-profiles.md");
@@ -122,14 +147,28 @@ fn documented() -> Vec<Documented> {
                 .split('|')
                 .map(|cell| cell.trim().trim_matches('`').to_owned())
                 .collect();
-            assert_eq!(cells.len(), 7, "{line}");
+            assert_eq!(cells.len(), 8, "{line}");
             let flag = |cell: &str| match cell {
                 "yes" => Some(true),
                 "no" => Some(false),
                 "—" => None,
                 other => panic!("expected yes, no or —, not {other:?}: {line}"),
             };
-            let offline = match cells[5].as_str() {
+            let unknown = match cells[6].split_once(" → ") {
+                _ if cells[6] == "—" => None,
+                Some((code, then)) => Some(Unknown {
+                    code: code
+                        .parse()
+                        .unwrap_or_else(|e| panic!("{code:?}: {e}: {line}")),
+                    new_session: match then.trim_matches('`') {
+                        "session/new" => true,
+                        "token kept" => false,
+                        other => panic!("expected session/new or token kept, not {other:?}"),
+                    },
+                }),
+                None => panic!("expected `<code> → <what then>`: {line}"),
+            };
+            let offline = match cells[7].as_str() {
                 "works" => Offline::Works,
                 "auth required (-32000)" => Offline::AuthRequired,
                 "does not start" => Offline::DoesNotStart,
@@ -142,8 +181,9 @@ fn documented() -> Vec<Documented> {
                 version: cells[2].clone(),
                 load_session: flag(&cells[3]),
                 session_resume: flag(&cells[4]),
+                restore: cells[5].clone(),
+                unknown,
                 offline,
-                restore: cells[6].clone(),
             }
         })
         .collect()
@@ -171,6 +211,7 @@ fn pinned_agents_table_matches_the_versions_file_and_the_profiles() {
                 (None, None),
                 "{row:?}"
             );
+            assert_eq!(row.unknown, None, "{row:?}");
             continue;
         };
         assert_eq!(
@@ -196,6 +237,15 @@ fn pinned_agents_table_matches_the_versions_file_and_the_profiles() {
             Some(SAVED_TOKEN),
         );
         assert_eq!(row.restore, plan.method().method_name(), "{row:?}");
+        // Only the codes the classification lets give a token up may end in session/new.
+        let unknown = row
+            .unknown
+            .expect("an agent that starts has an unknown-session answer");
+        assert_eq!(
+            unknown.new_session,
+            unknown.class().allows_fresh_start(),
+            "{row:?}"
+        );
     }
     for pin in &pins {
         assert!(
@@ -326,6 +376,48 @@ async fn smoke(row: &Documented, pin: &Pin, bin: &Path) -> Vec<String> {
                      the docs say {:?}",
                     (row.load_session, row.session_resume)
                 ));
+            }
+            // The restore of a saved session the agent does not know, as a resume would do it.
+            let lost = agent
+                .client_mut()
+                .restore(
+                    Some(UNKNOWN_SESSION),
+                    work.path(),
+                    profile.native_session_resume,
+                    false,
+                    timeouts,
+                )
+                .await;
+            if let Some(unknown) = row.unknown {
+                let class = unknown.class();
+                let expected = match &lost {
+                    RestoreOutcome::Fresh { why, .. } => {
+                        unknown.new_session
+                            && matches!(
+                                (class, why),
+                                (
+                                    RestoreErrorClass::UnknownSession,
+                                    FreshReason::UnknownSession
+                                ) | (
+                                    RestoreErrorClass::MethodNotFound,
+                                    FreshReason::MethodNotFound
+                                )
+                            )
+                    }
+                    RestoreOutcome::Failed {
+                        class: got,
+                        token_kept: true,
+                        session_id: Some(kept),
+                        ..
+                    } => !unknown.new_session && *got == class && kept == UNKNOWN_SESSION,
+                    _ => false,
+                };
+                if !expected {
+                    problems.push(format!(
+                        "{name}: an unknown saved session should end {unknown:?} ({class}), \
+                         got {lost:?}"
+                    ));
+                }
             }
             // session/new through the restore path (a fresh start with a saved token).
             let outcome = agent
