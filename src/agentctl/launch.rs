@@ -114,6 +114,15 @@ mod tests {
     }
 
     #[test]
+    fn auto_native_resume_restores_over_acp_not_by_cli_flags() {
+        let mut p = profile(true, Some(&["agent", "continue", "{token}"]));
+        p.native_session_resume = crate::resume::NativeSessionResume::Auto;
+        let plan =
+            plan_launch(Some(&p), &[], Some("T")).map(|plan| (plan.argv, plan.via_cli_resume));
+        assert_eq!(plan.ok(), Some((argv(&["agent", "--acp"]), false)));
+    }
+
+    #[test]
     fn explicit_command_without_profile_and_nothing_at_all() {
         let plan = plan_launch(None, &argv(&["a", "b"]), Some("T"));
         assert_eq!(

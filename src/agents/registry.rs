@@ -8,8 +8,6 @@ use serde::Deserialize;
 
 use super::AgentRegistryError;
 use super::profile::{AgentProfile, ProfilePatch};
-#[cfg(test)]
-use crate::resume::NativeSessionResume;
 
 /// The built-in profiles, embedded so the operator needs no file to run.
 const BUILTIN_PROFILES_YAML: &str = include_str!("profiles.yaml");
@@ -93,6 +91,7 @@ impl AgentRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resume::NativeSessionResume;
     use pretty_assertions::assert_eq;
 
     fn argv(args: &[&str]) -> Vec<String> {
