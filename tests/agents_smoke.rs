@@ -295,8 +295,9 @@ fn descendants(pid: u32) -> Vec<u32> {
 
 /// Kills what is left of an agent's process tree; returns the pids that were still running.
 fn kill_leftovers(pids: &[u32]) -> Vec<u32> {
-    pids.iter()
-        .copied()
+    let unique: std::collections::BTreeSet<u32> = pids.iter().copied().collect();
+    unique
+        .into_iter()
         .filter(|pid| Path::new(&format!("/proc/{pid}")).exists())
         .inspect(|pid| {
             let _ = std::process::Command::new("kill")
@@ -458,6 +459,14 @@ async fn smoke(row: &Documented, pin: &Pin, bin: &Path) -> Vec<String> {
             }
         }
     }
+    // Again: some agents start their native process only for session/new.
+    let tree: Vec<u32> = agent
+        .id()
+        .map(descendants)
+        .unwrap_or_default()
+        .into_iter()
+        .chain(tree)
+        .collect();
     if let Err(error) = agent.shutdown(Duration::from_secs(3)).await {
         problems.push(format!("{name}: could not stop the agent: {error}"));
     }
