@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit chart protocol e2e bench bench-smoke bench-idle bins agents crds cluster-up cluster-down help
+.PHONY: demo test lint unit chart protocol agents-smoke e2e bench bench-smoke bench-idle bins agents crds cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
@@ -12,6 +12,7 @@ help:
 	@echo "make unit          only the fast tier (no cluster, no npm)"
 	@echo "make chart         helm lint + helm template checks of charts/kandev-operator (builds helm once, cached)"
 	@echo "make protocol      ACP client and agentctl against real npm agents (installs them once, cached)"
+	@echo "make agents-smoke  every pinned npm agent (e2e/agents.versions) answers its profile's initialize"
 	@echo "make e2e           only the end-to-end tier (starts and tears down a local cluster)"
 	@echo "make bench         the fleet benchmark: ours beside the API floor and agent-sandbox (BENCH_N, BENCH_SWEEP, …)"
 	@echo "make bench-idle    the idle-fleet benchmark: 10,000 sessions in their steady state (BENCH_IDLE_FLEET)"
@@ -48,11 +49,19 @@ chart:
 	@bash deploy/render.sh | diff -u deploy/install.yaml - >/dev/null || \
 	  { echo "deploy/install.yaml differs from the chart: run 'make manifests'"; exit 1; }
 
-# The tests marked #[ignore = "protocol: …"] need the real agents that e2e/agents.sh installs.
+# The tests marked #[ignore = "protocol: …"] need the real agents that e2e/agents.sh installs
+# (the versions pinned in e2e/agents.versions); agents_smoke starts every one of them.
 protocol:
 	agents="$$(bash e2e/agents.sh | tail -n 1)" && \
-	  KANDEV_CLAUDE_AGENT_ACP="$$agents/claude-agent-acp" \
-	  $(CARGO) test --locked --test 'protocol_*' --test 'agentctl_*' -- --ignored
+	  KANDEV_CLAUDE_AGENT_ACP="$$agents/claude-agent-acp" KANDEV_AGENTS_BIN="$$agents" \
+	  $(CARGO) test --locked --test 'protocol_*' --test 'agentctl_*' --test agents_smoke -- --ignored
+
+# Only the smoke test of the pinned agents (part of `protocol`): each profile's launch command
+# answers initialize, advertises what docs/agent-profiles.md says, and session/new works offline
+# or answers auth-required.
+agents-smoke:
+	agents="$$(bash e2e/agents.sh | tail -n 1)" && \
+	  KANDEV_AGENTS_BIN="$$agents" $(CARGO) test --locked --test agents_smoke -- --ignored
 
 agents:
 	bash e2e/agents.sh

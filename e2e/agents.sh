@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# Installs the real ACP agents the protocol tests talk to, pinned, from npm, cached outside the
-# repo so `cargo clean` or a fresh clone does not pay for the download again.
+# Installs the real ACP agents the protocol tests talk to, pinned in e2e/agents.versions, from
+# npm, cached outside the repo so `cargo clean` or a fresh clone does not pay for the download
+# again.
 #   e2e/agents.sh           install what is missing, print the bin directory on the last line
 #   e2e/agents.sh --print   only print the bin directory
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator)/agents. A warm run takes about a second:
-# the pinned version is read from the installed package.json, npm is not started at all.
+# the pinned versions are read from the installed package.json files, npm is not started at all.
 #
 # Notes for running the agents (see DESIGN.md §6 "Known agent quirks"): claude-agent-acp refuses
 # to start a session as root unless IS_SANDBOX=1; its engines field asks for a newer node than
 # some machines have, but it works on node 20 (npm only warns).
 set -euo pipefail
 
-# Pinned: tests assert exact error codes, which have changed between agent releases.
-CLAUDE_AGENT_ACP_PKG="@agentclientprotocol/claude-agent-acp"
-CLAUDE_AGENT_ACP_VERSION="0.101.0"
-
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache="${KANDEV_CACHE:-$HOME/.cache/kandev-operator}"
 prefix="$cache/agents"
 bin="$prefix/node_modules/.bin"
@@ -32,19 +30,35 @@ installed_version() {
 command -v npm >/dev/null || { log "npm not found: install Node.js (>= 20) first"; exit 1; }
 mkdir -p "$prefix"
 
-have="$(installed_version "$CLAUDE_AGENT_ACP_PKG")"
-if [[ "$have" == "$CLAUDE_AGENT_ACP_VERSION" && -x "$bin/claude-agent-acp" ]]; then
-  log "$CLAUDE_AGENT_ACP_PKG@$CLAUDE_AGENT_ACP_VERSION already installed"
-else
-  log "installing $CLAUDE_AGENT_ACP_PKG@$CLAUDE_AGENT_ACP_VERSION into $prefix (had: ${have:-none})"
+# "package@version" of every pinned agent, and those not installed at their pin.
+pinned=()
+missing=()
+while read -r profile package version _; do
+  [[ -z "$profile" || "$profile" == \#* ]] && continue
+  pinned+=("$package@$version")
+  have="$(installed_version "$package")"
+  if [[ "$have" == "$version" ]]; then
+    log "$package@$version already installed ($profile)"
+  else
+    log "$package@$version missing ($profile; had: ${have:-none})"
+    missing+=("$package@$version")
+  fi
+done < "$here/agents.versions"
+(( ${#pinned[@]} > 0 )) || { log "no agents pinned in $here/agents.versions"; exit 1; }
+
+if (( ${#missing[@]} > 0 )); then
+  log "installing ${missing[*]} into $prefix"
   # --prefix keeps everything under the cache; a package.json there pins what is installed.
   npm install --no-audit --no-fund --save-exact --loglevel=error --prefix "$prefix" \
-    "$CLAUDE_AGENT_ACP_PKG@$CLAUDE_AGENT_ACP_VERSION" >&2
-  have="$(installed_version "$CLAUDE_AGENT_ACP_PKG")"
-  if [[ "$have" != "$CLAUDE_AGENT_ACP_VERSION" || ! -x "$bin/claude-agent-acp" ]]; then
-    log "install did not produce $bin/claude-agent-acp at $CLAUDE_AGENT_ACP_VERSION (got: ${have:-none})"
-    exit 1
-  fi
+    "${pinned[@]}" >&2
+  for spec in "${missing[@]}"; do
+    package="${spec%@*}"
+    have="$(installed_version "$package")"
+    if [[ "$have" != "${spec##*@}" ]]; then
+      log "install did not produce $spec (got: ${have:-none})"
+      exit 1
+    fi
+  done
 fi
 
 echo "$bin"

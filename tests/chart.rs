@@ -250,15 +250,21 @@ fn chart_images_and_versions_match_the_dockerfile_and_crate() {
     assert!(dockerfile.contains("USER 1000:1000"));
     assert_eq!(values["agentPods"]["runAsUser"], 1000);
     // The default agent of the agentctl image is the one the protocol tests pin.
-    let agents = std::fs::read_to_string(repo().join("e2e/agents.sh")).expect("agents.sh");
-    let pinned = agents
+    let agents =
+        std::fs::read_to_string(repo().join("e2e/agents.versions")).expect("agents.versions");
+    let claude = agents
         .lines()
-        .find_map(|l| l.strip_prefix("CLAUDE_AGENT_ACP_VERSION="))
-        .expect("pinned version")
-        .trim_matches('"');
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|columns| columns.first() == Some(&"claude-code"))
+        .expect("claude-code is pinned");
+    let (package, pinned) = (claude[1], claude[2]);
+    assert!(
+        dockerfile.contains(&format!("ARG AGENT_PACKAGE={package}")),
+        "Dockerfile's AGENT_PACKAGE is {package} (e2e/agents.versions)"
+    );
     assert!(
         dockerfile.contains(&format!("ARG AGENT_VERSION={pinned}")),
-        "Dockerfile's AGENT_VERSION is {pinned} (e2e/agents.sh)"
+        "Dockerfile's AGENT_VERSION is {pinned} (e2e/agents.versions)"
     );
 }
 

@@ -17,7 +17,7 @@ use kandev_operator::acp::{
     AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
     SpawnOptions, restore_with_local_agent,
 };
-use kandev_operator::resume::{FreshReason, RestoreFailure, RestoreMethod};
+use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreFailure, RestoreMethod};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
@@ -222,7 +222,7 @@ async fn claude_resume_of_a_known_session_returns_that_id() {
         .restore(
             Some(FIXTURE_SESSION),
             sandbox.cwd(),
-            true,
+            NativeSessionResume::Auto,
             false,
             timeouts(),
         )
@@ -306,7 +306,7 @@ async fn claude_unknown_session_is_32002_and_restore_starts_fresh() {
         .restore(
             Some(UNKNOWN_SESSION),
             sandbox.cwd(),
-            true,
+            NativeSessionResume::Auto,
             false,
             timeouts(),
         )

@@ -20,7 +20,7 @@ use agentctl_support::{Serve, WAIT, path_str, wait_exit};
 use kandev_operator::acp::{
     AcpClient, AcpLimits, AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions,
 };
-use kandev_operator::resume::{AgentLimit, RestoreErrorClass};
+use kandev_operator::resume::{AgentLimit, NativeSessionResume, RestoreErrorClass};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
 const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
@@ -117,7 +117,13 @@ async fn restore_direct_expecting(flood: &str, limits: AcpLimits, cut_off: bool)
     agent.client().set_limits(limits);
     let outcome = agent
         .client_mut()
-        .restore(Some(TOKEN), dir.path(), true, false, timeouts())
+        .restore(
+            Some(TOKEN),
+            dir.path(),
+            NativeSessionResume::Auto,
+            false,
+            timeouts(),
+        )
         .await;
     assert_eq!(agent.client().is_closed(), cut_off, "the agent was cut off");
     agent
@@ -154,7 +160,13 @@ async fn restore_through_agentctl(
     let stdout = connect.stdout.take().expect("stdout");
     let mut client = AcpClient::new(stdout, stdin).with_limits(limits);
     let outcome = client
-        .restore(Some(TOKEN), Path::new("/unused"), true, false, timeouts())
+        .restore(
+            Some(TOKEN),
+            Path::new("/unused"),
+            NativeSessionResume::Auto,
+            false,
+            timeouts(),
+        )
         .await;
     drop(client);
     let _ = connect.kill().await;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kandev_operator::acp::{AcpTimeouts, LocalAgent, RestoreOutcome, SpawnOptions};
-use kandev_operator::resume::{FreshReason, RestoreMethod};
+use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreMethod};
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
@@ -55,7 +55,13 @@ async fn restore_steps_are_child_spans_named_by_the_rules() {
     let timeouts = AcpTimeouts::uniform(Duration::from_secs(20));
     let outcome = agent
         .client_mut()
-        .restore(Some("tok"), dir.path(), true, false, timeouts)
+        .restore(
+            Some("tok"),
+            dir.path(),
+            NativeSessionResume::Auto,
+            false,
+            timeouts,
+        )
         .await;
     agent
         .shutdown(Duration::from_secs(2))

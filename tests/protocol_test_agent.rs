@@ -12,7 +12,9 @@ use kandev_operator::acp::{
     AcpError, AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
     SpawnOptions, restore_with_local_agent,
 };
-use kandev_operator::resume::{FreshReason, RestoreErrorClass, RestoreFailure, RestoreMethod};
+use kandev_operator::resume::{
+    FreshReason, NativeSessionResume, RestoreErrorClass, RestoreFailure, RestoreMethod,
+};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -82,14 +84,15 @@ impl Run {
 
     /// Restores `token` with the profile's native resume on and no fresh start requested.
     async fn restore(&self, args: &[&str], token: Option<&str>) -> RestoreOutcome {
-        self.restore_with(args, token, true, false).await
+        self.restore_with(args, token, NativeSessionResume::Auto, false)
+            .await
     }
 
     async fn restore_with(
         &self,
         args: &[&str],
         token: Option<&str>,
-        native: bool,
+        native: NativeSessionResume,
         fresh: bool,
     ) -> RestoreOutcome {
         let mut agent = self.spawn(args);
@@ -266,7 +269,13 @@ async fn load_only_agent_is_loaded_and_replays_to_subscribers() {
     let mut updates = agent.client().subscribe_updates();
     let outcome = agent
         .client_mut()
-        .restore(Some(TOKEN), &run.cwd, true, false, timeouts())
+        .restore(
+            Some(TOKEN),
+            &run.cwd,
+            NativeSessionResume::Auto,
+            false,
+            timeouts(),
+        )
         .await;
     assert_eq!(
         outcome,
@@ -307,15 +316,17 @@ async fn neither_resume_nor_load_advertised_is_explicitly_unsupported_so_new() {
 
 #[tokio::test]
 async fn no_token_fresh_request_and_profile_without_native_resume_go_straight_to_new() {
-    let rows: [(Option<&str>, bool, bool, FreshReason); 3] = [
-        (None, true, false, FreshReason::NoResumeToken),
-        (Some("   "), true, false, FreshReason::NoResumeToken),
+    use NativeSessionResume::{Always, Auto, Never};
+    let rows: [(Option<&str>, NativeSessionResume, bool, FreshReason); 4] = [
+        (None, Auto, false, FreshReason::NoResumeToken),
+        (Some("   "), Always, false, FreshReason::NoResumeToken),
         (
             Some(TOKEN),
-            false,
+            Never,
             false,
             FreshReason::ProfileHasNoNativeResume,
         ),
+        (None, Never, false, FreshReason::NoResumeToken),
     ];
     for (token, native, fresh_requested, why) in rows {
         let run = Run::new();
@@ -328,7 +339,12 @@ async fn no_token_fresh_request_and_profile_without_native_resume_go_straight_to
     // An explicit fresh start ignores a perfectly good token.
     let run = Run::new();
     let outcome = run
-        .restore_with(&["--known-session", TOKEN], Some(TOKEN), true, true)
+        .restore_with(
+            &["--known-session", TOKEN],
+            Some(TOKEN),
+            NativeSessionResume::Auto,
+            true,
+        )
         .await;
     assert_eq!(outcome, fresh("test-session-1", FreshReason::NoResumeToken));
     assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
@@ -393,7 +409,13 @@ async fn garbage_instead_of_an_answer_keeps_the_token() {
     let mut agent = run.spawn(&["--on-resume", "garbage"]);
     let outcome = agent
         .client_mut()
-        .restore(Some(TOKEN), &run.cwd, true, false, timeouts())
+        .restore(
+            Some(TOKEN),
+            &run.cwd,
+            NativeSessionResume::Auto,
+            false,
+            timeouts(),
+        )
         .await;
     // Garbage lines are skipped, so no answer ever comes: a timeout.
     assert_failed_keeping_token(&outcome, RestoreMethod::Resume, RestoreErrorClass::Timeout);
@@ -510,7 +532,12 @@ async fn a_failing_fallback_new_reports_the_token_as_dropped() {
     // A failing session/new on an explicit fresh start keeps the (ignored) token.
     let run = Run::new();
     let outcome = run
-        .restore_with(&["--on-new", "hang"], Some(TOKEN), true, true)
+        .restore_with(
+            &["--on-new", "hang"],
+            Some(TOKEN),
+            NativeSessionResume::Auto,
+            true,
+        )
         .await;
     assert_failed_keeping_token(&outcome, RestoreMethod::New, RestoreErrorClass::Timeout);
 }
@@ -523,7 +550,13 @@ async fn chatter_from_the_agent_is_answered_or_ignored() {
     let mut agent = run.spawn(&["--chatter", "--known-session", TOKEN]);
     let outcome = agent
         .client_mut()
-        .restore(Some(TOKEN), &run.cwd, true, false, timeouts())
+        .restore(
+            Some(TOKEN),
+            &run.cwd,
+            NativeSessionResume::Auto,
+            false,
+            timeouts(),
+        )
         .await;
     assert!(
         matches!(outcome, RestoreOutcome::Restored { .. }),

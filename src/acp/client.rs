@@ -17,8 +17,8 @@ use tracing::Instrument;
 
 use crate::api::NegotiatedCapabilities;
 use crate::resume::{
-    AgentRestoreCapabilities, FreshReason, NextStep, RestoreErrorClass, RestoreFailure,
-    RestoreMethod, RestorePlan, classify_restore_error, next_step_after_failure,
+    AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreErrorClass,
+    RestoreFailure, RestoreMethod, RestorePlan, classify_restore_error, next_step_after_failure,
     select_restore_method,
 };
 
@@ -397,7 +397,7 @@ impl AcpClient {
         &mut self,
         token: Option<&str>,
         cwd: &Path,
-        profile_native_resume: bool,
+        profile_native_resume: NativeSessionResume,
         fresh_requested: bool,
         timeouts: AcpTimeouts,
     ) -> RestoreOutcome {
@@ -405,7 +405,7 @@ impl AcpClient {
         let span = tracing::info_span!(
             "acp.session.restore",
             token = saved.unwrap_or(""),
-            profile_native_resume,
+            profile_native_resume = profile_native_resume.as_str(),
             fresh_requested,
             method = tracing::field::Empty,
             outcome = tracing::field::Empty,
@@ -431,7 +431,7 @@ impl AcpClient {
         &mut self,
         saved: Option<&str>,
         cwd: &Path,
-        profile_native_resume: bool,
+        profile_native_resume: NativeSessionResume,
         fresh_requested: bool,
         timeouts: AcpTimeouts,
     ) -> RestoreOutcome {
@@ -794,7 +794,7 @@ mod tests {
                 .restore(
                     Some("tok"),
                     Path::new("/w"),
-                    true,
+                    NativeSessionResume::Auto,
                     false,
                     AcpTimeouts::uniform(Duration::from_secs(5)),
                 )
@@ -835,7 +835,7 @@ mod tests {
             .restore(
                 Some(" tok "),
                 Path::new("/w"),
-                true,
+                NativeSessionResume::Auto,
                 false,
                 AcpTimeouts::uniform(Duration::from_secs(5)),
             )

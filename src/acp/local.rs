@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use super::AcpError;
 use super::client::{AcpClient, AcpTimeouts};
 use super::outcome::RestoreReport;
+use crate::resume::NativeSessionResume;
 
 /// Where the agent's stderr goes. Its stdout is always the ACP stream.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,8 +43,8 @@ pub struct SpawnOptions {
 /// What [`restore_with_local_agent`] does besides the token and cwd.
 #[derive(Clone, Debug)]
 pub struct RestoreOptions {
-    /// The agent profile's `nativeSessionResume` (true for claude-code).
-    pub profile_native_resume: bool,
+    /// The agent profile's `nativeSessionResume` (`auto` for every built-in profile).
+    pub profile_native_resume: NativeSessionResume,
     /// The user asked for a fresh start: the token is ignored (not deleted).
     pub fresh_requested: bool,
     pub timeouts: AcpTimeouts,
@@ -56,7 +57,7 @@ pub struct RestoreOptions {
 impl Default for RestoreOptions {
     fn default() -> Self {
         Self {
-            profile_native_resume: true,
+            profile_native_resume: NativeSessionResume::Auto,
             fresh_requested: false,
             timeouts: AcpTimeouts::default(),
             spawn: SpawnOptions::default(),

@@ -161,7 +161,7 @@ pub struct ServeArgs {
     #[arg(long, env = "KANDEV_SESSION_NAME", value_name = "NAME")]
     pub session_name: Option<String>,
     /// Resume token (ACP session id). Only used to start profiles that restore by command-line
-    /// flags (cliResume without nativeSessionResume); ACP restores are the client's job.
+    /// flags (cliResume and `nativeSessionResume: false`); ACP restores are the client's job.
     #[arg(long, env = "KANDEV_RESUME_TOKEN", value_name = "TOKEN")]
     pub resume_token: Option<String>,
     /// The agent's working directory [default: the workspace].

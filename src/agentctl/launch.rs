@@ -19,7 +19,7 @@ pub struct LaunchPlan {
 /// 1. an explicit command after `--` wins (the most specific thing the user said; the profile
 ///    then only contributes its environment and capabilities);
 /// 2. a resume token for a profile that restores by command-line flags (it has `cliResume`
-///    and no `nativeSessionResume`) → the profile's CLI resume command;
+///    and `nativeSessionResume: false`) → the profile's CLI resume command;
 /// 3. the profile's ACP launch command.
 pub fn plan_launch(
     profile: Option<&AgentProfile>,
@@ -41,7 +41,7 @@ pub fn plan_launch(
     }
     let profile = profile.ok_or(AgentctlError::NoCommand)?;
     let cli_resume = resume_token
-        .filter(|_| !profile.native_session_resume)
+        .filter(|_| !profile.native_session_resume.restores_natively())
         .and_then(|token| profile.cli_resume_command(token));
     let (argv, via_cli_resume) = match cli_resume {
         Some(argv) => (argv, true),
@@ -70,7 +70,7 @@ mod tests {
         AgentProfile {
             name: "p".into(),
             launch: argv(&["agent", "--acp"]),
-            native_session_resume: native,
+            native_session_resume: native.into(),
             history_context_injection: !native,
             cli_resume: cli_resume.map(argv),
             env: BTreeMap::from([("MODE".to_string(), "acp".to_string())]),
@@ -111,6 +111,15 @@ mod tests {
             assert_eq!(plan.via_cli_resume, via);
             assert_eq!(plan.env.get("MODE").map(String::as_str), Some("acp"));
         }
+    }
+
+    #[test]
+    fn auto_native_resume_restores_over_acp_not_by_cli_flags() {
+        let mut p = profile(true, Some(&["agent", "continue", "{token}"]));
+        p.native_session_resume = crate::resume::NativeSessionResume::Auto;
+        let plan =
+            plan_launch(Some(&p), &[], Some("T")).map(|plan| (plan.argv, plan.via_cli_resume));
+        assert_eq!(plan.ok(), Some((argv(&["agent", "--acp"]), false)));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::AgentRegistryError;
+use crate::resume::NativeSessionResume;
 
 /// The only placeholder `cliResume` understands.
 const TOKEN_PLACEHOLDER: &str = "token";
@@ -18,8 +19,9 @@ pub struct AgentProfile {
     pub name: String,
     /// argv that starts the agent in ACP mode.
     pub launch: Vec<String>,
-    /// The agent can restore an ACP session (`session/resume` / `session/load`).
-    pub native_session_resume: bool,
+    /// Whether a saved session is restored over ACP (`session/resume` / `session/load`):
+    /// `auto` trusts what the agent advertises in `initialize`.
+    pub native_session_resume: NativeSessionResume,
     /// Wrap the first prompt after a fresh start in the recorded history.
     pub history_context_injection: bool,
     /// argv template with `{token}` that reopens the session in the agent's own CLI.
@@ -133,7 +135,7 @@ fn placeholders(arg: &str) -> Vec<&str> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct ProfilePatch {
     launch: Option<Vec<String>>,
-    native_session_resume: Option<bool>,
+    native_session_resume: Option<NativeSessionResume>,
     history_context_injection: Option<bool>,
     /// An empty list removes an inherited `cliResume`.
     cli_resume: Option<Vec<String>>,
@@ -143,12 +145,13 @@ pub(super) struct ProfilePatch {
 
 impl ProfilePatch {
     /// Applies the patch to `base`, or to an empty profile named `name` when the profile is new
-    /// (capabilities then default to false, and validation demands a `launch`).
+    /// (`nativeSessionResume` then defaults to `false` and `historyContextInjection` to false,
+    /// as before `auto` existed, and validation demands a `launch`).
     pub(super) fn apply(self, name: &str, base: Option<&AgentProfile>) -> AgentProfile {
         let mut profile = base.cloned().unwrap_or_else(|| AgentProfile {
             name: name.to_owned(),
             launch: Vec::new(),
-            native_session_resume: false,
+            native_session_resume: NativeSessionResume::Never,
             history_context_injection: false,
             cli_resume: None,
             env: BTreeMap::new(),
@@ -182,7 +185,7 @@ mod tests {
         AgentProfile {
             name: "custom".into(),
             launch: owned(launch),
-            native_session_resume: false,
+            native_session_resume: NativeSessionResume::Never,
             history_context_injection: false,
             cli_resume: cli_resume.map(owned),
             env: BTreeMap::new(),

@@ -91,6 +91,7 @@ impl AgentRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resume::NativeSessionResume;
     use pretty_assertions::assert_eq;
 
     fn argv(args: &[&str]) -> Vec<String> {
@@ -115,34 +116,32 @@ mod tests {
     #[test]
     fn every_builtin_profile_loads() -> Result<(), AgentRegistryError> {
         let registry = AgentRegistry::builtin()?;
-        // (name, launch, nativeSessionResume, historyContextInjection, has cliResume)
+        // (name, launch, historyContextInjection, has cliResume); every built-in trusts what
+        // the agent advertises (`nativeSessionResume: auto`).
         #[rustfmt::skip]
-        let rows: [(&str, &[&str], bool, bool, bool); 7] = [
-            ("claude-code", &["claude-agent-acp"], true, false, true),
-            ("codex", &["codex-acp"], true, false, true),
-            ("copilot", &["copilot", "--acp"], true, false, true),
-            ("auggie", &["auggie", "--acp"], false, true, false),
-            ("gemini", &["gemini", "--experimental-acp"], true, false, true),
-            ("amp", &["amp-acp"], false, true, true),
-            ("opencode", &["opencode", "acp"], true, false, true),
+        let rows: [(&str, &[&str], bool, bool); 7] = [
+            ("claude-code", &["claude-agent-acp"], false, true),
+            ("codex", &["codex-acp"], false, true),
+            ("copilot", &["copilot", "--acp"], false, true),
+            ("auggie", &["auggie", "--acp"], true, true),
+            ("gemini", &["gemini", "--acp"], false, true),
+            ("amp", &["amp-acp"], true, true),
+            ("opencode", &["opencode", "acp"], false, true),
         ];
         assert_eq!(registry.names().count(), rows.len());
-        for (name, launch, native, injection, has_cli_resume) in rows {
+        for (name, launch, injection, has_cli_resume) in rows {
             let Some(profile) = registry.get(name) else {
                 panic!("built-in profile {name} missing");
             };
             assert_eq!(profile.name, name);
             assert_eq!(profile.launch, argv(launch), "{name}");
-            assert_eq!(profile.native_session_resume, native, "{name}");
+            assert_eq!(
+                profile.native_session_resume,
+                NativeSessionResume::Auto,
+                "{name}"
+            );
             assert_eq!(profile.history_context_injection, injection, "{name}");
             assert_eq!(profile.cli_resume.is_some(), has_cli_resume, "{name}");
-            // History injection exists for agents that cannot restore natively.
-            if !native {
-                assert!(
-                    injection,
-                    "{name} has neither native resume nor history injection"
-                );
-            }
         }
         Ok(())
     }
@@ -160,7 +159,7 @@ mod tests {
             command("amp"),
             Some(argv(&["amp", "threads", "continue", "abc"]))
         );
-        assert_eq!(command("auggie"), None);
+        assert_eq!(command("copilot"), Some(argv(&["copilot", "--resume=abc"])));
         Ok(())
     }
 
@@ -172,8 +171,10 @@ profiles:
   claude-code:
     env: { IS_SANDBOX: "1" }
   amp:
-    nativeSessionResume: true
+    nativeSessionResume: false
     cliResume: []
+  gemini:
+    nativeSessionResume: true
 "#,
         )?;
         let builtin = AgentRegistry::builtin()?;
@@ -189,7 +190,14 @@ profiles:
         assert_eq!(env.get("IS_SANDBOX").map(String::as_str), Some("1"));
         // Overridden fields win; an empty cliResume removes the inherited one.
         let amp = registry.get("amp");
-        assert_eq!(amp.map(|p| p.native_session_resume), Some(true));
+        assert_eq!(
+            amp.map(|p| p.native_session_resume),
+            Some(NativeSessionResume::Never)
+        );
+        assert_eq!(
+            registry.get("gemini").map(|p| p.native_session_resume),
+            Some(NativeSessionResume::Always)
+        );
         assert_eq!(amp.map(|p| p.history_context_injection), Some(true));
         assert_eq!(amp.and_then(|p| p.cli_resume.clone()), None);
         // Other built-ins are untouched.
@@ -209,7 +217,10 @@ profiles:
             Some(argv(&["my-agent", "--acp"]))
         );
         // A new profile claims no capabilities it did not state.
-        assert_eq!(custom.map(|p| p.native_session_resume), Some(false));
+        assert_eq!(
+            custom.map(|p| p.native_session_resume),
+            Some(NativeSessionResume::Never)
+        );
         assert_eq!(custom.map(|p| p.history_context_injection), Some(false));
         assert_eq!(
             custom.and_then(|p| p.cli_resume_command("s1")),
@@ -234,7 +245,7 @@ profiles:
     fn bad_documents_fail_with_a_clear_error() {
         // (document, fragments the message must contain)
         #[rustfmt::skip]
-        let rows: [(&str, &[&str]); 6] = [
+        let rows: [(&str, &[&str]); 7] = [
             // A new profile without launch names the profile.
             ("profiles: { my-agent: { nativeSessionResume: true } }", &["\"my-agent\"", "`launch` is empty"]),
             // An override that breaks a built-in names it too.
@@ -244,6 +255,7 @@ profiles:
             ("profiles: { codex: { lanch: [x] } }", &["inline profiles", "lanch"]),
             ("agents: {}", &["inline profiles", "agents"]),
             ("profiles: { codex: { launch: 3 } }", &["inline profiles", "invalid type"]),
+            ("profiles: { codex: { nativeSessionResume: sometimes } }", &["inline profiles", "auto, true or false"]),
         ];
         for (text, fragments) in rows {
             let message = match AgentRegistry::from_yaml_str(text) {

@@ -460,7 +460,7 @@ impl<'a> Session<'a> {
         let mut profile = self.ctx.agents.get(&self.ts.spec.agent)?.clone();
         if let Some(overrides) = &self.ts.spec.capabilities {
             if let Some(native) = overrides.native_session_resume {
-                profile.native_session_resume = native;
+                profile.native_session_resume = native.into();
             }
             if let Some(injection) = overrides.history_context_injection {
                 profile.history_context_injection = injection;

@@ -26,8 +26,8 @@ pub use handshake::{
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use restore::{
-    AgentRestoreCapabilities, FreshReason, NextStep, RestoreMethod, RestorePlan,
-    next_step_after_failure, select_restore_method,
+    AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,
+    RestorePlan, next_step_after_failure, select_restore_method,
 };
 pub use stall::{LaunchStall, launch_stall};
 pub use status::{

@@ -1,7 +1,84 @@
 //! ACP restore method selection and the fallback after a failed attempt (DESIGN §3 "ACP restore
 //! selection"). Pure; the ACP client executes the plan and reports failures back here.
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
 use super::classify::RestoreErrorClass;
+
+/// A profile's `nativeSessionResume`: whether a saved token is restored over ACP.
+///
+/// Written `auto`, `true` or `false` in profiles. `auto` (the built-ins' default) and `true`
+/// both restore with what the agent advertises in `initialize`: an agent is never sent a restore
+/// method it did not advertise, so one that advertises neither gets `session/new`. `false` never
+/// restores natively (every resume starts a new session, and agentctl may start the profile's
+/// `cliResume` command instead).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NativeSessionResume {
+    /// Trust `initialize` (`auto`).
+    #[default]
+    Auto,
+    /// Restore natively (`true`), as far as the agent advertises a restore method.
+    Always,
+    /// Never restore natively (`false`).
+    Never,
+}
+
+impl NativeSessionResume {
+    /// Whether a saved token may be restored over ACP at all (`auto` and `true`).
+    pub fn restores_natively(self) -> bool {
+        !matches!(self, Self::Never)
+    }
+
+    /// The profile-file spelling: `auto`, `true` or `false`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Always => "true",
+            Self::Never => "false",
+        }
+    }
+}
+
+impl From<bool> for NativeSessionResume {
+    fn from(native: bool) -> Self {
+        if native { Self::Always } else { Self::Never }
+    }
+}
+
+impl std::fmt::Display for NativeSessionResume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `auto` as a string, `true`/`false` as booleans (so existing profiles stay valid).
+impl Serialize for NativeSessionResume {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Auto => serializer.serialize_str("auto"),
+            Self::Always => serializer.serialize_bool(true),
+            Self::Never => serializer.serialize_bool(false),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NativeSessionResume {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Bool(bool),
+            Word(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Bool(native) => Ok(native.into()),
+            Written::Word(word) if word == "auto" => Ok(Self::Auto),
+            Written::Word(word) => Err(serde::de::Error::custom(format!(
+                "nativeSessionResume must be auto, true or false, not {word:?}"
+            ))),
+        }
+    }
+}
 
 /// The restore-relevant part of the capabilities an agent advertised in `initialize`.
 ///
@@ -50,9 +127,9 @@ impl RestoreMethod {
 pub enum FreshReason {
     /// There is no saved resume token (or the user asked for a fresh start, which drops it).
     NoResumeToken,
-    /// The agent profile says the agent cannot restore sessions (`nativeSessionResume: false`).
+    /// The profile says never to restore natively (`nativeSessionResume: false`).
     ProfileHasNoNativeResume,
-    /// The profile expects native resume, but this agent advertised neither
+    /// The profile allows native resume (`auto` or `true`), but this agent advertised neither
     /// `sessionCapabilities.resume` nor `loadSession`: restore is explicitly unsupported, and
     /// ACP forbids calling `session/load` unadvertised.
     RestoreUnsupportedByAgent,
@@ -112,17 +189,17 @@ impl RestorePlan {
     }
 }
 
-/// Chooses the first restore step (DESIGN §3):
+/// Chooses the first restore step (DESIGN §3); "native resume" is `auto` or `true`:
 /// - native resume + token + `sessionCapabilities.resume` → `session/resume` (no replay);
 /// - native resume + token, no resume but `loadSession` → `session/load`;
 /// - native resume + token, neither advertised → `session/new`, reason
 ///   [`FreshReason::RestoreUnsupportedByAgent`] (explicitly unsupported);
-/// - otherwise → `session/new` with the reason.
+/// - otherwise (`false`, or no token) → `session/new` with the reason.
 ///
 /// An empty or whitespace-only token counts as no token.
 pub fn select_restore_method(
     capabilities: AgentRestoreCapabilities,
-    profile_native_session_resume: bool,
+    native_session_resume: NativeSessionResume,
     resume_token: Option<&str>,
 ) -> RestorePlan {
     let token = match resume_token.map(str::trim) {
@@ -133,7 +210,7 @@ pub fn select_restore_method(
             };
         }
     };
-    if !profile_native_session_resume {
+    if !native_session_resume.restores_natively() {
         return RestorePlan::New {
             why: FreshReason::ProfileHasNoNativeResume,
         };
@@ -233,29 +310,55 @@ mod tests {
 
     #[test]
     fn selection_table() {
+        use NativeSessionResume::{Always, Auto, Never};
         let resume = || RestorePlan::Resume("tok".into());
         let load = || RestorePlan::Load("tok".into());
         #[rustfmt::skip]
         let rows = [
             // §3 restore: native resume + token + sessionCapabilities.resume → session/resume.
-            (BOTH, true, Some("tok"), resume()),
-            (RESUME, true, Some("tok"), resume()),
+            (BOTH, Always, Some("tok"), resume()),
+            (RESUME, Always, Some("tok"), resume()),
             // §3 restore: agent does not advertise resume → session/load.
-            (LOAD, true, Some("tok"), load()),
+            (LOAD, Always, Some("tok"), load()),
             // Advertises neither: explicitly unsupported → session/new saying so.
-            (NONE, true, Some("tok"), new(FreshReason::RestoreUnsupportedByAgent)),
-            // §3 restore "otherwise → session/new": no native resume in the profile…
-            (BOTH, false, Some("tok"), new(FreshReason::ProfileHasNoNativeResume)),
-            (NONE, false, Some("tok"), new(FreshReason::ProfileHasNoNativeResume)),
+            (NONE, Always, Some("tok"), new(FreshReason::RestoreUnsupportedByAgent)),
+            // `auto` trusts what initialize advertised, exactly like the rows above.
+            (BOTH, Auto, Some("tok"), resume()),
+            (RESUME, Auto, Some("tok"), resume()),
+            (LOAD, Auto, Some("tok"), load()),
+            (NONE, Auto, Some("tok"), new(FreshReason::RestoreUnsupportedByAgent)),
+            // §3 restore "otherwise → session/new": `false` in the profile, whatever is advertised…
+            (BOTH, Never, Some("tok"), new(FreshReason::ProfileHasNoNativeResume)),
+            (LOAD, Never, Some("tok"), new(FreshReason::ProfileHasNoNativeResume)),
+            (NONE, Never, Some("tok"), new(FreshReason::ProfileHasNoNativeResume)),
             // …or no token (empty and blank tokens are no token).
-            (BOTH, true, None, new(FreshReason::NoResumeToken)),
-            (BOTH, true, Some(""), new(FreshReason::NoResumeToken)),
-            (BOTH, true, Some("  "), new(FreshReason::NoResumeToken)),
-            (NONE, false, None, new(FreshReason::NoResumeToken)),
+            (BOTH, Always, None, new(FreshReason::NoResumeToken)),
+            (BOTH, Auto, None, new(FreshReason::NoResumeToken)),
+            (BOTH, Always, Some(""), new(FreshReason::NoResumeToken)),
+            (BOTH, Auto, Some("  "), new(FreshReason::NoResumeToken)),
+            (NONE, Never, None, new(FreshReason::NoResumeToken)),
         ];
         for (caps, native, token, expected) in rows {
             let plan = select_restore_method(caps, native, token);
             assert_eq!(plan, expected, "{caps:?} native={native} token={token:?}");
+        }
+    }
+
+    #[test]
+    fn native_session_resume_is_written_auto_true_or_false() {
+        use NativeSessionResume::{Always, Auto, Never};
+        for (yaml, expected) in [("auto", Auto), ("true", Always), ("false", Never)] {
+            let parsed: NativeSessionResume = serde_yaml::from_str(yaml).expect(yaml);
+            assert_eq!(parsed, expected, "{yaml}");
+            let json = serde_json::to_string(&parsed).expect("serializes");
+            let back: NativeSessionResume = serde_json::from_str(&json).expect("round trip");
+            assert_eq!(back, expected, "{json}");
+            assert_eq!(parsed.as_str(), yaml);
+        }
+        assert_eq!(NativeSessionResume::default(), Auto);
+        for bad in ["maybe", "\"yes\"", "1", "[true]"] {
+            let result: Result<NativeSessionResume, _> = serde_yaml::from_str(bad);
+            assert!(result.is_err(), "{bad} should be rejected");
         }
     }
 
