@@ -561,6 +561,18 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Reads `pod`'s event journal (and follows it while the agent works), unless that was done
+    /// recently for the same `nudge` ([`Followers::ensure`]).
+    fn follow(&self, pod: &Pod, nudge: Option<&str>) {
+        self.ctx.followers.ensure(
+            &self.ctx.streams,
+            pod,
+            &pods::executor_name(&self.ts),
+            &self.executor_status(),
+            nudge,
+        );
+    }
+
     /// The session is being deleted: stop following its pods' events (the pods, PVC from the
     /// template and ExecutorRunning go with it through their ownerReferences).
     fn cleanup(self) -> Result<Action, Error> {
@@ -633,13 +645,7 @@ impl<'a> Session<'a> {
                 .current_pod()
                 .filter(|p| liveness(Some(p)) == PodLiveness::Running)
             {
-                self.ctx.followers.ensure(
-                    &self.ctx.streams,
-                    pod,
-                    &pods::executor_name(&self.ts),
-                    &self.executor_status(),
-                    Some(&format!("end:{}", end_word(end))),
-                );
+                self.follow(pod, Some(&format!("end:{}", end_word(end))));
             }
             return Ok(Action::requeue(Duration::from_secs(2)));
         };
@@ -941,11 +947,9 @@ impl<'a> Session<'a> {
                 )),
             },
             PodLiveness::Running => self.restore(&pod).await,
-            PodLiveness::Terminating => {
-                // Deleted while starting (a drain, a user): lost once it is gone.
-                Ok(Action::requeue(POD_RECHECK))
-            }
-            lost => {
+            // Deleted while starting (a drain, a user), or dead: this launch is over; the next
+            // one waits until the pod is gone.
+            lost @ (PodLiveness::Terminating | PodLiveness::Missing | PodLiveness::Failed) => {
                 let message = format!(
                     "agentctl pod {} was lost while starting ({lost:?}); {}",
                     pod.name_any(),
@@ -1493,13 +1497,7 @@ impl<'a> Session<'a> {
                 ResumeOutcome::Fresh
             });
         }
-        self.ctx.followers.ensure(
-            &self.ctx.streams,
-            pod,
-            &pods::executor_name(&self.ts),
-            &self.executor_status(),
-            self.annotation(PROMPTED_ANNOTATION),
-        );
+        self.follow(pod, self.annotation(PROMPTED_ANNOTATION));
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
             self.event(EventType::Normal, event_reason, "Restore", message)
@@ -1723,13 +1721,7 @@ impl<'a> Session<'a> {
             .as_ref()
             .filter(|p| liveness(Some(p)) == PodLiveness::Running)
         {
-            self.ctx.followers.ensure(
-                &self.ctx.streams,
-                pod,
-                &pods::executor_name(&self.ts),
-                &self.executor_status(),
-                self.annotation(PROMPTED_ANNOTATION),
-            );
+            self.follow(pod, self.annotation(PROMPTED_ANNOTATION));
             self.follow_agent_activity();
         }
         let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
