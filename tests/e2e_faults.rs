@@ -4,8 +4,9 @@
 //! the resume handled, one agentctl pod, the same token, no in-pod operation repeated (from the
 //! test agent's call log) and at most one replica leading.
 //!
-//! Not covered here, because a TCP proxy cannot produce them without terminating TLS: the API
-//! server answering 503, and a partition of exec alone (exec shares the connection pool).
+//! A second proxy sits between the API server and the kubelet (kwok) for the exec partition.
+//! Not covered here, because a TCP proxy cannot produce it without terminating TLS: the API
+//! server answering 503.
 
 mod e2e_support;
 
@@ -72,9 +73,30 @@ async fn lost_session(sessions: &Sessions, name: &str) -> String {
     token
 }
 
+/// Waits until `request` is handled; whether it resumed the agent.
+async fn resumed(sessions: &Sessions, name: &str, request: &str) -> bool {
+    let ts = wait_for_within(
+        &sessions.sessions(),
+        name,
+        "the resume handled",
+        HANDLED_WITHIN,
+        handled(request),
+    )
+    .await
+    .expect("session");
+    !ts.status.expect("status").needs_resume
+}
+
 /// After the resume: handled, one pod, the same token, and the agent saw exactly one launch per
 /// pod (two pods: the first launch and the resume).
 async fn assert_resumed_once(sessions: &Sessions, name: &str, request: &str, token: &str) {
+    assert_resumed(sessions, name, request, token, 2).await;
+}
+
+/// [`assert_resumed_once`] after `pods` agentctl pods ran in all (failed attempts included):
+/// one `initialize` per pod (agentctl's own), one `session/new` (the first launch), at most one
+/// restore per later pod and at least one, one task prompt.
+async fn assert_resumed(sessions: &Sessions, name: &str, request: &str, token: &str, pods: usize) {
     let ts = wait_for_within(
         &sessions.sessions(),
         name,
@@ -92,19 +114,19 @@ async fn assert_resumed_once(sessions: &Sessions, name: &str, request: &str, tok
         Some(token),
         "token kept"
     );
-    let pods = sessions.live_pods(name).await;
+    let live = sessions.live_pods(name).await;
     assert_eq!(
-        pods.len(),
+        live.len(),
         1,
         "one agentctl pod: {:?}",
-        pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        live.iter().map(|p| p.name_any()).collect::<Vec<_>>()
     );
     let out = kubectl()
         .args([
             "exec",
             "-n",
             &sessions.namespace,
-            &pods[0].name_any(),
+            &live[0].name_any(),
             "-c",
             "agentctl",
             "--",
@@ -129,11 +151,14 @@ async fn assert_resumed_once(sessions: &Sessions, name: &str, request: &str, tok
         (
             count("initialize"),
             count("session/new"),
-            restores,
             count("session/prompt")
         ),
-        (2, 1, 1, 1),
-        "one initialize and one restore per pod, one task prompt:\n{log}"
+        (pods, 1, 1),
+        "one initialize per pod, one session/new, one task prompt:\n{log}"
+    );
+    assert!(
+        (1..pods).contains(&restores),
+        "one restore per later pod at most:\n{log}"
     );
 }
 
@@ -169,6 +194,7 @@ async fn a_resume_survives_a_sick_api_server() {
     a_resume_survives_the_api_black_holed_for_20s().await;
     a_resume_survives_2s_of_latency_on_every_call().await;
     a_resume_survives_the_api_server_going_away_for_15s().await;
+    a_resume_survives_exec_partitioned_for_45s().await;
 }
 
 /// The API black-holed for 20 s in the middle of a resume (connections hang, nothing answers).
@@ -236,4 +262,76 @@ async fn a_resume_survives_the_api_server_going_away_for_15s() {
     assert_resumed_once(&sessions, &name, "d1", &token).await;
     assert_one_leader(&mut [&mut a, &mut b]);
     cleanup(&sessions, &name).await;
+}
+
+/// Exec alone partitioned for 45 s in the middle of a resume: the API answers, but every exec
+/// (the restore, the event journal) hangs at the kubelet, longer than the operator's exec open
+/// deadline (30 s here), so the restore's first exec times out and is tried again.
+async fn a_resume_survives_exec_partitioned_for_45s() {
+    let ns = unique("faults-exec");
+    let sessions = Sessions::new(&client_with_crds().await, &ns);
+    let proxy = FaultProxy::start().await;
+    let lease = unique("lease");
+    let mut a = replica(&proxy, &lease, &ns, "exec-a");
+    let mut b = replica(&proxy, &lease, &ns, "exec-b");
+    let name = unique("exec");
+    let token = lost_session(&sessions, &name).await;
+    let node = "kwok-node-0";
+    let port = proxy.intercept_kubelet(&sessions.client, node).await;
+    // Whatever happens, the node's kubelet endpoint goes back before the proxy goes away.
+    let _restore = KubeletRestore { node, port };
+
+    sessions.annotate(&name, "e1").await;
+    wait_for(&sessions.sessions(), &name, "latched", latched("e1")).await;
+    proxy
+        .add_to_kubelet("partition", "timeout", json!({"timeout": 0}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    proxy.remove_from_kubelet("partition").await;
+
+    // The exec stream may break inside the restore: then the request fails loudly with the
+    // token kept (transport_closed), and a new token resumes.
+    if resumed(&sessions, &name, "e1").await {
+        assert_resumed_once(&sessions, &name, "e1", &token).await;
+    } else {
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str()),
+            "token kept"
+        );
+        sessions.annotate(&name, "e2").await;
+        assert_resumed(&sessions, &name, "e2", &token, 3).await;
+    }
+    assert_one_leader(&mut [&mut a, &mut b]);
+    cleanup(&sessions, &name).await;
+}
+
+/// Points the node's kubelet endpoint back at the kubelet when dropped (also on a panic).
+struct KubeletRestore {
+    node: &'static str,
+    port: i32,
+}
+
+impl Drop for KubeletRestore {
+    fn drop(&mut self) {
+        let patch =
+            json!({"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}}}});
+        let restored = kubectl()
+            .args([
+                "patch",
+                "node",
+                self.node,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+            ])
+            .arg(patch.to_string())
+            .status();
+        if !restored.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "could not point node {} back at its kubelet port {}",
+                self.node, self.port
+            );
+        }
+    }
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use kube::config::Kubeconfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,8 +15,10 @@ use tokio::net::TcpStream;
 
 use super::{repo_path, unique};
 
-/// The name of the one proxy: operator → API server.
+/// The proxy operator → API server.
 const PROXY: &str = "apiserver";
+/// The proxy API server → kubelet (kwok), for exec alone.
+const KUBELET_PROXY: &str = "kubelet";
 
 /// A running toxiproxy with one proxy in front of the API server, stopped when dropped.
 pub struct FaultProxy {
@@ -95,9 +98,48 @@ impl FaultProxy {
         }
     }
 
+    /// Puts a second proxy between the API server and the kubelet of node `node` (kwok), by
+    /// pointing the node's kubelet endpoint at it: exec (and logs) go through it, nothing
+    /// else. Returns the kubelet's own port, to point the node back at.
+    pub async fn intercept_kubelet(&self, client: &kube::Client, node: &str) -> i32 {
+        let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+        let port = nodes
+            .get_status(node)
+            .await
+            .expect("the node")
+            .status
+            .and_then(|s| s.daemon_endpoints)
+            .and_then(|d| d.kubelet_endpoint)
+            .map(|e| e.port)
+            .expect("the node's kubelet port");
+        let listen = free_port();
+        let proxy = json!({"name": KUBELET_PROXY, "listen": format!("127.0.0.1:{listen}"),
+            "upstream": format!("127.0.0.1:{port}"), "enabled": true});
+        let created = request(&self.api, "POST", "/proxies", Some(proxy))
+            .await
+            .expect("create the kubelet proxy");
+        assert!(created.0 < 300, "create the kubelet proxy: {created:?}");
+        set_kubelet_port(&nodes, node, i32::from(listen)).await;
+        port
+    }
+
+    /// Adds toxic `name` of `kind` on the kubelet proxy (both directions).
+    pub async fn add_to_kubelet(&self, name: &str, kind: &str, attributes: Value) {
+        self.add_on(KUBELET_PROXY, name, kind, attributes).await;
+    }
+
+    /// Removes toxic `name` from the kubelet proxy.
+    pub async fn remove_from_kubelet(&self, name: &str) {
+        self.remove_on(KUBELET_PROXY, name).await;
+    }
+
     /// Adds toxic `name` of `kind` (toxiproxy's types: latency, timeout, reset_peer, …) on
     /// both directions (`<name>-up`, `<name>-down`).
     pub async fn add(&self, name: &str, kind: &str, attributes: Value) {
+        self.add_on(PROXY, name, kind, attributes).await;
+    }
+
+    async fn add_on(&self, proxy: &str, name: &str, kind: &str, attributes: Value) {
         for stream in ["upstream", "downstream"] {
             let toxic = json!({
                 "name": format!("{name}-{stream}"),
@@ -106,7 +148,7 @@ impl FaultProxy {
                 "toxicity": 1.0,
                 "attributes": attributes,
             });
-            let path = format!("/proxies/{PROXY}/toxics");
+            let path = format!("/proxies/{proxy}/toxics");
             let answer = request(&self.api, "POST", &path, Some(toxic))
                 .await
                 .expect("add a toxic");
@@ -116,8 +158,12 @@ impl FaultProxy {
 
     /// Removes toxic `name` (both directions).
     pub async fn remove(&self, name: &str) {
+        self.remove_on(PROXY, name).await;
+    }
+
+    async fn remove_on(&self, proxy: &str, name: &str) {
         for stream in ["upstream", "downstream"] {
-            let path = format!("/proxies/{PROXY}/toxics/{name}-{stream}");
+            let path = format!("/proxies/{proxy}/toxics/{name}-{stream}");
             let answer = request(&self.api, "DELETE", &path, None)
                 .await
                 .expect("remove a toxic");
@@ -134,6 +180,18 @@ impl FaultProxy {
             .expect("update the proxy");
         assert!(answer.0 < 300, "enable={enabled}: {answer:?}");
     }
+}
+
+async fn set_kubelet_port(nodes: &kube::Api<Node>, node: &str, port: i32) {
+    let patch = json!({"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}});
+    nodes
+        .patch_status(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("point the node's kubelet endpoint");
 }
 
 /// One HTTP/1.1 request to toxiproxy's API: (status, body).

@@ -135,8 +135,11 @@ impl OperatorBuilder {
         let dir = repo_path("target/e2e-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
         let profiles = self.profiles.as_ref().map(|(file, yaml)| {
+            // Replaced atomically: another operator may be reading the same file right now.
             let path = dir.join(file);
-            std::fs::write(&path, yaml).expect("profiles file");
+            let tmp = dir.join(format!("{}.tmp", unique(file)));
+            std::fs::write(&tmp, yaml).expect("profiles file");
+            std::fs::rename(&tmp, &path).expect("profiles file");
             path
         });
         let log = dir.join(format!("{}.log", unique(&self.log_prefix)));
