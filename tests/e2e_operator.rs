@@ -434,6 +434,13 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         ts.status.expect("status").needs_resume,
         "a stray pod with the session's labels made the session look running"
     );
+    let decoys = sessions
+        .event_reasons(&name)
+        .await
+        .iter()
+        .filter(|r| *r == "DecoyPod")
+        .count();
+    assert_eq!(decoys, 1, "the decoy is reported once");
     sessions.delete_pod(&stray).await;
     assert!(
         sessions.live_pods(&name).await.is_empty(),

@@ -45,6 +45,8 @@ pub struct Expectations {
     /// Sessions whose egress NetworkPolicy exists (created, or found by a 409), so that a
     /// resume does not write it again; an operator restart creates it once more (409).
     with_policy: Mutex<HashSet<String>>,
+    /// Pods (by UID) that carry a session's labels without being its, already reported.
+    decoys: Mutex<HashSet<String>>,
 }
 
 impl Expectations {
@@ -153,6 +155,14 @@ impl Expectations {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(session.to_string());
+    }
+
+    /// Whether decoy pod `uid` is to be reported now (once per pod and operator run).
+    pub fn report_decoy(&self, uid: &str) -> bool {
+        self.decoys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(uid.to_string())
     }
 
     /// The session is gone.

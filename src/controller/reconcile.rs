@@ -29,8 +29,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
-    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SessionEnd,
-    SessionState, TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention,
+    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL,
+    SessionEnd, SessionState, TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention,
 };
 use crate::resume::{
     EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass,
@@ -561,6 +561,29 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Pods that carry this session's labels but are not controlled by it are ignored (labels
+    /// prove nothing); each is reported once, as a Warning Event.
+    async fn report_decoys(&self) {
+        let label = pods::session_label_value(&self.name);
+        let decoys = self.ctx.pods.state_filter(|pod| {
+            pod.metadata.namespace.as_deref() == Some(self.ns.as_str())
+                && pod.labels().get(SESSION_LABEL) == Some(&label)
+                && !pods::controlled_by(pod, &self.ts)
+        });
+        for pod in decoys {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if self.ctx.expectations.report_decoy(&uid) {
+                let note = format!(
+                    "pod {} carries this session's labels but is not controlled by it: ignored",
+                    pod.name_any()
+                );
+                warn!(pod = %pod.name_any(), "decoy pod ignored");
+                self.event(EventType::Warning, "DecoyPod", "Observe", &note)
+                    .await;
+            }
+        }
+    }
+
     /// Reads `pod`'s event journal (and follows it while the agent works), unless that was done
     /// recently for the same `nudge` ([`Followers::ensure`]).
     fn follow(&self, pod: &Pod, nudge: Option<&str>) {
@@ -593,6 +616,7 @@ impl<'a> Session<'a> {
     }
 
     async fn apply(mut self) -> Result<Action, Error> {
+        self.report_decoys().await;
         if let Some(end) = self.ts.spec.end
             && !matches!(
                 self.status.state,
