@@ -79,6 +79,18 @@ pub fn otlp_endpoint() -> Option<String> {
         .find(|value| !value.is_empty())
 }
 
+/// The [`POD_ENV`] variables set in this process, for the agentctl pods.
+pub fn pod_env() -> Vec<(String, String)> {
+    if otlp_endpoint().is_none() {
+        return Vec::new();
+    }
+    POD_ENV
+        .iter()
+        .filter_map(|name| Some((name.to_string(), std::env::var(name).ok()?)))
+        .filter(|(_, value)| !value.trim().is_empty())
+        .collect()
+}
+
 /// Installs the log subscriber, with the OTLP layer when an endpoint is set. Must run inside a
 /// tokio runtime (the batch processor is a task on it).
 pub fn init(settings: LogSettings) -> Result<Telemetry, TelemetryError> {

@@ -418,6 +418,7 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
                 allow: args.egress_allow_cidrs.clone(),
                 deny: args.egress_deny_cidrs.clone(),
             }),
+            trace_env: telemetry::pod_env(),
         },
         watch_namespaces: watch_namespaces(&args.watch_namespaces),
         resync: Duration::from_secs(args.resync_seconds),
