@@ -215,6 +215,8 @@ mod tests {
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         tracing::subscriber::with_default(subscriber, || {
+            // Callsites another test thread hit first may be cached as disabled.
+            tracing::callsite::rebuild_interest_cache();
             let parent = tracing::info_span!("operator");
             let carrier = inject(&parent);
             let traceparent = carrier.get("traceparent").expect("traceparent");

@@ -432,6 +432,8 @@ mod tests {
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
         let metrics = Metrics::new();
         let trace_id = tracing::subscriber::with_default(subscriber, || {
+            // Callsites another test thread hit first may be cached as disabled.
+            tracing::callsite::rebuild_interest_cache();
             let span = tracing::info_span!("reconcile");
             let _entered = span.enter();
             metrics.reconciled(None, Duration::from_millis(40));
