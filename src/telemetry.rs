@@ -92,7 +92,9 @@ pub fn pod_env() -> Vec<(String, String)> {
 }
 
 /// Installs the log subscriber, with the OTLP layer when an endpoint is set. Must run inside a
-/// tokio runtime (the batch processor is a task on it).
+/// tokio runtime (the batch processor is a task on it). An exporter that cannot be built (a bad
+/// endpoint URL) is logged, and the process goes on without traces: they are never worth a
+/// crash loop.
 pub fn init(settings: LogSettings) -> Result<Telemetry, TelemetryError> {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer()
@@ -104,9 +106,12 @@ pub fn init(settings: LogSettings) -> Result<Telemetry, TelemetryError> {
     } else {
         fmt.boxed()
     };
-    let provider = match otlp_endpoint().filter(|_| settings.export) {
-        Some(endpoint) => Some(provider(settings.service, &endpoint)?),
-        None => None,
+    let (provider, failed) = match otlp_endpoint().filter(|_| settings.export) {
+        Some(endpoint) => match provider(settings.service, &endpoint) {
+            Ok(provider) => (Some(provider), None),
+            Err(error) => (None, Some(error)),
+        },
+        None => (None, None),
     };
     let otel = provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer().with_tracer(provider.tracer(settings.service))
@@ -116,6 +121,14 @@ pub fn init(settings: LogSettings) -> Result<Telemetry, TelemetryError> {
         .with(otel)
         .with(settings.filter)
         .try_init()?;
+    match (&provider, failed) {
+        (Some(_), _) => tracing::info!(
+            endpoint = otlp_endpoint().unwrap_or_default(),
+            "exporting traces over OTLP"
+        ),
+        (None, Some(error)) => tracing::error!(%error, "traces are off"),
+        (None, None) => {}
+    }
     Ok(Telemetry { provider })
 }
 
@@ -145,11 +158,6 @@ fn provider(service: &'static str, endpoint: &str) -> Result<SdkTracerProvider, 
 }
 
 impl Telemetry {
-    /// Whether spans are exported.
-    pub fn exporting(&self) -> bool {
-        self.provider.is_some()
-    }
-
     /// Exports the spans still queued and stops the exporter (a few seconds at most).
     pub async fn shutdown(self) {
         let Some(provider) = self.provider else {

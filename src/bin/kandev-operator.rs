@@ -374,9 +374,6 @@ fn run(args: RunArgs) -> Result<(), String> {
         let _runtime = runtime.enter();
         telemetry::init(log_settings(args.log_format)).map_err(|e| e.to_string())?
     };
-    if let Some(endpoint) = telemetry::otlp_endpoint() {
-        tracing::info!(%endpoint, "exporting traces over OTLP");
-    }
     let result = run_controller(&runtime, args);
     runtime.block_on(telemetry.shutdown());
     result
