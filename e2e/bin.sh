@@ -3,7 +3,8 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes),
 #   etcd (go.etcd.io/etcd/server/v3), kwok, kwokctl (sigs.k8s.io/kwok), helm (helm.sh/helm/v3),
 #   agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench),
-#   and toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs).
+#   toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs),
+#   and jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs).
 # Usage: e2e/bin.sh            build what is missing, print the bin directory on the last line
 #        e2e/bin.sh --print    only print the bin directory
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator). A warm run takes seconds.
@@ -125,6 +126,25 @@ build_toxiproxy() {
   stamp toxiproxy-server "$TOXIPROXY_VERSION"
 }
 
+# Jaeger's go.mod has a replace line, so `go install` refuses it: a wrapper module that requires
+# it (with the same replace) builds cmd/all-in-one (cold: a few minutes on 2 cores).
+build_jaeger() {
+  have jaeger-all-in-one "$JAEGER_VERSION" && return 0
+  log "building jaeger-all-in-one $JAEGER_VERSION from github.com/jaegertracing/jaeger"
+  local dir="$cache/src/jaeger-$JAEGER_VERSION" mod="github.com/jaegertracing/jaeger" gomod
+  mkdir -p "$dir"
+  gomod="$(go mod download -json "$mod@$JAEGER_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  {
+    printf 'module kandev.dev/jaeger-build\n\n'
+    grep -E '^go [0-9]' "$gomod"
+    printf '\nrequire %s %s\n\n' "$mod" "$JAEGER_VERSION"
+    grep -E '^replace ' "$gomod" || true
+  } >"$dir/go.mod"
+  (cd "$dir" && with_progress jaeger go build -trimpath -ldflags "-s -w" \
+    -o "$bin/jaeger-all-in-one" "$mod/cmd/all-in-one")
+  stamp jaeger-all-in-one "$JAEGER_VERSION"
+}
+
 total=$SECONDS
 build_etcd
 build_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
@@ -133,5 +153,6 @@ build_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 build_kubernetes
 build_agent_sandbox
 build_toxiproxy
+build_jaeger
 log "control-plane binaries ready in $((SECONDS - total))s"
 echo "$bin"

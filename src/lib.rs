@@ -10,3 +10,4 @@ pub mod controller;
 pub mod history;
 pub mod plugin;
 pub mod resume;
+pub mod telemetry;

@@ -755,6 +755,47 @@ fn optional_resources() {
 
 #[test]
 #[ignore = "chart: needs helm (make chart)"]
+fn tracing_values_become_the_standard_otel_variables() {
+    let otel = |docs: &[Value]| -> Vec<(String, String)> {
+        operator_container(docs)["env"]
+            .as_array()
+            .expect("env")
+            .iter()
+            .filter(|v| v["name"].as_str().unwrap_or("").starts_with("OTEL_"))
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap_or("").to_string(),
+                    v["value"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    assert!(otel(&render(&[])).is_empty(), "traces are off by default");
+    let docs = render(&[
+        "--set",
+        "tracing.otlpEndpoint=http://otel-collector.observability:4318",
+        "--set",
+        "tracing.sampler=parentbased_traceidratio",
+        "--set",
+        "tracing.samplerArg=0.25",
+    ]);
+    let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+    assert_eq!(
+        otel(&docs),
+        vec![
+            pair(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "http://otel-collector.observability:4318"
+            ),
+            pair("OTEL_SERVICE_NAME", "kandev-operator"),
+            pair("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            pair("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ]
+    );
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
 fn invalid_values_fail_with_a_clear_message() {
     let cases: &[(&[&str], &str)] = &[
         (&["--set", "replicaCount=two"], "replicaCount"),
@@ -762,6 +803,8 @@ fn invalid_values_fail_with_a_clear_message() {
         (&["--set", "replicasCount=2"], "replicasCount"),
         (&["--set", "image.tags=v1"], "tags"),
         (&["--set", "logFormat=xml"], "logFormat"),
+        (&["--set", "tracing.otlpEndpoint=otel:4318"], "otlpEndpoint"),
+        (&["--set", "tracing.sampler=sometimes"], "sampler"),
         (&["--set", "agentPods.runAsUser=0"], "runAsUser"),
         (&["--set", "watchNamespaces={Team_A}"], "watchNamespaces"),
         (

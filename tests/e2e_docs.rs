@@ -22,6 +22,7 @@ const PAGES: [&str; 11] = [
     "agent-profiles.md",
     "security.md",
     "troubleshooting.md",
+    "observability.md",
     "gitops.md",
     "ending.md",
     "performance.md",

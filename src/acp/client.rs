@@ -155,7 +155,8 @@ impl AcpClient {
         self.launch = Some(launch.to_owned());
     }
 
-    /// `params` of `method`, with the launch in `_meta` for the methods agentctl deduplicates.
+    /// `params` of `method`, with the launch and the trace context in `_meta` for the methods
+    /// agentctl deduplicates and traces.
     fn params<T: Serialize>(
         &self,
         method: &'static str,
@@ -169,13 +170,26 @@ impl AcpClient {
                 | method::SESSION_RESUME
                 | method::SESSION_PROMPT
         );
-        if let (true, Some(launch), Some(object)) = (tagged, &self.launch, params.as_object_mut()) {
-            let meta = object
+        if !tagged {
+            return Ok(params);
+        }
+        // The W3C trace context of the current span (`acp.session.*`): agentctl continues the
+        // trace inside the pod. Empty when traces are off.
+        let mut meta: serde_json::Map<String, serde_json::Value> =
+            crate::telemetry::inject(&tracing::Span::current())
+                .into_iter()
+                .map(|(key, value)| (key, serde_json::Value::String(value)))
+                .collect();
+        if let Some(launch) = &self.launch {
+            meta.insert(LAUNCH_META.to_owned(), serde_json::json!(launch));
+        }
+        if let (false, Some(object)) = (meta.is_empty(), params.as_object_mut())
+            && let Some(existing) = object
                 .entry("_meta")
-                .or_insert_with(|| serde_json::json!({}));
-            if let Some(meta) = meta.as_object_mut() {
-                meta.insert(LAUNCH_META.to_owned(), serde_json::json!(launch));
-            }
+                .or_insert_with(|| serde_json::json!({}))
+                .as_object_mut()
+        {
+            existing.extend(meta);
         }
         Ok(params)
     }

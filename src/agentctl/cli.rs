@@ -19,6 +19,7 @@ use super::{AgentctlError, client};
 use crate::acp::{AcpTimeouts, RestoreOptions, RestoreReport, SpawnOptions};
 use crate::agents::{AgentProfile, AgentRegistry};
 use crate::history::validate_session_id;
+use crate::telemetry::{self, LogSettings};
 
 /// agentctl — the in-pod supervisor of one AI coding agent (kandev-operator).
 ///
@@ -252,38 +253,50 @@ pub struct RestoreArgs {
 /// blocking stdin read of `connect` (kwok never closes stdin).
 pub fn run_cli() -> i32 {
     let cli = Cli::parse();
-    init_tracing(&cli);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            tracing::error!(%error, "cannot start the async runtime");
+            eprintln!("agentctl: cannot start the async runtime: {error}");
             return 1;
         }
     };
-    let code = runtime.block_on(run(cli.command));
+    // The OTLP exporter's batch task runs on the runtime.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        match telemetry::init(log_settings(&cli)) {
+            Ok(telemetry) => Some(telemetry),
+            Err(error) => {
+                eprintln!("agentctl: {error}");
+                None
+            }
+        }
+    };
+    let code = runtime.block_on(async {
+        let code = run(cli.command).await;
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown().await;
+        }
+        code
+    });
     runtime.shutdown_timeout(Duration::from_millis(100));
     code
 }
 
-fn init_tracing(cli: &Cli) {
+fn log_settings(cli: &Cli) -> LogSettings {
     // serve's log is the container log; the clients' stderr is someone's terminal or the
     // operator's exec stream, so they only speak up when something is wrong.
-    let default = match cli.command {
-        Command::Serve(_) => "info",
-        _ => "warn",
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let _ = match cli.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+    let serve = matches!(cli.command, Command::Serve(_));
+    let default = if serve { "info" } else { "warn" };
+    LogSettings {
+        filter: EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
+        json: matches!(cli.log_format, LogFormat::Json),
+        service: "kandev-agentctl",
+        // Only serve, the pod's long-lived process, exports spans: the agent's work is there.
+        export: serve,
+    }
 }
 
 async fn run(command: Command) -> i32 {

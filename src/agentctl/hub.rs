@@ -30,6 +30,7 @@ use crate::acp::LAUNCH_META;
 use crate::codec::WarnLimiter;
 use crate::history::{ContextLimits, HistoryEntry, TRUNCATION_MARKER, wrap_prompt_once};
 use crate::resume::AgentLimit;
+use crate::telemetry;
 
 /// Identifies one socket connection for its lifetime; never reused.
 pub type ConnId = u64;
@@ -184,6 +185,8 @@ struct Pending {
     session_id: Option<String>,
     /// Set for a launch-tagged request: its answer is kept for repeats.
     launch: Option<LaunchKey>,
+    /// `agentctl.forward`: open from the request to the agent until its answer.
+    span: tracing::Span,
 }
 
 /// A launch-tagged request: the launch, the method and the session it names (if any).
@@ -554,8 +557,8 @@ impl Hub {
             .and_then(|p| p.get("sessionId"))
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let launch =
-            take_launch(&mut raw).map(|launch| (launch, method.clone(), session_id.clone()));
+        let (launch, trace) = take_meta(&mut raw);
+        let launch = launch.map(|launch| (launch, method.clone(), session_id.clone()));
         if let Some(key) = &launch
             && let Some(out) = self.repeated_launch_request(conn, &id, key)
         {
@@ -578,6 +581,18 @@ impl Hub {
         {
             params.insert("cwd".into(), json!(cwd));
         }
+        // The operator's trace (a `traceparent` in `_meta`) goes on here; the agent gets ours.
+        let span = tracing::info_span!(
+            parent: None,
+            "agentctl.forward",
+            method = %method,
+            session_id = session_id.as_deref().unwrap_or(""),
+            launch = launch.as_ref().map(|l| l.0.as_str()).unwrap_or(""),
+            outcome = tracing::field::Empty,
+            error_code = tracing::field::Empty,
+        );
+        telemetry::set_remote_parent(&span, &trace);
+        put_trace_context(&mut raw, telemetry::inject(&span));
         tracing::debug!(%method, %id, agent_id, "client request forwarded");
         let mut out = Vec::new();
         match (method.as_str(), &session_id) {
@@ -625,6 +640,7 @@ impl Hub {
                 method,
                 session_id,
                 launch,
+                span,
             },
         );
         out
@@ -691,6 +707,12 @@ impl Hub {
         }
         let result = raw.get("result");
         let error = raw.get("error");
+        pending
+            .span
+            .record("outcome", if result.is_some() { "result" } else { "error" });
+        if let Some(code) = error.and_then(|e| e.get("code")).and_then(Value::as_i64) {
+            pending.span.record("error_code", code);
+        }
         let mut out = Vec::new();
         match pending.method.as_str() {
             "session/new" => {
@@ -1067,19 +1089,54 @@ pub fn inject_history(message: &mut Value, entries: &[HistoryEntry]) -> bool {
     true
 }
 
-/// agentctl's answer to an agent request no client can take.
-/// Removes [`LAUNCH_META`] from the request's `_meta` (the agent has no use for it, and `_meta`
-/// goes when nothing else is in it) and returns it.
-fn take_launch(raw: &mut Map<String, Value>) -> Option<String> {
-    let params = raw.get_mut("params")?.as_object_mut()?;
-    let meta = params.get_mut("_meta")?.as_object_mut()?;
-    let launch = meta.remove(LAUNCH_META)?;
+/// The W3C trace context keys of `_meta` (ACP reserves them for exactly this).
+const TRACE_META: [&str; 2] = ["traceparent", "tracestate"];
+
+/// Removes [`LAUNCH_META`] and the trace context from the request's `_meta` (the agent has no
+/// use for the launch, and gets agentctl's own trace context; `_meta` goes when nothing else is
+/// in it) and returns them.
+fn take_meta(raw: &mut Map<String, Value>) -> (Option<String>, HashMap<String, String>) {
+    let mut trace = HashMap::new();
+    let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut) else {
+        return (None, trace);
+    };
+    let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) else {
+        return (None, trace);
+    };
+    let launch = meta
+        .remove(LAUNCH_META)
+        .and_then(|launch| launch.as_str().map(str::to_owned));
+    for key in TRACE_META {
+        if let Some(Value::String(value)) = meta.remove(key) {
+            trace.insert(key.to_owned(), value);
+        }
+    }
     if meta.is_empty() {
         params.remove("_meta");
     }
-    launch.as_str().map(str::to_owned)
+    (launch, trace)
 }
 
+/// Puts `context` (from [`telemetry::inject`]; empty without an exporter) into `_meta`.
+fn put_trace_context(raw: &mut Map<String, Value>, context: HashMap<String, String>) {
+    if context.is_empty() {
+        return;
+    }
+    let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(meta) = params
+        .entry("_meta")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+    {
+        for (key, value) in context {
+            meta.insert(key, json!(value));
+        }
+    }
+}
+
+/// agentctl's answer to an agent request no client can take.
 pub fn default_answer(id: Value, method: &str) -> Value {
     crate::acp::default_answer_to_agent_request(
         id,
@@ -1656,6 +1713,42 @@ mod tests {
             sent[0]["params"].get("_meta").is_none(),
             "empty _meta removed"
         );
+    }
+
+    #[test]
+    fn the_operators_trace_context_is_taken_and_the_agent_gets_agentctls() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt;
+        let operator_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let request = line(
+            json!({"jsonrpc":"2.0","id":2,"method":"session/resume","params":{"sessionId":"s1","cwd":"/w",
+                "_meta":{"kandev.dev/launch":"r1","traceparent":format!("00-{operator_trace}-00f067aa0ba902b7-01")}}}),
+        );
+        // Without an exporter: the operator's context is dropped, nothing replaces it.
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).expect("attach");
+        let sent = to_agent(&hub.client_line(1, &request));
+        assert!(sent[0]["params"].get("_meta").is_none(), "{sent:?}");
+
+        // With one: the agent gets agentctl.forward's context, in the operator's trace.
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let sent = tracing::subscriber::with_default(subscriber, || {
+            // Callsites another test thread hit first may be cached as disabled.
+            tracing::callsite::rebuild_interest_cache();
+            let mut hub = ready_hub(HubConfig::default());
+            hub.attach(1, false).expect("attach");
+            to_agent(&hub.client_line(1, &request))
+        });
+        let meta = &sent[0]["params"]["_meta"];
+        let traceparent = meta["traceparent"].as_str().expect("traceparent");
+        assert!(
+            traceparent.starts_with(&format!("00-{operator_trace}-"))
+                && !traceparent.contains("00f067aa0ba902b7"),
+            "{traceparent}"
+        );
+        assert!(meta.get("kandev.dev/launch").is_none(), "{meta}");
     }
 
     #[test]

@@ -8,10 +8,11 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use kandev_operator::acp::AcpLimits;
 use kandev_operator::agents::AgentRegistry;
-use kandev_operator::controller::http::{self, HttpState};
+use kandev_operator::controller::endpoints::{self, HttpState};
 use kandev_operator::controller::leader::{self, LeaseSettings};
 use kandev_operator::controller::pods::{self, Cidr, EgressPolicy, PodSettings};
 use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
+use kandev_operator::telemetry::{self, LogSettings};
 use tokio::time::Instant;
 
 #[derive(Parser)]
@@ -305,18 +306,13 @@ fn http_address(text: &str) -> Option<&str> {
     (!text.is_empty() && !text.eq_ignore_ascii_case("off")).then_some(text)
 }
 
-fn init_logging(format: LogFormat) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only for a person at a terminal, never in a container's log.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+fn log_settings(format: LogFormat) -> LogSettings {
+    LogSettings {
+        filter: tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn")),
+        json: matches!(format, LogFormat::Json),
+        service: "kandev-operator",
+        export: true,
     }
 }
 
@@ -375,7 +371,19 @@ async fn connect(timeout: Duration) -> Result<Clients, String> {
 }
 
 fn run(args: RunArgs) -> Result<(), String> {
-    init_logging(args.log_format);
+    let runtime =
+        tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;
+    // The OTLP exporter's batch task runs on the runtime.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        telemetry::init(log_settings(args.log_format)).map_err(|e| e.to_string())?
+    };
+    let result = run_controller(&runtime, args);
+    runtime.block_on(telemetry.shutdown());
+    result
+}
+
+fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<(), String> {
     let agents = match &args.agent_profiles {
         Some(path) => AgentRegistry::load_file(path),
         None => AgentRegistry::builtin(),
@@ -411,6 +419,7 @@ fn run(args: RunArgs) -> Result<(), String> {
                 allow: args.egress_allow_cidrs.clone(),
                 deny: args.egress_deny_cidrs.clone(),
             }),
+            trace_env: telemetry::pod_env(),
         },
         watch_namespaces: watch_namespaces(&args.watch_namespaces),
         resync: Duration::from_secs(args.resync_seconds),
@@ -425,18 +434,16 @@ fn run(args: RunArgs) -> Result<(), String> {
         launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
         end_grace: Duration::from_secs(args.end_grace_seconds),
     };
-    let runtime =
-        tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;
     runtime.block_on(async move {
         // The endpoints come first: liveness holds while the startup checks and the wait for the
         // lease run, and readiness says when the checks passed.
         let http_state = HttpState::new();
         match http_address(&args.http_address) {
             Some(address) => {
-                let listener = http::bind(address).await?;
+                let listener = endpoints::bind(address).await?;
                 let local = listener.local_addr().map_err(|e| format!("HTTP endpoints: {e}"))?;
                 tracing::info!(address = %local, "serving /metrics, /healthz and /readyz");
-                tokio::spawn(http::serve(listener, http_state.clone()));
+                tokio::spawn(endpoints::serve(listener, http_state.clone()));
             }
             None => tracing::info!("HTTP endpoints are off (--http-address)"),
         }

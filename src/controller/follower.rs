@@ -223,7 +223,10 @@ impl Followers {
             return;
         }
         started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
-        let span = info_span!("agentctl.events", pod = %name, namespace = %ns);
+        // A root of its own, linked to the reconcile that started it: the follower outlives the
+        // reconcile, and a child would keep the reconcile's span (and its trace) open.
+        let span = info_span!(parent: None, "agentctl.events", pod = %name, namespace = %ns);
+        span.follows_from(tracing::Span::current());
         let task = follow(
             client.clone(),
             self.pods.clone(),

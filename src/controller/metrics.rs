@@ -1,21 +1,26 @@
-//! Prometheus metrics of the operator (DESIGN §4), rendered in the text exposition format 0.0.4
-//! for `/metrics`. Hand-rolled on atomics: a handful of counters, two histograms and gauges do not
-//! need a metrics framework. Every name starts with `kandev_`.
+//! Prometheus metrics of the operator (DESIGN §4), served on `/metrics` in the OpenMetrics text
+//! format by `prometheus-client`. Histograms carry the trace id of the reconcile that observed
+//! them as an exemplar while traces are exported. Every name starts with `kandev_`.
 //!
 //! The process-wide instance is [`global`]; tests render their own [`Metrics`].
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use kube::runtime::reflector::Store;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::api::{SessionState, TaskSession};
 
 /// Content type of [`Metrics::render`].
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Buckets (seconds) of the ACP restore duration: `initialize` plus `session/resume` is sub-second,
 /// a `session/load` that replays a long transcript can take a minute.
@@ -63,64 +68,55 @@ impl ResumeOutcome {
     }
 }
 
-/// A Prometheus histogram with fixed buckets.
-struct Histogram {
-    bounds: &'static [f64],
-    /// Observations per bucket (not cumulative); the last entry is the `+Inf` overflow.
-    buckets: Vec<AtomicU64>,
-    /// Sum of the observations, as `f64` bits.
-    sum: AtomicU64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
 }
 
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicU64::new(0f64.to_bits()),
-        }
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
 
-    fn observe(&self, seconds: f64) {
-        let index = self
-            .bounds
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(self.bounds.len());
-        self.buckets[index].fetch_add(1, Ordering::Relaxed);
-        let _ = self
-            .sum
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + seconds).to_bits())
-            });
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
 
-    fn render(&self, out: &mut String, name: &str) {
-        let mut cumulative = 0;
-        for (bound, count) in self.bounds.iter().zip(&self.buckets) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let sum = f64::from_bits(self.sum.load(Ordering::Relaxed));
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {cumulative}");
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// The exemplar of a histogram observation: the trace it belongs to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TraceLabel {
+    trace_id: String,
+}
+
+type Histogram = HistogramWithExemplars<TraceLabel>;
+
+fn observe(histogram: &Histogram, took: Duration) {
+    let exemplar = crate::telemetry::current_trace_id().map(|trace_id| TraceLabel { trace_id });
+    histogram.observe(took.as_secs_f64(), exemplar, None);
 }
 
 /// The operator's metrics.
 pub struct Metrics {
-    version: &'static str,
-    reconciles_ok: AtomicU64,
-    reconcile_errors: Mutex<BTreeMap<&'static str, u64>>,
+    registry: Registry,
+    reconciles: Family<ResultLabel, Counter>,
+    reconcile_errors: Family<KindLabel, Counter>,
     reconcile_duration: Histogram,
-    resumes: [AtomicU64; ResumeOutcome::ALL.len()],
-    agents_lost: AtomicU64,
+    resumes: Family<OutcomeLabel, Counter>,
+    agents_lost: Counter,
     restore_duration: Histogram,
-    leader: AtomicBool,
-    /// The controller's TaskSession cache; set on the replica that runs the controller.
-    sessions: Mutex<Vec<Store<TaskSession>>>,
+    leader: Gauge,
+    sessions: SessionGauges,
 }
 
 impl Default for Metrics {
@@ -138,223 +134,189 @@ pub fn global() -> &'static Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "kandev_build_info",
+            "Build information of the running operator (always 1)",
+            build_info,
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "kandev_leader",
+            "1 while this replica holds the leader lease and runs the controller, else 0",
+            leader.clone(),
+        );
+        // Counters: the exposition adds `_total` to the registered name.
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        for result in ["ok", "error"] {
+            let _ = reconciles.get_or_create(&ResultLabel { result });
+        }
+        registry.register(
+            "kandev_reconciles",
+            "TaskSession reconciles by result (ok or error)",
+            reconciles.clone(),
+        );
+        let reconcile_errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "kandev_reconcile_errors",
+            "Failed TaskSession reconciles by error kind",
+            reconcile_errors.clone(),
+        );
+        let reconcile_duration = Histogram::new(RECONCILE_BUCKETS.iter().copied());
+        registry.register(
+            "kandev_reconcile_duration_seconds",
+            "Duration of one TaskSession reconcile",
+            reconcile_duration.clone(),
+        );
+        let resumes = Family::<OutcomeLabel, Counter>::default();
+        for outcome in ResumeOutcome::ALL {
+            let _ = resumes.get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            });
+        }
+        registry.register(
+            "kandev_resume_requests",
+            "Handled resume requests (kandev.dev/resume-requested-at tokens) by outcome",
+            resumes.clone(),
+        );
+        let agents_lost = Counter::default();
+        registry.register(
+            "kandev_agents_lost",
+            "Agent pods of active sessions found lost (nothing is relaunched until a resume is requested)",
+            agents_lost.clone(),
+        );
+        let restore_duration = Histogram::new(RESTORE_BUCKETS.iter().copied());
+        registry.register(
+            "kandev_acp_restore_duration_seconds",
+            "Duration of one ACP restore over exec (initialize, then session/resume, session/load or session/new)",
+            restore_duration.clone(),
+        );
+        let sessions = SessionGauges::default();
+        registry.register_collector(Box::new(sessions.clone()));
         Metrics {
-            version: env!("CARGO_PKG_VERSION"),
-            reconciles_ok: AtomicU64::new(0),
-            reconcile_errors: Mutex::new(BTreeMap::new()),
-            reconcile_duration: Histogram::new(RECONCILE_BUCKETS),
-            resumes: std::array::from_fn(|_| AtomicU64::new(0)),
-            agents_lost: AtomicU64::new(0),
-            restore_duration: Histogram::new(RESTORE_BUCKETS),
-            leader: AtomicBool::new(false),
-            sessions: Mutex::new(Vec::new()),
+            registry,
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            resumes,
+            agents_lost,
+            restore_duration,
+            leader,
+            sessions,
         }
     }
 
     /// One reconcile finished: `error` is `Error::metric_label` of a failed one.
     pub fn reconciled(&self, error: Option<&'static str>, took: Duration) {
-        match error {
-            None => {
-                self.reconciles_ok.fetch_add(1, Ordering::Relaxed);
-            }
+        let result = match error {
+            None => "ok",
             Some(kind) => {
-                if let Ok(mut errors) = self.reconcile_errors.lock() {
-                    *errors.entry(kind).or_default() += 1;
-                }
+                self.reconcile_errors
+                    .get_or_create(&KindLabel { kind })
+                    .inc();
+                "error"
             }
-        }
-        self.reconcile_duration.observe(took.as_secs_f64());
+        };
+        self.reconciles.get_or_create(&ResultLabel { result }).inc();
+        observe(&self.reconcile_duration, took);
     }
 
     pub fn resume_handled(&self, outcome: ResumeOutcome) {
-        let index = ResumeOutcome::ALL
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or_default();
-        self.resumes[index].fetch_add(1, Ordering::Relaxed);
+        self.resumes
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// An agent pod of an active session was found lost (counted once per loss).
     pub fn agent_lost(&self) {
-        self.agents_lost.fetch_add(1, Ordering::Relaxed);
+        self.agents_lost.inc();
     }
 
     /// Duration of one ACP restore over exec (`initialize` + resume/load/new), any outcome.
     pub fn restore_took(&self, took: Duration) {
-        self.restore_duration.observe(took.as_secs_f64());
+        observe(&self.restore_duration, took);
     }
 
     pub fn set_leader(&self, leading: bool) {
-        self.leader.store(leading, Ordering::Relaxed);
+        self.leader.set(i64::from(leading));
     }
 
     /// Sessions by state are counted from this cache at scrape time.
     pub fn track_sessions(&self, store: Store<TaskSession>) {
-        if let Ok(mut sessions) = self.sessions.lock() {
-            sessions.push(store);
+        if let Ok(mut stores) = self.sessions.stores.lock() {
+            stores.push(store);
         }
     }
 
-    /// The whole exposition, `# HELP` and `# TYPE` before each family.
+    /// The whole exposition (OpenMetrics text, ending in `# EOF`).
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        family(
-            &mut out,
-            "kandev_build_info",
-            "gauge",
-            "Build information of the running operator (always 1).",
-        );
-        let _ = writeln!(
-            out,
-            "kandev_build_info{{version=\"{}\"}} 1",
-            escape(self.version)
-        );
-
-        family(
-            &mut out,
-            "kandev_leader",
-            "gauge",
-            "1 while this replica holds the leader lease and runs the controller, else 0.",
-        );
-        let _ = writeln!(
-            out,
-            "kandev_leader {}",
-            u8::from(self.leader.load(Ordering::Relaxed))
-        );
-
-        family(
-            &mut out,
-            "kandev_reconciles_total",
-            "counter",
-            "TaskSession reconciles by result (ok or error).",
-        );
-        let errors: BTreeMap<&str, u64> = self
-            .reconcile_errors
-            .lock()
-            .map(|e| e.clone())
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "kandev_reconciles_total{{result=\"ok\"}} {}",
-            self.reconciles_ok.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "kandev_reconciles_total{{result=\"error\"}} {}",
-            errors.values().sum::<u64>()
-        );
-
-        family(
-            &mut out,
-            "kandev_reconcile_errors_total",
-            "counter",
-            "Failed TaskSession reconciles by error kind.",
-        );
-        for (kind, count) in &errors {
-            let _ = writeln!(
-                out,
-                "kandev_reconcile_errors_total{{kind=\"{}\"}} {count}",
-                escape(kind)
-            );
-        }
-
-        family(
-            &mut out,
-            "kandev_reconcile_duration_seconds",
-            "histogram",
-            "Duration of one TaskSession reconcile.",
-        );
-        self.reconcile_duration
-            .render(&mut out, "kandev_reconcile_duration_seconds");
-
-        family(
-            &mut out,
-            "kandev_resume_requests_total",
-            "counter",
-            "Handled resume requests (kandev.dev/resume-requested-at tokens) by outcome.",
-        );
-        for (outcome, count) in ResumeOutcome::ALL.iter().zip(&self.resumes) {
-            let _ = writeln!(
-                out,
-                "kandev_resume_requests_total{{outcome=\"{}\"}} {}",
-                outcome.as_str(),
-                count.load(Ordering::Relaxed)
-            );
-        }
-
-        family(
-            &mut out,
-            "kandev_agents_lost_total",
-            "counter",
-            "Agent pods of active sessions found lost (nothing is relaunched until a resume is requested).",
-        );
-        let _ = writeln!(
-            out,
-            "kandev_agents_lost_total {}",
-            self.agents_lost.load(Ordering::Relaxed)
-        );
-
-        family(
-            &mut out,
-            "kandev_acp_restore_duration_seconds",
-            "histogram",
-            "Duration of one ACP restore over exec (initialize, then session/resume, session/load or session/new).",
-        );
-        self.restore_duration
-            .render(&mut out, "kandev_acp_restore_duration_seconds");
-
-        let sessions = self
-            .sessions
-            .lock()
-            .ok()
-            .filter(|stores| !stores.is_empty())
-            .map(|stores| stores.iter().flat_map(Store::state).collect::<Vec<_>>());
-        if let Some(sessions) = sessions {
-            let mut by_state: BTreeMap<&str, u64> =
-                SessionState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
-            let mut needing_resume = 0;
-            for ts in &sessions {
-                let status = ts.status.clone().unwrap_or_default();
-                *by_state.entry(status.state.as_str()).or_default() += 1;
-                needing_resume += u64::from(status.needs_resume);
-            }
-            family(
-                &mut out,
-                "kandev_sessions",
-                "gauge",
-                "TaskSessions by status.state (reported by the replica that runs the controller).",
-            );
-            for state in SessionState::ALL {
-                let _ = writeln!(
-                    out,
-                    "kandev_sessions{{state=\"{}\"}} {}",
-                    state.as_str(),
-                    by_state[state.as_str()]
-                );
-            }
-            family(
-                &mut out,
-                "kandev_sessions_needing_resume",
-                "gauge",
-                "TaskSessions whose agent is gone and that wait for a resume request.",
-            );
-            let _ = writeln!(out, "kandev_sessions_needing_resume {needing_resume}");
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// `kandev_sessions{state}` and `kandev_sessions_needing_resume`, counted from the controller's
+/// TaskSession cache at scrape time; absent on a replica that does not run the controller.
+#[derive(Clone, Default)]
+struct SessionGauges {
+    stores: Arc<Mutex<Vec<Store<TaskSession>>>>,
 }
 
-/// Label value escaping of the text format: backslash, double quote, newline.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl std::fmt::Debug for SessionGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionGauges")
+    }
+}
+
+impl prometheus_client::collector::Collector for SessionGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sessions = match self.stores.lock() {
+            Ok(stores) if !stores.is_empty() => {
+                stores.iter().flat_map(Store::state).collect::<Vec<_>>()
+            }
+            _ => return Ok(()),
+        };
+        let mut by_state: BTreeMap<&str, i64> =
+            SessionState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+        let mut needing_resume = 0;
+        for ts in &sessions {
+            let status = ts.status.clone().unwrap_or_default();
+            *by_state.entry(status.state.as_str()).or_default() += 1;
+            needing_resume += i64::from(status.needs_resume);
+        }
+        let family = Family::<StateLabel, Gauge>::default();
+        for state in SessionState::ALL {
+            family
+                .get_or_create(&StateLabel {
+                    state: state.as_str(),
+                })
+                .set(by_state[state.as_str()]);
+        }
+        family.encode(encoder.encode_descriptor(
+            "kandev_sessions",
+            "TaskSessions by status.state (reported by the replica that runs the controller)",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let needing = Gauge::<i64>::default();
+        needing.set(needing_resume);
+        needing.encode(encoder.encode_descriptor(
+            "kandev_sessions_needing_resume",
+            "TaskSessions whose agent is gone and that wait for a resume request",
+            None,
+            MetricType::Gauge,
+        )?)
+    }
 }
 
 #[cfg(test)]
@@ -362,13 +324,15 @@ mod tests {
     use super::*;
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher;
+    use tracing_subscriber::layer::SubscriberExt;
 
-    /// Every sample line belongs to the family announced by the last `# TYPE` line, and every
-    /// family has exactly one HELP and one TYPE line.
+    /// OpenMetrics: every sample belongs to the family announced by the last `# TYPE` line,
+    /// every family has one HELP and one TYPE line, and the text ends in `# EOF`.
     fn assert_well_formed(text: &str) {
+        assert!(text.ends_with("# EOF\n"), "{text}");
         let mut current: Option<(String, String)> = None;
         let mut seen = std::collections::HashSet::new();
-        for line in text.lines() {
+        for line in text.lines().filter(|l| *l != "# EOF") {
             if let Some(rest) = line.strip_prefix("# HELP ") {
                 let name = rest.split(' ').next().expect("name");
                 assert!(seen.insert(name.to_string()), "HELP twice for {name}");
@@ -383,24 +347,29 @@ mod tests {
                     ["counter", "gauge", "histogram"].contains(&kind.as_str()),
                     "{line}"
                 );
-                if kind == "counter" {
-                    assert!(name.ends_with("_total"), "counter {name} ends in _total");
-                }
                 current = Some((name, kind));
                 continue;
             }
             let (family, kind) = current.clone().expect("a sample after a TYPE line");
             let sample = line.split(['{', ' ']).next().expect("sample name");
-            let ok = match kind.as_str() {
-                "histogram" => ["_bucket", "_sum", "_count"]
-                    .iter()
-                    .any(|suffix| sample == format!("{family}{suffix}")),
-                _ => sample == family,
+            let suffixes: &[&str] = match kind.as_str() {
+                "histogram" => &["_bucket", "_sum", "_count"],
+                "counter" => &["_total"],
+                _ => &[""],
             };
-            assert!(ok, "sample {sample} outside its family {family}");
-            let value = line.rsplit(' ').next().expect("value");
+            assert!(
+                suffixes.iter().any(|s| sample == format!("{family}{s}")),
+                "sample {sample} outside its family {family}"
+            );
+            let sample = line.split(" # ").next().expect("sample");
+            let value = sample.rsplit(' ').next().expect("value");
             assert!(value.parse::<f64>().is_ok(), "{line}: value {value}");
         }
+    }
+
+    fn has_line(text: &str, expected: &str) -> bool {
+        text.lines()
+            .any(|l| l == expected || l.starts_with(&format!("{expected} # ")))
     }
 
     #[test]
@@ -425,6 +394,7 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             ),
             "kandev_leader 1",
+            "# TYPE kandev_reconciles counter",
             "kandev_reconciles_total{result=\"ok\"} 2",
             "kandev_reconciles_total{result=\"error\"} 1",
             "kandev_reconcile_errors_total{kind=\"kube\"} 1",
@@ -436,22 +406,48 @@ mod tests {
             "kandev_resume_requests_total{outcome=\"failed\"} 0",
             "kandev_resume_requests_total{outcome=\"refused\"} 1",
             "kandev_resume_requests_total{outcome=\"already_running\"} 0",
+            "kandev_resume_requests_total{outcome=\"superseded\"} 0",
             "kandev_agents_lost_total 1",
             "# TYPE kandev_acp_restore_duration_seconds histogram",
             "kandev_acp_restore_duration_seconds_bucket{le=\"0.25\"} 0",
             "kandev_acp_restore_duration_seconds_bucket{le=\"0.5\"} 1",
-            "kandev_acp_restore_duration_seconds_bucket{le=\"120\"} 1",
+            "kandev_acp_restore_duration_seconds_bucket{le=\"120.0\"} 1",
             "kandev_acp_restore_duration_seconds_bucket{le=\"+Inf\"} 2",
             "kandev_acp_restore_duration_seconds_sum 500.3",
             "kandev_acp_restore_duration_seconds_count 2",
         ] {
-            assert!(
-                text.lines().any(|l| l == expected),
-                "missing {expected:?} in\n{text}"
-            );
+            assert!(has_line(&text, expected), "missing {expected:?} in\n{text}");
         }
-        // No controller on this replica: no session gauges.
+        // No trace: no exemplar. No controller on this replica: no session gauges.
+        assert!(!text.contains("trace_id"), "{text}");
         assert!(!text.contains("kandev_sessions"), "{text}");
+    }
+
+    #[test]
+    fn histograms_carry_the_trace_id_as_exemplar() {
+        use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let metrics = Metrics::new();
+        let trace_id = tracing::subscriber::with_default(subscriber, || {
+            // Callsites another test thread hit first may be cached as disabled.
+            tracing::callsite::rebuild_interest_cache();
+            let span = tracing::info_span!("reconcile");
+            let _entered = span.enter();
+            metrics.reconciled(None, Duration::from_millis(40));
+            span.context().span().span_context().trace_id().to_string()
+        });
+        let text = metrics.render();
+        assert_well_formed(&text);
+        let bucket = format!(
+            "kandev_reconcile_duration_seconds_bucket{{le=\"0.05\"}} 1 # {{trace_id=\"{trace_id}\"}} 0.04"
+        );
+        assert!(
+            text.lines().any(|l| l == bucket),
+            "missing {bucket} in\n{text}"
+        );
     }
 
     #[test]
@@ -479,20 +475,13 @@ mod tests {
         let text = metrics.render();
         assert_well_formed(&text);
         for expected in [
+            "# TYPE kandev_sessions gauge",
             "kandev_sessions{state=\"RUNNING\"} 1",
             "kandev_sessions{state=\"WAITING_FOR_INPUT\"} 2",
             "kandev_sessions{state=\"FAILED\"} 0",
             "kandev_sessions_needing_resume 1",
         ] {
-            assert!(
-                text.lines().any(|l| l == expected),
-                "missing {expected:?} in\n{text}"
-            );
+            assert!(has_line(&text, expected), "missing {expected:?} in\n{text}");
         }
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

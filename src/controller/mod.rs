@@ -8,8 +8,8 @@ pub mod pods;
 mod reconcile;
 
 pub use reconcile::{Clients, Context, Error, OperatorSettings, run};
+pub mod endpoints;
 pub mod follower;
-pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod permissions;

@@ -60,6 +60,9 @@ pub struct PodSettings {
     pub allowed_image_prefixes: Vec<String>,
     /// The egress NetworkPolicy created with every agent pod; `None`: none.
     pub egress: Option<EgressPolicy>,
+    /// The operator's own OTel variables ([`crate::telemetry::POD_ENV`]) that are set: agentctl
+    /// exports its spans to the same receiver. Empty while traces are off.
+    pub trace_env: Vec<(String, String)>,
 }
 
 /// The egress of agent pods: DNS to kube-dns, and the `allow` CIDRs minus the `deny` ones (the
@@ -347,6 +350,12 @@ pub fn build_agentctl_pod(
             &settings.replay_line_limit_mib.to_string(),
         ));
     }
+    env.extend(
+        settings
+            .trace_env
+            .iter()
+            .map(|(name, value)| env_value(name, value)),
+    );
     env.extend(ts.spec.credentials.iter().map(|c| EnvVar {
         name: c.env.clone(),
         value_from: Some(EnvVarSource {
@@ -812,6 +821,39 @@ mod tests {
         assert_eq!(
             pod.spec.expect("spec").containers[0].resources,
             Some(defaults)
+        );
+    }
+
+    #[test]
+    fn agentctl_gets_the_operators_trace_settings() {
+        let registry = crate::agents::AgentRegistry::builtin().expect("built-ins");
+        let profile = registry.get("claude-code").expect("claude-code");
+        let env_of = |settings: &PodSettings| -> Vec<(String, Option<String>)> {
+            let pod = build_agentctl_pod(&session(claim("ws")), "tok-1", settings, profile);
+            let spec = pod.spec.expect("spec");
+            spec.containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e.name.starts_with("OTEL_"))
+                .map(|e| (e.name, e.value))
+                .collect()
+        };
+        assert!(env_of(&PodSettings::default()).is_empty(), "traces off");
+        let settings = PodSettings {
+            trace_env: vec![(
+                "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                "http://collector:4318".into(),
+            )],
+            ..Default::default()
+        };
+        assert_eq!(
+            env_of(&settings),
+            vec![(
+                "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
+                Some("http://collector:4318".to_string())
+            )]
         );
     }
 

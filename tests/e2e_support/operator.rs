@@ -28,6 +28,7 @@ pub struct OperatorBuilder {
     fault: Option<String>,
     lease: Option<Lease>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     kubeconfig: Option<PathBuf>,
 }
 
@@ -46,6 +47,7 @@ impl Operator {
             fault: None,
             lease: None,
             args: Vec::new(),
+            env: Vec::new(),
             kubeconfig: None,
         }
     }
@@ -108,6 +110,12 @@ impl OperatorBuilder {
         self
     }
 
+    /// An environment variable of the operator process (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
     /// Talks to the API server through `kubeconfig` instead of $KUBECONFIG (a fault proxy).
     pub fn kubeconfig(mut self, kubeconfig: &Path) -> Self {
         self.kubeconfig = Some(kubeconfig.to_path_buf());
@@ -159,6 +167,7 @@ impl OperatorBuilder {
             .stdout(out)
             .stderr(err)
             .kill_on_drop(true);
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         if let Some(step) = &self.fault {
             cmd.env(FAULT_ENV, step);
         }
