@@ -160,6 +160,10 @@ pub struct HubConfig {
     /// workspace is mounted on this side (the same path in a real pod; a local directory when
     /// the e2e harness plays the pod). `None` forwards the client's cwd unchanged.
     pub session_cwd: Option<String>,
+    /// The workspace's checkout ([`super::checkout::Worktree`]), added to the cached
+    /// `initialize` answer as `_meta["kandev.dev/worktree"]`: the operator learns it from the
+    /// same exchange that restores the session.
+    pub worktree: Option<Value>,
 }
 
 enum InitState {
@@ -771,6 +775,16 @@ impl Hub {
         let mut out = Vec::new();
         if let Some(result) = raw.get("result") {
             tracing::info!("agent initialized; its response is cached for every client");
+            let mut result = result.clone();
+            if let (Some(worktree), Some(object)) = (&self.config.worktree, result.as_object_mut())
+            {
+                let meta = object
+                    .entry("_meta")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert(super::checkout::WORKTREE_META.to_string(), worktree.clone());
+                }
+            }
             self.init = InitState::Ready(result.clone());
             for (conn, id) in clients {
                 out.push(Output::ToClient(
@@ -1548,6 +1562,7 @@ mod tests {
             session_cwd: None,
             session_name: Some("ts-1".into()),
             history_injection: false,
+            worktree: None,
         });
         hub.attach(1, false).ok();
         hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"s","cwd":"/","mcpServers":[]}})));
@@ -1692,6 +1707,7 @@ mod tests {
             session_cwd: None,
             session_name: Some("ts-1".into()),
             history_injection: true,
+            worktree: None,
         };
         let mut hub = ready_hub(config.clone());
         hub.attach(1, false).ok();
