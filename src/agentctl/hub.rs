@@ -1188,6 +1188,29 @@ mod tests {
     }
 
     #[test]
+    fn the_worktree_travels_in_the_initialize_meta() {
+        let worktree = json!({"branch": "kandev/t-1", "commit": "abc", "cloned": true});
+        let mut hub = ready_hub(HubConfig {
+            worktree: Some(worktree.clone()),
+            ..HubConfig::default()
+        });
+        hub.attach(3, false).expect("attach");
+        let out = hub.client_line(
+            3,
+            &line(json!({"jsonrpc":"2.0","id":9,"method":"initialize","params":{}})),
+        );
+        let answers = to_client(&out);
+        assert_eq!(
+            answers[0].1["result"]["_meta"]["kandev.dev/worktree"],
+            worktree
+        );
+        assert_eq!(
+            answers[0].1["result"]["agentCapabilities"]["loadSession"],
+            true
+        );
+    }
+
+    #[test]
     fn initialize_is_answered_from_the_cache_never_resent() {
         let mut hub = Hub::new(HubConfig::default());
         hub.start();

@@ -307,12 +307,13 @@ pub struct RepositorySpec {
 }
 
 /// Keys of one Secret that authenticate the clone. HTTPS: `passwordKey` (a token), optionally
-/// `usernameKey`; SSH: `sshKeyKey` and `knownHostsKey` (host keys are always checked).
+/// `usernameKey` and `caBundleKey`; SSH: `sshKeyKey` and `knownHostsKey` (host keys are always
+/// checked).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("has(self.passwordKey) || has(self.sshKeyKey)")
-        .message("repository.credentials needs passwordKey (HTTPS) or sshKeyKey (SSH)"),
+    validation = Rule::new("has(self.passwordKey) || has(self.sshKeyKey) || has(self.caBundleKey)")
+        .message("repository.credentials needs passwordKey (HTTPS), sshKeyKey (SSH) or caBundleKey"),
     validation = Rule::new("has(self.sshKeyKey) == has(self.knownHostsKey)")
         .message("repository.credentials: sshKeyKey and knownHostsKey go together (host keys are always checked)"),
     validation = Rule::new("!has(self.usernameKey) || has(self.passwordKey)")
@@ -347,6 +348,12 @@ pub struct RepositoryCredentials {
     #[schemars(length(max = 253))]
     #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
     pub known_hosts_key: Option<String>,
+    /// Key of PEM CA certificates that sign the HTTPS server's certificate (a forge with a
+    /// private CA); the image's trust store otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
+    pub ca_bundle_key: Option<String>,
 }
 
 const SECRET_KEY_MESSAGE: &str = "repository.credentials keys must be Secret data keys: letters, digits, '-', '_' and '.', not '.' or '..' and not starting with '..'";

@@ -27,15 +27,17 @@ use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::agentctl::checkout::{WORKTREE_META, Worktree};
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
     NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SessionState,
-    TaskSession, TaskSessionStatus, TaskState,
+    TaskSession, TaskSessionStatus, TaskState, WorktreeStatus,
 };
 use crate::resume::{
     InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass, ResumeRequest,
-    ResumeRequestFacts, SessionFacts, build_resume_request, evaluate_resume_eligibility,
-    handled_key, is_new_resume_request, launch_stall, pod_liveness as liveness, remember_handled,
+    ResumeRequestFacts, SessionFacts, build_resume_request, checkout_stall,
+    evaluate_resume_eligibility, handled_key, is_new_resume_request, launch_stall,
+    pod_liveness as liveness, remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -764,6 +766,20 @@ impl<'a> Session<'a> {
                 // Deleted while starting (a drain, a user): lost once it is gone.
                 Ok(Action::requeue(POD_RECHECK))
             }
+            // agentctl could not prepare the workspace from the repository: retrying cannot
+            // help until the workspace, the repository or its Secret changes.
+            PodLiveness::Failed if checkout_stall(&pod).is_some() => {
+                let Some(stall) = checkout_stall(&pod) else {
+                    return Ok(Action::requeue(POD_RECHECK));
+                };
+                let message = format!(
+                    "{}; {}. Set a new {RESUME_ANNOTATION} token to retry",
+                    stall.message,
+                    self.what_is_kept()
+                );
+                self.launch_not_done(Some(&pod), stall.reason, "CheckoutFailed", true, &message)
+                    .await
+            }
             lost => {
                 let message = format!(
                     "agentctl pod {} was lost while starting ({lost:?}); {}",
@@ -1145,6 +1161,10 @@ impl<'a> Session<'a> {
             .await;
         metrics::global().restore_took(restore_started.elapsed());
         let capabilities = client.negotiated_capabilities();
+        let worktree = client
+            .initialize_response()
+            .and_then(|init| init.meta.as_ref()?.get(WORKTREE_META).cloned())
+            .and_then(|w| serde_json::from_value::<Worktree>(w).ok());
         let mut started_prompt = false;
         if let RestoreOutcome::Fresh { session_id, .. } = &outcome
             && let InitialPrompt::Send(text) = request.initial_prompt_for_fresh_agent(false)
@@ -1164,7 +1184,7 @@ impl<'a> Session<'a> {
                     .await
             }
             RestoreOutcome::Restored { method, session_id } => {
-                self.record_executor(pod, Some(&session_id), capabilities, false)
+                self.record_executor(pod, Some(&session_id), capabilities, worktree, false)
                     .await?;
                 let message = format!(
                     "restored ACP session {session_id} with {}",
@@ -1174,8 +1194,14 @@ impl<'a> Session<'a> {
                     .await
             }
             RestoreOutcome::Fresh { session_id, why } => {
-                self.record_executor(pod, Some(&session_id), capabilities, started_prompt)
-                    .await?;
+                self.record_executor(
+                    pod,
+                    Some(&session_id),
+                    capabilities,
+                    worktree,
+                    started_prompt,
+                )
+                .await?;
                 let (state, reason, message) = if started_prompt {
                     (
                         SessionState::Running,
@@ -1239,9 +1265,19 @@ impl<'a> Session<'a> {
         pod: &Pod,
         token: Option<&str>,
         capabilities: Option<NegotiatedCapabilities>,
+        worktree: Option<Worktree>,
         prompt_started: bool,
     ) -> Result<(), Error> {
         let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        // The checkout agentctl reported (sessions with a repository only); the path is where
+        // the agent sees it, the PVC what holds it.
+        let worktree = worktree.map(|w| WorktreeStatus {
+            id: Some(self.ts.name_any()),
+            pvc: Some(pods::workspace_claim_name(&self.ts)),
+            path: Some(self.ts.spec.workspace.mount_path.clone()),
+            branch: w.branch,
+            commit: w.commit,
+        });
         let activity = if prompt_started {
             AgentActivity::Working
         } else {
@@ -1258,6 +1294,10 @@ impl<'a> Session<'a> {
             "capabilities": capabilities,
             "lastSeenAt": Time(Timestamp::now()),
         }});
+        let mut patch = patch;
+        if let Some(worktree) = worktree {
+            patch["status"]["worktree"] = json!(worktree);
+        }
         let recorded = api
             .patch_status(
                 &pods::executor_name(&self.ts),
