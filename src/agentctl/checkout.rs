@@ -870,12 +870,13 @@ mod tests {
             })
         };
         // (branch, baseBranch, remote default) -> plan
-        let cases: Vec<(
-            Option<&str>,
-            Option<&str>,
-            Option<&str>,
+        type Case<'a> = (
+            Option<&'a str>,
+            Option<&'a str>,
+            Option<&'a str>,
             Result<BranchPlan, ()>,
-        )> = vec![
+        );
+        let cases: Vec<Case> = vec![
             (
                 Some("feature"),
                 None,

@@ -777,7 +777,7 @@ mod tests {
         let pod = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
         let c = &pod.spec.expect("spec").containers[0];
         let env = c.env.clone().unwrap_or_default();
-        let value = |name: &str| env.iter().find(|e| e.name == name).map(|e| e.clone());
+        let value = |name: &str| env.iter().find(|e| e.name == name).cloned();
         assert_eq!(
             value("KANDEV_REPOSITORY_URL")
                 .and_then(|e| e.value)
