@@ -615,8 +615,9 @@ impl GitAuth {
             }
             if let Some(ca) = &credentials.ca_bundle {
                 let file = dir.write("ca.pem", &with_newline(ca))?;
-                config.push("-c".into());
-                config.push(format!("http.sslCAInfo={}", file.display()));
+                // The environment, not `-c http.sslCAInfo`: git 2.39's remote helper ignores
+                // the latter.
+                env.push(("GIT_SSL_CAINFO".into(), file.display().to_string()));
             }
         }
         Ok(Self {

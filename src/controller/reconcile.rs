@@ -1116,27 +1116,7 @@ impl<'a> Session<'a> {
         };
         let mut connection = match opened {
             Ok(connection) => connection,
-            Err(err) => {
-                // agentctl may not listen yet right after the pod turned Running; the pod's own
-                // liveness decides on the next pass whether this is a launch failure, the launch
-                // deadline whether it is stalled. The condition is written once, not on every
-                // try.
-                if let Some(stall) = self.stall(pod, Some(&err)) {
-                    return self.stall_launch(pod, stall).await;
-                }
-                let before = self.status.clone();
-                let message = format!("waiting for agentctl in pod {pod_name}: {err}");
-                self.set_conditions(&[Want::new(
-                    conditions::RECONCILING,
-                    true,
-                    "WaitingForAgentctl",
-                    &message,
-                )]);
-                if self.status != before {
-                    self.write_status().await?;
-                }
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
+            Err(err) => return self.wait_for_agentctl(pod, &err).await,
         };
         let client = &mut connection.client;
         // Repeated setup requests and the initial prompt of the same launch are answered by
@@ -1161,6 +1141,7 @@ impl<'a> Session<'a> {
             .await;
         metrics::global().restore_took(restore_started.elapsed());
         let capabilities = client.negotiated_capabilities();
+        let client_unanswered = client.initialize_response().is_none();
         let worktree = client
             .initialize_response()
             .and_then(|init| init.meta.as_ref()?.get(WORKTREE_META).cloned())
@@ -1172,6 +1153,19 @@ impl<'a> Session<'a> {
             started_prompt = client.start_prompt(session_id, &text).is_ok();
         }
         connection.close(Duration::from_secs(5)).await;
+        // The stream closed before agentctl answered `initialize`: `agentctl connect` found no
+        // serve yet (it may still be cloning the repository) or serve just exited (the pod's
+        // status will say why). agentctl has not answered exec, so this is not a restore
+        // failure: the launch waits, within its deadline, like for an exec that cannot open.
+        if let RestoreOutcome::Failed {
+            class: RestoreErrorClass::Transport,
+            reason,
+            ..
+        } = &outcome
+            && client_unanswered
+        {
+            return self.wait_for_agentctl(pod, reason).await;
+        }
 
         match outcome {
             RestoreOutcome::Failed {
@@ -1255,6 +1249,28 @@ impl<'a> Session<'a> {
                 }
             }
         }
+    }
+
+    /// agentctl does not answer exec yet (`err`): right after the pod turned Running it may not
+    /// listen yet (or still clone the repository). The pod's own liveness decides on the next
+    /// pass whether this is a launch failure, the launch deadline whether it is stalled. The
+    /// condition is written once, not on every try.
+    async fn wait_for_agentctl(mut self, pod: &Pod, err: &str) -> Result<Action, Error> {
+        if let Some(stall) = self.stall(pod, Some(err)) {
+            return self.stall_launch(pod, stall).await;
+        }
+        let before = self.status.clone();
+        let message = format!("waiting for agentctl in pod {}: {err}", pod.name_any());
+        self.set_conditions(&[Want::new(
+            conditions::RECONCILING,
+            true,
+            "WaitingForAgentctl",
+            &message,
+        )]);
+        if self.status != before {
+            self.write_status().await?;
+        }
+        Ok(Action::requeue(Duration::from_secs(2)))
     }
 
     /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
