@@ -12,7 +12,7 @@
 //! The pure parts — what to do with a workspace, which branch to check out, classifying and
 //! scrubbing git's errors — are separate functions, table-tested below.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -638,7 +638,7 @@ fn with_newline(text: &str) -> String {
 
 mod tempdir {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    use std::path::{Path, PathBuf};
+    use std::path::PathBuf;
 
     use super::AgentctlError;
 
@@ -670,11 +670,6 @@ mod tempdir {
             file.write_all(content.as_bytes())
                 .map_err(AgentctlError::io("cannot write a git credential file"))?;
             Ok(path)
-        }
-
-        #[allow(dead_code)]
-        pub fn path(&self) -> &Path {
-            &self.0
         }
     }
 
@@ -753,10 +748,7 @@ async fn git(
             stderr: String::new(),
             timed_out: true,
         }),
-        Ok((out, err, Ok(status))) if status.success() => {
-            let _ = err;
-            Ok(out)
-        }
+        Ok((out, _, Ok(status))) if status.success() => Ok(out),
         Ok((_, err, status)) => Err(GitFailure {
             what: match status {
                 Ok(s) => format!("{what} ({s})"),
@@ -794,9 +786,9 @@ async fn read_bounded<R: AsyncRead + Unpin>(reader: Option<R>, limit: usize, tai
     String::from_utf8_lossy(&kept).into_owned()
 }
 
-/// Where `--termination-log` points: the file the kubelet reports as the container's
-/// termination message.
-pub fn write_termination_message(path: &PathBuf, reason: CheckoutReason, message: &str) {
+/// Writes `"<reason>: <message>"` to `path` (`--termination-log`): the file the kubelet
+/// reports as the container's termination message.
+pub fn write_termination_message(path: &Path, reason: CheckoutReason, message: &str) {
     // The kubelet keeps at most 4096 bytes.
     let mut text = format!("{reason}: {message}");
     if text.len() > 4000 {
@@ -814,6 +806,7 @@ pub fn write_termination_message(path: &PathBuf, reason: CheckoutReason, message
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     const URL: &str = "https://git.example/team/app.git";
 
