@@ -74,6 +74,13 @@ const TASK_ID_EMPTY: &str = "taskId must not be empty";
 const AGENT_NAME: &str = "agent must be a profile name: lowercase letters, digits and '-'";
 const REPOSITORY_URL: &str = "repository.url must be https://host/path, ssh://host/path, git://host/path or git@host:path (file:// and local paths are not allowed)";
 const BRANCH: &str = "repository.branch and repository.baseBranch must be Git branch names: not empty, not starting with '-', without '..', whitespace or any of ~ ^ : ? * [ \\";
+const URL_PASSWORD: &str = "repository.url must not carry a password: put it in a Secret and name it in repository.credentials";
+const GIT_CREDENTIALS: &str =
+    "repository.credentials needs passwordKey (HTTPS), sshKeyKey (SSH) or caBundleKey";
+const SSH_PAIR: &str = "repository.credentials: sshKeyKey and knownHostsKey go together (host keys are always checked)";
+const GIT_SECRET_NAME: &str = "repository.credentials.secretName must be a Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit";
+const GIT_SECRET_KEY: &str = "repository.credentials keys must be Secret data keys: letters, digits, '-', '_' and '.', not '.' or '..' and not starting with '..'";
+const USERNAME_NEEDS_PASSWORD: &str = "repository.credentials: usernameKey needs passwordKey";
 const NAME_FOR_PVC: &str = "a TaskSession with workspace.template needs a name of at most 243 characters: its PVC is named <name>-workspace";
 
 /// The smallest valid session; every case breaks one thing in it.
@@ -125,6 +132,10 @@ fn resources(resources: Value) -> Value {
 
 fn repository(repository: Value) -> Value {
     json!({"spec": {"repository": repository}})
+}
+
+fn git_credentials(credentials: Value) -> Value {
+    repository(json!({"url": "https://example.com/app.git", "credentials": credentials}))
 }
 
 fn spec(field: &str, value: Value) -> Value {
@@ -220,6 +231,16 @@ fn refused_cases() -> Vec<Refused> {
         case("branch with ..", repository(json!({"url": "https://example.com/app.git", "branch": "a..b"})), "spec.repository.branch", Rule(BRANCH)),
         case("empty branch", repository(json!({"url": "https://example.com/app.git", "branch": ""})), "spec.repository.branch", Rule(BRANCH)),
         case("baseBranch with a space", repository(json!({"url": "https://example.com/app.git", "baseBranch": "main branch"})), "spec.repository.baseBranch", Rule(BRANCH)),
+        case("password in the URL", repository(json!({"url": "https://bob:s3cret@example.com/app.git"})), "spec.repository.url", Rule(URL_PASSWORD)),
+        case("git credentials without a password or key", repository(json!({"url": "https://example.com/app.git", "credentials": {"secretName": "git"}})), "spec.repository.credentials", Rule(GIT_CREDENTIALS)),
+        case("SSH key without known_hosts", repository(json!({"url": "git@example.com:app.git", "credentials": {"secretName": "git", "sshKeyKey": "id"}})), "spec.repository.credentials", Rule(SSH_PAIR)),
+        case("git user name without a password", repository(json!({"url": "git@example.com:app.git", "credentials": {"secretName": "git", "usernameKey": "u", "sshKeyKey": "id", "knownHostsKey": "kh"}})), "spec.repository.credentials", Rule(USERNAME_NEEDS_PASSWORD)),
+        case("git Secret name with capitals", git_credentials(json!({"secretName": "Git", "passwordKey": "token"})), "spec.repository.credentials.secretName", Rule(GIT_SECRET_NAME)),
+        case("git usernameKey with a slash", git_credentials(json!({"secretName": "git", "usernameKey": "a/b", "passwordKey": "token"})), "spec.repository.credentials.usernameKey", Rule(GIT_SECRET_KEY)),
+        case("git passwordKey ..", git_credentials(json!({"secretName": "git", "passwordKey": ".."})), "spec.repository.credentials.passwordKey", Rule(GIT_SECRET_KEY)),
+        case("git sshKeyKey with a space", git_credentials(json!({"secretName": "git", "sshKeyKey": "id rsa", "knownHostsKey": "kh"})), "spec.repository.credentials.sshKeyKey", Rule(GIT_SECRET_KEY)),
+        case("git knownHostsKey .", git_credentials(json!({"secretName": "git", "sshKeyKey": "id", "knownHostsKey": "."})), "spec.repository.credentials.knownHostsKey", Rule(GIT_SECRET_KEY)),
+        case("git caBundleKey starting with ..", git_credentials(json!({"secretName": "git", "caBundleKey": "..ca"})), "spec.repository.credentials.caBundleKey", Rule(GIT_SECRET_KEY)),
         case("baseBranch with a backslash", repository(json!({"url": "https://example.com/app.git", "baseBranch": "a\\b"})), "spec.repository.baseBranch", Rule(BRANCH)),
         // the whole object
         case("name too long for <name>-workspace", json!({"metadata": {"name": long(244)}}), "", Rule(NAME_FOR_PVC)),
@@ -255,6 +276,8 @@ fn accepted_cases() -> Vec<(&'static str, Value)> {
         ("mountPath with dot names", mount_path("/w/.hidden/..x/a.b")),
         ("ssh URL with a port", repository(json!({"url": "ssh://git@example.com:2222/org/app.git"}))),
         ("git:// URL", repository(json!({"url": "git://example.com/app.git"}))),
+        ("HTTPS token credentials", repository(json!({"url": "https://example.com/app.git", "credentials": {"secretName": "app-git", "usernameKey": "user", "passwordKey": "token", "caBundleKey": "ca.pem"}}))),
+        ("SSH credentials", repository(json!({"url": "git@example.com:org/app.git", "credentials": {"secretName": "app-git", "sshKeyKey": "id_ed25519", "knownHostsKey": "known_hosts"}}))),
         ("scp-style URL", repository(json!({"url": "git@github.com:kandev/kandev.git"}))),
         ("storageClassName \"\" (no class)", template(json!({"size": "1Gi", "storageClassName": ""}))),
         ("ReadWriteOncePod alone", template(json!({"size": "500M", "accessModes": ["ReadWriteOncePod"]}))),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use e2e_support::{client, kubectl, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
-const PAGES: [&str; 11] = [
+const PAGES: [&str; 12] = [
     "install.md",
     "spec.md",
     "resume.md",

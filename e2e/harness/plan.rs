@@ -60,6 +60,11 @@ pub fn claim_dir(state_dir: &Path, namespace: &str, claim: &str) -> PathBuf {
     state_dir.join("volumes").join(namespace).join(claim)
 }
 
+/// Local file standing in for a pod's termination message file (`terminationMessagePath`).
+pub fn termination_log(pod_dir: &Path) -> PathBuf {
+    pod_dir.join("termination-log")
+}
+
 /// Builds the launch plan of `pod`'s first container.
 pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
     let meta = &pod.metadata;
@@ -113,6 +118,17 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
         dirs.push(local.clone());
         mounts.push((normalize_mount(&mount.mount_path), local));
     }
+
+    // The termination message file a kubelet mounts into the container.
+    mounts.push((
+        normalize_mount(
+            container
+                .termination_message_path
+                .as_deref()
+                .unwrap_or("/dev/termination-log"),
+        ),
+        termination_log(&pod_dir),
+    ));
 
     let mut command = container.command.clone().unwrap_or_default();
     command.extend(container.args.clone().unwrap_or_default());

@@ -73,6 +73,45 @@ pub async fn missing_secret(client: &Client, pod: &Pod) -> Result<Option<Waiting
     Ok(None)
 }
 
+/// The values of the first container's `secretKeyRef` variables, resolved like a kubelet does
+/// (a missing Secret or key was reported by [`missing_secret`] before the start; an optional
+/// one is left out).
+pub async fn secret_env(client: &Client, pod: &Pod) -> Result<Vec<(String, String)>, kube::Error> {
+    let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
+        return Ok(Vec::new());
+    };
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut env = Vec::new();
+    for var in container.env.iter().flatten() {
+        let Some(r) = var
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+        else {
+            continue;
+        };
+        let Some(secret) = secrets.get_opt(&r.name).await? else {
+            continue;
+        };
+        let value = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&r.key))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .or_else(|| {
+                secret
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(&r.key).cloned())
+            });
+        if let Some(value) = value {
+            env.push((var.name.clone(), value));
+        }
+    }
+    Ok(env)
+}
+
 fn has_key(secret: &Secret, key: &str) -> bool {
     secret.data.as_ref().is_some_and(|d| d.contains_key(key))
         || secret

@@ -310,6 +310,13 @@ impl Supervisor {
             exec_env.push(("PATH".to_string(), path));
         }
         exec_env.extend(plan.env.iter().cloned());
+        // Secret values reach the process only, not the kwok Exec object (an API object).
+        match preflight::secret_env(&self.client, &pod).await {
+            Ok(secret_env) => plan.env.extend(secret_env),
+            Err(e) => {
+                warn!(pod = %key, error = %e, "cannot read the Secrets of the pod's environment")
+            }
+        }
 
         let child = match process::spawn(&plan) {
             Ok(child) => child,
@@ -500,10 +507,16 @@ impl Supervisor {
         self.finished.insert(exited.uid.clone());
         self.delete_kwok_objects(&t.plan).await;
         let reason = if code == 0 { "Completed" } else { "Error" };
-        let msg = format!(
-            "kandev-e2e-harness: local process {} exited ({status})",
-            exited.pid
-        );
+        // Like a kubelet: the termination message file's content when the container wrote one.
+        let msg = std::fs::read_to_string(plan::termination_log(&t.plan.pod_dir))
+            .ok()
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| {
+                format!(
+                    "kandev-e2e-harness: local process {} exited ({status})",
+                    exited.pid
+                )
+            });
         self.mark_terminal(&t.plan, t.started_at, code, reason, &msg)
             .await;
     }

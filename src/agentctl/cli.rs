@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
+use super::checkout::{self, GitCredentials, Repository, Worktree, write_termination_message};
 use super::hub::HubConfig;
 use super::journal::JOURNAL_FILE;
 use super::launch::plan_launch;
@@ -171,6 +172,27 @@ pub struct ServeArgs {
     /// How long the agent may take to answer agentctl's `initialize`.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub initialize_timeout: u64,
+    /// Git repository for the workspace: cloned into it when it is empty (then --branch is
+    /// checked out, created from --base-branch or the remote's default branch when the remote
+    /// does not have it), left alone when it is already this repository's clone, refused when
+    /// it holds anything else. Credentials come from KANDEV_GIT_PASSWORD (and
+    /// KANDEV_GIT_USERNAME), KANDEV_GIT_SSH_KEY with KANDEV_GIT_KNOWN_HOSTS, and
+    /// KANDEV_GIT_CA_BUNDLE; the agent does not inherit them.
+    #[arg(long, env = "KANDEV_REPOSITORY_URL", value_name = "URL")]
+    pub repository: Option<String>,
+    /// The branch the agent works on (see --repository).
+    #[arg(long, env = "KANDEV_REPOSITORY_BRANCH", value_name = "BRANCH")]
+    pub branch: Option<String>,
+    /// The branch a new --branch starts from [default: the remote's default branch].
+    #[arg(long, env = "KANDEV_REPOSITORY_BASE_BRANCH", value_name = "BRANCH")]
+    pub base_branch: Option<String>,
+    /// How long the clone may take before it is killed.
+    #[arg(long, value_name = "SECS", default_value_t = 90)]
+    pub clone_timeout: u64,
+    /// Where to write why the workspace could not be prepared ("<Reason>: <message>"), for
+    /// the container's termination message (the operator passes /dev/termination-log).
+    #[arg(long, value_name = "FILE")]
+    pub termination_log: Option<PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,
     /// The agent command, instead of (or overriding) the profile's launch command.
@@ -375,6 +397,17 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
+    let worktree = match prepare_workspace(&args).await {
+        Ok(worktree) => worktree,
+        Err(error) => {
+            if let (AgentctlError::Checkout { reason, message }, Some(path)) =
+                (&error, &args.termination_log)
+            {
+                write_termination_message(path, *reason, message);
+            }
+            return Err(error);
+        }
+    };
     let session_cwd = std::path::absolute(&cwd)
         .unwrap_or_else(|_| cwd.clone())
         .to_string_lossy()
@@ -394,11 +427,34 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
             history_injection: profile
                 .as_ref()
                 .is_some_and(|p| p.history_context_injection),
+            worktree: worktree.and_then(|w| serde_json::to_value(w).ok()),
         },
         initialize_timeout: Duration::from_secs(args.initialize_timeout),
         replay_line_limit: args.limits.replay_line_limit(),
     };
     serve(options).await
+}
+
+/// Clones `--repository` into the workspace on the first start (see [`super::checkout`]).
+async fn prepare_workspace(args: &ServeArgs) -> Result<Option<Worktree>, AgentctlError> {
+    let nonempty = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+    let Some(url) = nonempty(&args.repository) else {
+        return Ok(None);
+    };
+    let repository = Repository {
+        url,
+        branch: nonempty(&args.branch),
+        base_branch: nonempty(&args.base_branch),
+    };
+    let credentials = GitCredentials::from_env();
+    let worktree = checkout::prepare(
+        &args.workspace,
+        &repository,
+        &credentials,
+        Duration::from_secs(args.clone_timeout),
+    )
+    .await?;
+    Ok(Some(worktree))
 }
 
 /// Prints exactly one JSON object and returns 0 (restored/fresh) or 1 (failed), even when the

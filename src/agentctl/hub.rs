@@ -161,6 +161,10 @@ pub struct HubConfig {
     /// workspace is mounted on this side (the same path in a real pod; a local directory when
     /// the e2e harness plays the pod). `None` forwards the client's cwd unchanged.
     pub session_cwd: Option<String>,
+    /// The workspace's checkout ([`super::checkout::Worktree`]), added to the cached
+    /// `initialize` answer as `_meta["kandev.dev/worktree"]`: the operator learns it from the
+    /// same exchange that restores the session.
+    pub worktree: Option<Value>,
 }
 
 enum InitState {
@@ -793,6 +797,16 @@ impl Hub {
         let mut out = Vec::new();
         if let Some(result) = raw.get("result") {
             tracing::info!("agent initialized; its response is cached for every client");
+            let mut result = result.clone();
+            if let (Some(worktree), Some(object)) = (&self.config.worktree, result.as_object_mut())
+            {
+                let meta = object
+                    .entry("_meta")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert(super::checkout::WORKTREE_META.to_string(), worktree.clone());
+                }
+            }
             self.init = InitState::Ready(result.clone());
             for (conn, id) in clients {
                 out.push(Output::ToClient(
@@ -1231,6 +1245,29 @@ mod tests {
     }
 
     #[test]
+    fn the_worktree_travels_in_the_initialize_meta() {
+        let worktree = json!({"branch": "kandev/t-1", "commit": "abc", "cloned": true});
+        let mut hub = ready_hub(HubConfig {
+            worktree: Some(worktree.clone()),
+            ..HubConfig::default()
+        });
+        hub.attach(3, false).expect("attach");
+        let out = hub.client_line(
+            3,
+            &line(json!({"jsonrpc":"2.0","id":9,"method":"initialize","params":{}})),
+        );
+        let answers = to_client(&out);
+        assert_eq!(
+            answers[0].1["result"]["_meta"]["kandev.dev/worktree"],
+            worktree
+        );
+        assert_eq!(
+            answers[0].1["result"]["agentCapabilities"]["loadSession"],
+            true
+        );
+    }
+
+    #[test]
     fn initialize_is_answered_from_the_cache_never_resent() {
         let mut hub = Hub::new(HubConfig::default());
         hub.start();
@@ -1605,6 +1642,7 @@ mod tests {
             session_cwd: None,
             session_name: Some("ts-1".into()),
             history_injection: false,
+            worktree: None,
         });
         hub.attach(1, false).ok();
         hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"s","cwd":"/","mcpServers":[]}})));
@@ -1785,6 +1823,7 @@ mod tests {
             session_cwd: None,
             session_name: Some("ts-1".into()),
             history_injection: true,
+            worktree: None,
         };
         let mut hub = ready_hub(config.clone());
         hub.attach(1, false).ok();

@@ -24,6 +24,7 @@
 //! to start), [`socket`] (socket paths and the hello line), [`time`] (timestamps), [`cli`]
 //! (the command line).
 
+pub mod checkout;
 pub mod cli;
 pub mod client;
 pub mod hub;
@@ -118,6 +119,13 @@ pub enum AgentctlError {
     },
     #[error("{0}")]
     Restore(String),
+    /// The workspace could not be prepared from the repository (the message is scrubbed of
+    /// credentials).
+    #[error("{reason}: {message}")]
+    Checkout {
+        reason: checkout::CheckoutReason,
+        message: String,
+    },
 }
 
 impl AgentctlError {

@@ -177,6 +177,12 @@ fn spawn_agent(
     let mut child = tokio::process::Command::new(program)
         .args(&argv[1..])
         .envs(&options.launch.env)
+        // The clone's credentials are agentctl's, not the agent's.
+        .env_remove(super::checkout::ENV_GIT_USERNAME)
+        .env_remove(super::checkout::ENV_GIT_PASSWORD)
+        .env_remove(super::checkout::ENV_GIT_SSH_KEY)
+        .env_remove(super::checkout::ENV_GIT_KNOWN_HOSTS)
+        .env_remove(super::checkout::ENV_GIT_CA_BUNDLE)
         .current_dir(&options.cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -155,6 +155,9 @@ pub struct WorktreeStatus {
     /// Branch checked out in the worktree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+    /// The commit checked out (HEAD) when agentctl last started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
 }
 
 /// Summary of the agent's ACP `initialize` answer.

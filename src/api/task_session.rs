@@ -299,16 +299,27 @@ const REPOSITORY_URL: &str =
 const BRANCH: &str = r"self.size() > 0 && !self.startsWith('-') && !self.contains('..') && !self.matches('[\\s~^:?*\\[\\\\]')";
 const BRANCH_MESSAGE: &str = r"repository.branch and repository.baseBranch must be Git branch names: not empty, not starting with '-', without '..', whitespace or any of ~ ^ : ? * [ \";
 
-/// A Git repository checked out into an empty workspace.
+/// CEL: no password in the URL (credentials come from `repository.credentials`).
+const URL_WITHOUT_PASSWORD: &str = r"!self.matches('^[a-z]+://[^/@]*:[^/@]*@')";
+
+/// A Git repository checked out into an empty workspace on the first start (never again on a
+/// resume, never over a non-empty workspace). Immutable.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("repository is immutable"))]
 pub struct RepositorySpec {
     /// Clone URL: `https://host/path`, `ssh://host/path`, `git://host/path` or scp-style
-    /// `git@host:path`, at most 2048 characters. Local paths and `file://` are refused.
+    /// `git@host:path`, at most 2048 characters. Local paths and `file://` are refused, and so
+    /// is a password in the URL (use `credentials`).
     #[schemars(length(max = 2048))]
-    #[x_kube(validation = Rule::new(REPOSITORY_URL).message(
-        "repository.url must be https://host/path, ssh://host/path, git://host/path or git@host:path (file:// and local paths are not allowed)"
-    ))]
+    #[x_kube(
+        validation = Rule::new(REPOSITORY_URL).message(
+            "repository.url must be https://host/path, ssh://host/path, git://host/path or git@host:path (file:// and local paths are not allowed)"
+        ),
+        validation = Rule::new(URL_WITHOUT_PASSWORD).message(
+            "repository.url must not carry a password: put it in a Secret and name it in repository.credentials"
+        )
+    )]
     pub url: String,
     /// Branch the agent works on; created from `baseBranch` when missing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -320,7 +331,64 @@ pub struct RepositorySpec {
     #[schemars(length(max = 255))]
     #[x_kube(validation = Rule::new(BRANCH).message(BRANCH_MESSAGE))]
     pub base_branch: Option<String>,
+    /// A Secret holding what git needs to reach the repository: an HTTPS user name and token,
+    /// or an SSH private key and `known_hosts`. Only agentctl's clone sees them; they are never
+    /// copied into status, Events or logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<RepositoryCredentials>,
 }
+
+/// Keys of one Secret that authenticate the clone. HTTPS: `passwordKey` (a token), optionally
+/// `usernameKey` and `caBundleKey`; SSH: `sshKeyKey` and `knownHostsKey` (host keys are always
+/// checked).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.passwordKey) || has(self.sshKeyKey) || has(self.caBundleKey)")
+        .message("repository.credentials needs passwordKey (HTTPS), sshKeyKey (SSH) or caBundleKey"),
+    validation = Rule::new("has(self.sshKeyKey) == has(self.knownHostsKey)")
+        .message("repository.credentials: sshKeyKey and knownHostsKey go together (host keys are always checked)"),
+    validation = Rule::new("!has(self.usernameKey) || has(self.passwordKey)")
+        .message("repository.credentials: usernameKey needs passwordKey")
+)]
+pub struct RepositoryCredentials {
+    /// Name of the Secret in the session's namespace (a DNS-1123 subdomain, at most 253
+    /// characters).
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(DNS_SUBDOMAIN).message(
+        "repository.credentials.secretName must be a Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    ))]
+    pub secret_name: String,
+    /// Key of the HTTPS user name [default: `x-access-token`, what most forges accept with a
+    /// token].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
+    pub username_key: Option<String>,
+    /// Key of the HTTPS password or token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
+    pub password_key: Option<String>,
+    /// Key of the SSH private key (OpenSSH format, without a passphrase).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
+    pub ssh_key_key: Option<String>,
+    /// Key of the `known_hosts` lines of the SSH server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
+    pub known_hosts_key: Option<String>,
+    /// Key of PEM CA certificates that sign the HTTPS server's certificate (a forge with a
+    /// private CA); the image's trust store otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new(SECRET_KEY).message(SECRET_KEY_MESSAGE))]
+    pub ca_bundle_key: Option<String>,
+}
+
+const SECRET_KEY_MESSAGE: &str = "repository.credentials keys must be Secret data keys: letters, digits, '-', '_' and '.', not '.' or '..' and not starting with '..'";
 
 /// CEL: a key of a Secret's `data` (what the kubelet accepts in `secretKeyRef.key`).
 const SECRET_KEY: &str =

@@ -32,6 +32,9 @@ pub const REQUEST_LABEL: &str = "kandev.dev/request";
 pub const SOCKET_DIR: &str = "/run/kandev";
 /// Name of the agentctl container.
 pub const CONTAINER: &str = "agentctl";
+/// The container's termination message file (the kubelet's default path), where agentctl
+/// writes why it could not prepare the workspace.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
 
 /// Operator-wide settings that shape every agentctl pod.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -350,38 +353,65 @@ pub fn build_agentctl_pod(
             &settings.replay_line_limit_mib.to_string(),
         ));
     }
+    let mut args = vec![
+        "serve".to_string(),
+        "--workspace".to_string(),
+        mount_path.clone(),
+        "--cwd".to_string(),
+        mount_path.clone(),
+        "--profile".to_string(),
+        ts.spec.agent.clone(),
+    ];
+    if let Some(repository) = &ts.spec.repository {
+        // agentctl clones it into the empty workspace on the first start (and only then); why
+        // it could not becomes the container's termination message, which the operator turns
+        // into the launch's Stalled reason.
+        env.push(env_value("KANDEV_REPOSITORY_URL", &repository.url));
+        if let Some(branch) = &repository.branch {
+            env.push(env_value("KANDEV_REPOSITORY_BRANCH", branch));
+        }
+        if let Some(base) = &repository.base_branch {
+            env.push(env_value("KANDEV_REPOSITORY_BASE_BRANCH", base));
+        }
+        if let Some(creds) = &repository.credentials {
+            use crate::agentctl::checkout as git;
+            for (name, key) in [
+                (git::ENV_GIT_USERNAME, &creds.username_key),
+                (git::ENV_GIT_PASSWORD, &creds.password_key),
+                (git::ENV_GIT_SSH_KEY, &creds.ssh_key_key),
+                (git::ENV_GIT_KNOWN_HOSTS, &creds.known_hosts_key),
+                (git::ENV_GIT_CA_BUNDLE, &creds.ca_bundle_key),
+            ] {
+                if let Some(key) = key {
+                    env.push(secret_env(name, &creds.secret_name, key));
+                }
+            }
+        }
+        args.extend(["--termination-log".to_string(), TERMINATION_LOG.to_string()]);
+    }
     env.extend(
         settings
             .trace_env
             .iter()
             .map(|(name, value)| env_value(name, value)),
     );
-    env.extend(ts.spec.credentials.iter().map(|c| EnvVar {
-        name: c.env.clone(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: c.secret_name.clone(),
-                key: c.key.clone(),
-                optional: Some(false),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }));
+    env.extend(
+        ts.spec
+            .credentials
+            .iter()
+            .map(|c| secret_env(&c.env, &c.secret_name, &c.key)),
+    );
 
     let container = Container {
         name: CONTAINER.to_string(),
         image: Some(agent_image(ts, settings)),
         command: Some(vec!["agentctl".to_string()]),
-        args: Some(vec![
-            "serve".to_string(),
-            "--workspace".to_string(),
-            mount_path.clone(),
-            "--cwd".to_string(),
-            mount_path.clone(),
-            "--profile".to_string(),
-            ts.spec.agent.clone(),
-        ]),
+        args: Some(args),
+        termination_message_path: ts
+            .spec
+            .repository
+            .as_ref()
+            .map(|_| TERMINATION_LOG.to_string()),
         working_dir: Some(mount_path.clone()),
         env: Some(env),
         resources: ts
@@ -572,6 +602,23 @@ pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkP
     }
 }
 
+/// An environment variable from a Secret's key (required: a missing key keeps the pod in
+/// `CreateContainerConfigError`, which the launch deadline reports).
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_string(),
+                key: key.to_string(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 fn env_value(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.to_string(),
@@ -704,6 +751,72 @@ mod tests {
                 .and_then(|s| s.read_only_root_filesystem),
             Some(true)
         );
+    }
+
+    #[test]
+    fn the_repository_reaches_agentctl_and_its_secret_only_by_reference() {
+        use crate::api::{RepositoryCredentials, RepositorySpec};
+        let mut ts = session(claim("ws"));
+        let plain = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
+        let c = &plain.spec.expect("spec").containers[0];
+        assert!(
+            !c.args
+                .clone()
+                .unwrap_or_default()
+                .contains(&"--termination-log".to_string())
+        );
+        assert!(
+            !c.env
+                .clone()
+                .unwrap_or_default()
+                .iter()
+                .any(|e| e.name.starts_with("KANDEV_REPOSITORY"))
+        );
+
+        ts.spec.repository = Some(RepositorySpec {
+            url: "https://git.example/app.git".into(),
+            branch: Some("kandev/t-1".into()),
+            base_branch: None,
+            credentials: Some(RepositoryCredentials {
+                secret_name: "git".into(),
+                password_key: Some("token".into()),
+                ..Default::default()
+            }),
+        });
+        let pod = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
+        let c = &pod.spec.expect("spec").containers[0];
+        let env = c.env.clone().unwrap_or_default();
+        let value = |name: &str| env.iter().find(|e| e.name == name).cloned();
+        assert_eq!(
+            value("KANDEV_REPOSITORY_URL")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some("https://git.example/app.git")
+        );
+        assert_eq!(
+            value("KANDEV_REPOSITORY_BRANCH")
+                .and_then(|e| e.value)
+                .as_deref(),
+            Some("kandev/t-1")
+        );
+        assert!(value("KANDEV_REPOSITORY_BASE_BRANCH").is_none());
+        let password = value("KANDEV_GIT_PASSWORD").expect("password env");
+        assert!(password.value.is_none(), "referenced, never copied");
+        let selector = password
+            .value_from
+            .and_then(|v| v.secret_key_ref)
+            .expect("secretKeyRef");
+        assert_eq!(
+            (selector.name.as_str(), selector.key.as_str()),
+            ("git", "token")
+        );
+        assert!(value("KANDEV_GIT_SSH_KEY").is_none());
+        let args = c.args.clone().unwrap_or_default();
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--termination-log", TERMINATION_LOG])
+        );
+        assert_eq!(c.termination_message_path.as_deref(), Some(TERMINATION_LOG));
     }
 
     #[test]

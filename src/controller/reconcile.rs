@@ -27,15 +27,17 @@ use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use crate::agentctl::checkout::{WORKTREE_META, Worktree};
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
     NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL,
     SessionEnd, SessionState, TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention,
+    WorktreeStatus,
 };
 use crate::resume::{
     EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass,
-    ResumeRequest, ResumeRequestFacts, SessionFacts, build_resume_request, end_step,
-    evaluate_resume_eligibility, handled_key, is_new_resume_request, launch_stall,
+    ResumeRequest, ResumeRequestFacts, SessionFacts, build_resume_request, checkout_stall,
+    end_step, evaluate_resume_eligibility, handled_key, is_new_resume_request, launch_stall,
     pod_liveness as liveness, remember_handled,
 };
 
@@ -971,6 +973,20 @@ impl<'a> Session<'a> {
                 )),
             },
             PodLiveness::Running => self.restore(&pod).await,
+            // agentctl could not prepare the workspace from the repository: retrying cannot
+            // help until the workspace, the repository or its Secret changes.
+            PodLiveness::Failed if checkout_stall(&pod).is_some() => {
+                let Some(stall) = checkout_stall(&pod) else {
+                    return Ok(Action::requeue(POD_RECHECK));
+                };
+                let message = format!(
+                    "{}; {}. Set a new {RESUME_ANNOTATION} token to retry",
+                    stall.message,
+                    self.what_is_kept()
+                );
+                self.launch_not_done(Some(&pod), stall.reason, "CheckoutFailed", true, &message)
+                    .await
+            }
             // Deleted while starting (a drain, a user), or dead: this launch is over; the next
             // one waits until the pod is gone.
             lost @ (PodLiveness::Terminating | PodLiveness::Missing | PodLiveness::Failed) => {
@@ -1309,27 +1325,7 @@ impl<'a> Session<'a> {
         };
         let mut connection = match opened {
             Ok(connection) => connection,
-            Err(err) => {
-                // agentctl may not listen yet right after the pod turned Running; the pod's own
-                // liveness decides on the next pass whether this is a launch failure, the launch
-                // deadline whether it is stalled. The condition is written once, not on every
-                // try.
-                if let Some(stall) = self.stall(pod, Some(&err)) {
-                    return self.stall_launch(pod, stall).await;
-                }
-                let before = self.status.clone();
-                let message = format!("waiting for agentctl in pod {pod_name}: {err}");
-                self.set_conditions(&[Want::new(
-                    conditions::RECONCILING,
-                    true,
-                    "WaitingForAgentctl",
-                    &message,
-                )]);
-                if self.status != before {
-                    self.write_status().await?;
-                }
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
+            Err(err) => return self.wait_for_agentctl(pod, &err).await,
         };
         let client = &mut connection.client;
         // Repeated setup requests and the initial prompt of the same launch are answered by
@@ -1354,6 +1350,11 @@ impl<'a> Session<'a> {
             .await;
         metrics::global().restore_took(restore_started.elapsed());
         let capabilities = client.negotiated_capabilities();
+        let client_unanswered = client.initialize_response().is_none();
+        let worktree = client
+            .initialize_response()
+            .and_then(|init| init.meta.as_ref()?.get(WORKTREE_META).cloned())
+            .and_then(|w| serde_json::from_value::<Worktree>(w).ok());
         let mut started_prompt = false;
         if let RestoreOutcome::Fresh { session_id, .. } = &outcome
             && let InitialPrompt::Send(text) = request.initial_prompt_for_fresh_agent(false)
@@ -1361,6 +1362,19 @@ impl<'a> Session<'a> {
             started_prompt = client.start_prompt(session_id, &text).is_ok();
         }
         connection.close(Duration::from_secs(5)).await;
+        // The stream closed before agentctl answered `initialize`: `agentctl connect` found no
+        // serve yet (it may still be cloning the repository) or serve just exited (the pod's
+        // status will say why). agentctl has not answered exec, so this is not a restore
+        // failure: the launch waits, within its deadline, like for an exec that cannot open.
+        if let RestoreOutcome::Failed {
+            class: RestoreErrorClass::Transport,
+            reason,
+            ..
+        } = &outcome
+            && client_unanswered
+        {
+            return self.wait_for_agentctl(pod, reason).await;
+        }
 
         match outcome {
             RestoreOutcome::Failed {
@@ -1373,7 +1387,7 @@ impl<'a> Session<'a> {
                     .await
             }
             RestoreOutcome::Restored { method, session_id } => {
-                self.record_executor(pod, Some(&session_id), capabilities, false)
+                self.record_executor(pod, Some(&session_id), capabilities, worktree, false)
                     .await?;
                 let message = format!(
                     "restored ACP session {session_id} with {}",
@@ -1383,8 +1397,14 @@ impl<'a> Session<'a> {
                     .await
             }
             RestoreOutcome::Fresh { session_id, why } => {
-                self.record_executor(pod, Some(&session_id), capabilities, started_prompt)
-                    .await?;
+                self.record_executor(
+                    pod,
+                    Some(&session_id),
+                    capabilities,
+                    worktree,
+                    started_prompt,
+                )
+                .await?;
                 let (state, reason, message) = if started_prompt {
                     (
                         SessionState::Running,
@@ -1440,6 +1460,28 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// agentctl does not answer exec yet (`err`): right after the pod turned Running it may not
+    /// listen yet (or still clone the repository). The pod's own liveness decides on the next
+    /// pass whether this is a launch failure, the launch deadline whether it is stalled. The
+    /// condition is written once, not on every try.
+    async fn wait_for_agentctl(mut self, pod: &Pod, err: &str) -> Result<Action, Error> {
+        if let Some(stall) = self.stall(pod, Some(err)) {
+            return self.stall_launch(pod, stall).await;
+        }
+        let before = self.status.clone();
+        let message = format!("waiting for agentctl in pod {}: {err}", pod.name_any());
+        self.set_conditions(&[Want::new(
+            conditions::RECONCILING,
+            true,
+            "WaitingForAgentctl",
+            &message,
+        )]);
+        if self.status != before {
+            self.write_status().await?;
+        }
+        Ok(Action::requeue(Duration::from_secs(2)))
+    }
+
     /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
     /// follower writes other fields of the same record). The activity is what the event
     /// follower's first line will report, so that line changes nothing.
@@ -1448,9 +1490,19 @@ impl<'a> Session<'a> {
         pod: &Pod,
         token: Option<&str>,
         capabilities: Option<NegotiatedCapabilities>,
+        worktree: Option<Worktree>,
         prompt_started: bool,
     ) -> Result<(), Error> {
         let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        // The checkout agentctl reported (sessions with a repository only); the path is where
+        // the agent sees it, the PVC what holds it.
+        let worktree = worktree.map(|w| WorktreeStatus {
+            id: Some(self.ts.name_any()),
+            pvc: Some(pods::workspace_claim_name(&self.ts)),
+            path: Some(self.ts.spec.workspace.mount_path.clone()),
+            branch: w.branch,
+            commit: w.commit,
+        });
         let activity = if prompt_started {
             AgentActivity::Working
         } else {
@@ -1467,6 +1519,10 @@ impl<'a> Session<'a> {
             "capabilities": capabilities,
             "lastSeenAt": Time(Timestamp::now()),
         }});
+        let mut patch = patch;
+        if let Some(worktree) = worktree {
+            patch["status"]["worktree"] = json!(worktree);
+        }
         let recorded = api
             .patch_status(
                 &pods::executor_name(&self.ts),

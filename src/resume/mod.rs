@@ -29,7 +29,7 @@ pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,
     RestorePlan, next_step_after_failure, select_restore_method,
 };
-pub use stall::{LaunchStall, launch_stall};
+pub use stall::{LaunchStall, checkout_stall, launch_stall};
 pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,

@@ -3,6 +3,8 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::agentctl::checkout::CheckoutReason;
+
 /// A launch that did not reach a running agentctl within the deadline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchStall {
@@ -91,6 +93,27 @@ pub fn launch_stall(
     })
 }
 
+/// A launch whose agentctl could not prepare the workspace from `spec.repository`: its
+/// container ended with a termination message `"<Reason>: <message>"` for one of the
+/// [`CheckoutReason`]s (`WorkspaceMismatch`, `RepositoryAuthFailed`, `RepositoryUnreachable`,
+/// `RepositoryCheckoutFailed`). Anything else (an agent that wrote its own message, a crash)
+/// is not a checkout failure.
+pub fn checkout_stall(pod: &Pod) -> Option<LaunchStall> {
+    let message = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.as_deref())
+        .next()?;
+    let (reason, text) = CheckoutReason::from_termination_message(message)?;
+    Some(LaunchStall {
+        reason: reason.as_str(),
+        message: format!("agentctl could not prepare the workspace: {text}"),
+    })
+}
+
 fn describe(reason: &str, message: &str) -> String {
     if message.is_empty() {
         reason.to_string()
@@ -113,6 +136,47 @@ mod tests {
         json!({"phase": "Pending", "containerStatuses": [{"name": "agentctl", "image": "i",
             "imageID": "", "ready": false, "restartCount": 0,
             "state": {"waiting": {"reason": reason, "message": message}}}]})
+    }
+
+    #[test]
+    fn checkout_failures_come_from_the_termination_message() {
+        let ended = |message: &str| {
+            pod(
+                json!({"phase": "Failed", "containerStatuses": [{"name": "agentctl", "image": "i",
+                "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "message": message}}}]}),
+            )
+        };
+        let cases = [
+            (
+                "WorkspaceMismatch: the workspace is not empty",
+                Some("WorkspaceMismatch"),
+            ),
+            (
+                "RepositoryAuthFailed: cloning https://h/a.git failed: Authentication failed",
+                Some("RepositoryAuthFailed"),
+            ),
+            ("RepositoryUnreachable: x", Some("RepositoryUnreachable")),
+            (
+                "RepositoryCheckoutFailed: x",
+                Some("RepositoryCheckoutFailed"),
+            ),
+            ("Error: the agent crashed", None),
+            ("", None),
+        ];
+        for (message, want) in cases {
+            let got = checkout_stall(&ended(message));
+            assert_eq!(got.as_ref().map(|s| s.reason), want, "{message}");
+            if let Some(stall) = got {
+                assert!(
+                    stall
+                        .message
+                        .starts_with("agentctl could not prepare the workspace: "),
+                    "{stall:?}"
+                );
+            }
+        }
+        assert_eq!(checkout_stall(&pod(json!({"phase": "Running"}))), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test target uses a different subset
 
 pub mod faults;
+pub mod git;
 pub mod jaeger;
 pub mod operator;
 pub mod sessions;
