@@ -127,6 +127,19 @@ pub async fn wait_exec_ready(
             Ok(_) => "exec ran without the pod's environment".to_string(),
             Err(e) => e,
         };
+        // A pod deleted meanwhile (a superseded launch) is not waited for: a kubelet would not
+        // hold up its other pods for it either.
+        let gone = match pods.get_opt(&plan.name).await {
+            Ok(Some(pod)) => {
+                pod.metadata.uid.as_deref() != Some(plan.uid.as_str())
+                    || pod.metadata.deletion_timestamp.is_some()
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        };
+        if gone {
+            return Err(format!("the pod went away after {tries} attempts: {last}"));
+        }
         if tokio::time::Instant::now() >= deadline {
             return Err(format!("after {tries} attempts: {last}"));
         }
