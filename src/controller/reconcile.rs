@@ -1016,19 +1016,20 @@ impl<'a> Session<'a> {
     }
 
     /// The launch waits until `previous` is gone (its deletion reconciles again).
-    async fn wait_for_previous_pod(mut self, previous: &Pod) -> Result<Action, Error> {
-        let before = self.status.clone();
+    async fn wait_for_previous_pod(self, previous: &Pod) -> Result<Action, Error> {
         let message = format!(
             "waiting for pod {} of an earlier launch to be gone before starting agentctl pod {}",
             previous.name_any(),
             self.launch_pod_name()
         );
-        self.set_conditions(&[Want::new(
-            conditions::RECONCILING,
-            true,
-            "WaitingForPreviousPod",
-            &message,
-        )]);
+        self.keep_waiting("WaitingForPreviousPod", &message).await
+    }
+
+    /// The launch waits (`Reconciling=True` with `reason`, written once, not on every pass) and
+    /// looks again in 2 s.
+    async fn keep_waiting(mut self, reason: &str, message: &str) -> Result<Action, Error> {
+        let before = self.status.clone();
+        self.set_conditions(&[Want::new(conditions::RECONCILING, true, reason, message)]);
         if self.status != before {
             self.write_status().await?;
         }
@@ -1464,22 +1465,12 @@ impl<'a> Session<'a> {
     /// listen yet (or still clone the repository). The pod's own liveness decides on the next
     /// pass whether this is a launch failure, the launch deadline whether it is stalled. The
     /// condition is written once, not on every try.
-    async fn wait_for_agentctl(mut self, pod: &Pod, err: &str) -> Result<Action, Error> {
+    async fn wait_for_agentctl(self, pod: &Pod, err: &str) -> Result<Action, Error> {
         if let Some(stall) = self.stall(pod, Some(err)) {
             return self.stall_launch(pod, stall).await;
         }
-        let before = self.status.clone();
         let message = format!("waiting for agentctl in pod {}: {err}", pod.name_any());
-        self.set_conditions(&[Want::new(
-            conditions::RECONCILING,
-            true,
-            "WaitingForAgentctl",
-            &message,
-        )]);
-        if self.status != before {
-            self.write_status().await?;
-        }
-        Ok(Action::requeue(Duration::from_secs(2)))
+        self.keep_waiting("WaitingForAgentctl", &message).await
     }
 
     /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
