@@ -598,22 +598,23 @@ impl<'a> Session<'a> {
         );
     }
 
+    /// Stops following the events of this session's pods; returns how many pods it has.
+    fn unfollow(&self) -> usize {
+        let uids: Vec<&str> = self
+            .pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        self.ctx.followers.retain(|uid| !uids.contains(&uid));
+        uids.len()
+    }
+
     /// The session is being deleted: stop following its pods' events (the pods, PVC from the
     /// template and ExecutorRunning go with it through their ownerReferences).
     fn cleanup(self) -> Result<Action, Error> {
-        let uids: Vec<String> = self
-            .pods
-            .iter()
-            .filter_map(|p| p.metadata.uid.clone())
-            .collect();
-        self.ctx
-            .followers
-            .retain(|uid| !uids.iter().any(|u| u == uid));
+        let pods = self.unfollow();
         self.ctx.expectations.forget(&self.uid);
-        info!(
-            pods = uids.len(),
-            "session deleted; stopped following its agentctl pods"
-        );
+        info!(pods, "session deleted; stopped following its agentctl pods");
         Ok(Action::await_change())
     }
 
@@ -796,14 +797,7 @@ impl<'a> Session<'a> {
             Want::new(conditions::STALLED, false, word, ""),
         ]);
         self.write_status().await?;
-        let uids: Vec<String> = self
-            .pods
-            .iter()
-            .filter_map(|p| p.metadata.uid.clone())
-            .collect();
-        self.ctx
-            .followers
-            .retain(|uid| !uids.iter().any(|u| u == uid));
+        self.unfollow();
         self.event(EventType::Normal, "SessionEnded", "End", &message)
             .await;
         Ok(Action::await_change())
