@@ -29,16 +29,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::agentctl::checkout::{WORKTREE_META, Worktree};
 use crate::api::{
-    AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
-    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL,
-    SessionEnd, SessionState, TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention,
-    WorktreeStatus,
+    AgentActivity, ExecutorPhase, ExecutorRunning, MANAGED_LABEL, NegotiatedCapabilities,
+    PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionEnd, SessionState,
+    TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention, WorktreeStatus,
 };
 use crate::resume::{
-    EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass,
-    ResumeRequest, ResumeRequestFacts, SessionFacts, build_resume_request, checkout_stall,
-    end_step, evaluate_resume_eligibility, handled_key, is_new_resume_request, launch_stall,
-    pod_liveness as liveness, remember_handled,
+    EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, Metric, NextAction,
+    PodLiveness, Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts, SessionObjects,
+    Transition, build_resume_request, checkout_stall, end_step, evaluate_resume_eligibility,
+    handled_key, is_new_resume_request, launch_stall, observe, pod_liveness as liveness,
+    remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -417,9 +417,10 @@ struct Session<'a> {
     uid: String,
     /// The version every status write is based on: the cached one, then each write's result.
     resource_version: Option<String>,
+    /// The status this reconcile works on (written by [`Self::write_status`]).
     status: TaskSessionStatus,
-    executor: Option<ExecutorRunning>,
-    pods: Vec<Pod>,
+    /// The session, its ExecutorRunning and the pods it controls, from the caches.
+    objects: SessionObjects,
 }
 
 impl<'a> Session<'a> {
@@ -433,15 +434,12 @@ impl<'a> Session<'a> {
             .executors
             .get(&ObjectRef::new(&pods::executor_name(&ts)).within(&ns))
             .map(Arc::unwrap_or_clone);
-        let pods = ctx
+        let candidates = ctx
             .pods
-            .state_filter(|pod| {
-                pod.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && pods::controlled_by(pod, &ts)
-            })
+            .state_filter(|pod| pod.metadata.namespace.as_deref() == Some(ns.as_str()))
             .into_iter()
-            .map(Arc::unwrap_or_clone)
-            .collect();
+            .map(Arc::unwrap_or_clone);
+        let objects = SessionObjects::new(&ns, (*ts).clone(), executor, candidates);
         let status = ts.status.clone().unwrap_or_default();
         Ok(Session {
             ctx,
@@ -451,8 +449,7 @@ impl<'a> Session<'a> {
             ns,
             uid,
             status,
-            executor,
-            pods,
+            objects,
         })
     }
 
@@ -475,7 +472,7 @@ impl<'a> Session<'a> {
     fn resume_request(&self, profile: &AgentProfile, state_at_loss: SessionState) -> ResumeRequest {
         build_resume_request(&ResumeRequestFacts {
             state_at_loss,
-            resume_token: self.resume_token(),
+            resume_token: self.objects.resume_token(),
             task_description: self.ts.spec.task_description.as_deref().unwrap_or_default(),
             fresh: self.fresh_requested(),
             profile_history_injection: profile.history_context_injection,
@@ -489,7 +486,7 @@ impl<'a> Session<'a> {
         self.status
             .active_resume_request
             .as_deref()
-            .is_some_and(|active| self.annotation(RESUME_FRESH_ANNOTATION) == Some(active))
+            .is_some_and(|active| self.objects.annotation(RESUME_FRESH_ANNOTATION) == Some(active))
     }
 
     fn unknown_profile_reason(&self) -> String {
@@ -499,29 +496,6 @@ impl<'a> Session<'a> {
             self.ts.spec.agent,
             known.join(", ")
         )
-    }
-
-    fn annotation(&self, key: &str) -> Option<&str> {
-        self.ts
-            .annotations()
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    }
-
-    fn resume_token(&self) -> Option<&str> {
-        self.executor
-            .as_ref()
-            .and_then(|er| er.status.as_ref())
-            .and_then(|s| s.resume_token.as_deref())
-            .filter(|t| !t.trim().is_empty())
-    }
-
-    fn executor_status(&self) -> ExecutorRunningStatus {
-        self.executor
-            .as_ref()
-            .and_then(|er| er.status.clone())
-            .unwrap_or_default()
     }
 
     /// The launch in progress: the latched resume token, or the initial launch.
@@ -541,26 +515,10 @@ impl<'a> Session<'a> {
     /// `podName` are not trusted).
     fn launch_pod(&self) -> Option<&Pod> {
         let name = self.launch_pod_name();
-        self.pods
+        self.objects
+            .pods
             .iter()
             .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
-    }
-
-    /// The live pod recorded in ExecutorRunning (same UID), else the newest managed pod.
-    fn current_pod(&self) -> Option<&Pod> {
-        crate::resume::current_pod(&self.pods, self.executor_status().pod_uid.as_deref())
-    }
-
-    fn facts(&self, pod: Option<&Pod>) -> SessionFacts {
-        let er = self.executor_status();
-        SessionFacts {
-            state: self.status.state,
-            has_resume_token: self.resume_token().is_some(),
-            executor_exists: self.executor.is_some(),
-            executor_resumable: er.resumable,
-            pod: liveness(pod),
-            loss_declared: self.status.needs_resume,
-        }
     }
 
     /// Pods that carry this session's labels but are not controlled by it are ignored (labels
@@ -593,7 +551,7 @@ impl<'a> Session<'a> {
             &self.ctx.streams,
             pod,
             &pods::executor_name(&self.ts),
-            &self.executor_status(),
+            &self.objects.executor_status(),
             nudge,
         );
     }
@@ -601,6 +559,7 @@ impl<'a> Session<'a> {
     /// Stops following the events of this session's pods; returns how many pods it has.
     fn unfollow(&self) -> usize {
         let uids: Vec<&str> = self
+            .objects
             .pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
@@ -669,6 +628,7 @@ impl<'a> Session<'a> {
             self.set_conditions(&[Want::new(conditions::RECONCILING, true, "Ending", &message)]);
             self.write_status().await?;
             if let Some(pod) = self
+                .objects
                 .current_pod()
                 .filter(|p| liveness(Some(p)) == PodLiveness::Running)
             {
@@ -676,11 +636,11 @@ impl<'a> Session<'a> {
             }
             return Ok(Action::requeue(Duration::from_secs(2)));
         };
-        let pod = self.current_pod().cloned();
+        let pod = self.objects.current_pod().cloned();
         let facts = EndFacts {
             end,
             pod: liveness(pod.as_ref()),
-            working: self.executor_status().activity == Some(AgentActivity::Working),
+            working: self.objects.executor_status().activity == Some(AgentActivity::Working),
             ending_for: Timestamp::now().duration_since(since).unsigned_abs(),
             grace: self.ctx.settings.end_grace,
         };
@@ -689,7 +649,7 @@ impl<'a> Session<'a> {
             (EndStep::Finish, _) => self.finish_session(end).await,
             (EndStep::AwaitPrompt(left), _) => Ok(Action::requeue(left.min(POD_RECHECK))),
             (EndStep::AwaitPodGone, _) => Ok(Action::requeue(recheck)),
-            (EndStep::CancelPrompt, Some(pod)) if self.resume_token().is_some() => {
+            (EndStep::CancelPrompt, Some(pod)) if self.objects.resume_token().is_some() => {
                 if let Err(err) = self.cancel_prompt(&pod).await {
                     warn!(%err, pod = %pod.name_any(), "could not cancel the running prompt; stopping the agent");
                     self.stop_pods().await;
@@ -705,7 +665,7 @@ impl<'a> Session<'a> {
 
     /// ACP `session/cancel` for the agent's session, over exec into `pod`.
     async fn cancel_prompt(&self, pod: &Pod) -> Result<(), String> {
-        let session = self.resume_token().unwrap_or_default().to_string();
+        let session = self.objects.resume_token().unwrap_or_default().to_string();
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         let limit = self.ctx.settings.acp_timeout;
         let cancel = async {
@@ -732,7 +692,7 @@ impl<'a> Session<'a> {
 
     /// Deletes every pod of the session that may still run.
     async fn stop_pods(&self) {
-        for pod in self.pods.iter().filter(|p| {
+        for pod in self.objects.pods.iter().filter(|p| {
             p.metadata.deletion_timestamp.is_none() && liveness(Some(p)) != PodLiveness::Failed
         }) {
             info!(pod = %pod.name_any(), "stopping the agent: the session ends");
@@ -747,7 +707,7 @@ impl<'a> Session<'a> {
             SessionEnd::Completed => (SessionState::Completed, TaskState::Completed),
             SessionEnd::Cancelled => (SessionState::Cancelled, TaskState::Cancelled),
         };
-        if let Some(er) = &self.executor {
+        if let Some(er) = &self.objects.executor {
             let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             let patch = json!({"status": {"status": ExecutorPhase::Stopped, "resumable": false, "activity": null}});
             api.patch_status(
@@ -805,7 +765,7 @@ impl<'a> Session<'a> {
 
     /// The annotation's token when it has not been handled and is not being handled.
     fn new_resume_request(&self) -> Option<String> {
-        let token = self.annotation(RESUME_ANNOTATION)?;
+        let token = self.objects.annotation(RESUME_ANNOTATION)?;
         is_new_resume_request(
             token,
             self.status.active_resume_request.as_deref(),
@@ -835,8 +795,9 @@ impl<'a> Session<'a> {
             self.supersede(&old, token).await?;
             return Ok(None);
         }
-        let pod = self.current_pod().cloned();
-        let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
+        let pod = self.objects.current_pod().cloned();
+        let eval =
+            evaluate_resume_eligibility(&self.objects.facts_with(&self.status, pod.as_ref()));
         if self.status.state.is_terminal() && !eval.is_resumable {
             let message = format!(
                 "resume request {token:?} refused: the session is {}",
@@ -1000,7 +961,7 @@ impl<'a> Session<'a> {
     /// same workspace.
     fn previous_pod_alive(&self) -> Option<&Pod> {
         let name = self.launch_pod_name();
-        self.pods.iter().find(|p| {
+        self.objects.pods.iter().find(|p| {
             p.metadata.name.as_deref() != Some(name.as_str())
                 && matches!(
                     liveness(Some(p)),
@@ -1039,11 +1000,11 @@ impl<'a> Session<'a> {
         };
         let request = self.resume_request(&profile, self.status.state);
         self.status.previous_state = Some(request.previous_state);
-        if self.executor.is_none() {
+        if self.objects.executor.is_none() {
             let er = pods::build_executor(&self.ts);
             let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             match api.create(&PostParams::default(), &er).await {
-                Ok(er) => self.executor = Some(er),
+                Ok(er) => self.objects.executor = Some(er),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(kube::Error::Api(e)) if is_invalid(e.code) => {
                     let message =
@@ -1127,7 +1088,7 @@ impl<'a> Session<'a> {
             "no longer exists"
         };
         // The session ran on this workspace before (a pod was recorded): its files are gone.
-        if self.executor_status().pod_uid.is_some() {
+        if self.objects.executor_status().pod_uid.is_some() {
             return Ok(Workspace::Lost(format!(
                 "workspace PVC {claim:?} {gone}: the session's files went with it, so it is not resumed on an empty one"
             )));
@@ -1300,7 +1261,7 @@ impl<'a> Session<'a> {
         };
         let is_resume = self.status.active_resume_request.is_some();
         let fresh = self.fresh_requested();
-        let token = self.resume_token().map(str::to_string);
+        let token = self.objects.resume_token().map(str::to_string);
         // STARTING was persisted with the state to return to; rebuilding from it gives the
         // same case (A/B/C) as when the launch began, also after an operator restart.
         let state_at_start = self
@@ -1516,7 +1477,7 @@ impl<'a> Session<'a> {
             )
             .await
             .map_err(kube_err("recording the executor"))?;
-        self.executor = Some(recorded);
+        self.objects.executor = Some(recorded);
         Ok(())
     }
 
@@ -1542,7 +1503,7 @@ impl<'a> Session<'a> {
         self.finish_request();
         // Ready and Reconciling as the steady-state evaluation words them, so that it finds
         // nothing to write after this; the outcome is in `Resumed` and the Event.
-        let steady = camel(&state.as_str().to_ascii_lowercase());
+        let steady = conditions::camel(&state.as_str().to_ascii_lowercase());
         let mut wanted = vec![
             Want::new(conditions::READY, true, steady, ""),
             Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
@@ -1562,7 +1523,7 @@ impl<'a> Session<'a> {
                 ResumeOutcome::Fresh
             });
         }
-        self.follow(pod, self.annotation(PROMPTED_ANNOTATION));
+        self.follow(pod, self.objects.annotation(PROMPTED_ANNOTATION));
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
             self.event(EventType::Normal, event_reason, "Restore", message)
@@ -1592,7 +1553,7 @@ impl<'a> Session<'a> {
             delete_pod.await;
             return Ok(action);
         }
-        let kept = match (token_kept, self.resume_token().is_some()) {
+        let kept = match (token_kept, self.objects.resume_token().is_some()) {
             (true, true) => "the resume token is kept",
             (true, false) => "nothing is lost",
             (false, _) => "no usable token is left",
@@ -1607,7 +1568,7 @@ impl<'a> Session<'a> {
         );
         self.launch_not_done(
             Some(pod),
-            &camel(class.as_str()),
+            &conditions::camel(class.as_str()),
             "ResumeFailed",
             false,
             &message,
@@ -1637,7 +1598,7 @@ impl<'a> Session<'a> {
             .unwrap_or(SessionState::WaitingForInput);
         self.status.needs_resume = true;
         self.status.is_resumable = true;
-        self.status.resume_reason = Some(if self.resume_token().is_some() {
+        self.status.resume_reason = Some(if self.objects.resume_token().is_some() {
             ResumeReason::AgentNotRunning
         } else {
             ResumeReason::AgentNotRunningFreshStart
@@ -1685,7 +1646,7 @@ impl<'a> Session<'a> {
 
     /// The end of a "not done" message: what survives for the next try.
     fn what_is_kept(&self) -> &'static str {
-        if self.resume_token().is_some() {
+        if self.objects.resume_token().is_some() {
             "the resume token is kept"
         } else {
             "nothing is lost"
@@ -1777,114 +1738,60 @@ impl<'a> Session<'a> {
         self.status.previous_state = None;
     }
 
-    /// Steady state: evaluate (pure) against the live pod, publish needsResume and conditions,
-    /// and announce a loss once. Nothing is relaunched here (lazy recovery).
-    async fn observe(mut self) -> Result<Action, Error> {
-        let before = self.status.clone();
-        let pod = self.current_pod().cloned();
-        if let Some(pod) = pod
-            .as_ref()
-            .filter(|p| liveness(Some(p)) == PodLiveness::Running)
-        {
-            self.follow(pod, self.annotation(PROMPTED_ANNOTATION));
-            self.follow_agent_activity();
-        }
-        let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
-        let newly_lost = eval.needs_resume && !self.status.needs_resume;
-        self.status.needs_resume = eval.needs_resume;
-        self.status.is_resumable = eval.is_resumable || eval.needs_resume;
-        self.status.resume_reason = Some(eval.reason);
-        let running = liveness(pod.as_ref()) == PodLiveness::Running;
-        let (ready_reason, ready_message) = if eval.needs_resume {
-            (
-                "NeedsResume".to_string(),
-                format!(
-                    "agent not running ({}); annotate {RESUME_ANNOTATION} to resume",
-                    eval.reason
-                ),
-            )
-        } else {
-            (
-                camel(&self.status.state.as_str().to_ascii_lowercase()),
-                String::new(),
-            )
-        };
-        self.set_conditions(&[
-            Want::new(
-                conditions::AGENT_RUNNING,
-                running,
-                if running {
-                    "PodRunning"
-                } else {
-                    "PodNotRunning"
-                },
-                "",
-            ),
-            Want::new(
-                conditions::NEEDS_RESUME,
-                eval.needs_resume,
-                camel(eval.reason.as_str()),
-                &ready_message,
-            ),
-            Want::new(
-                conditions::READY,
-                running && !self.status.state.is_terminal(),
-                ready_reason,
-                &ready_message,
-            ),
-            Want::new(conditions::RECONCILING, false, "Idle", ""),
-        ]);
-        if newly_lost {
-            self.mark_executor_lost().await?;
-        }
-        if self.status != before || self.status.observed_generation != self.ts.metadata.generation {
-            self.write_status().await?;
-        }
-        if newly_lost {
-            metrics::global().agent_lost();
-            let pod_name = pod
-                .as_ref()
-                .map(|p| p.name_any())
-                .or(self.executor_status().pod_name)
-                .unwrap_or_default();
-            let message = format!(
-                "agentctl pod {pod_name} is gone ({}); nothing relaunched until a resume is requested",
-                eval.reason
-            );
-            self.event(EventType::Warning, "AgentLost", "Observe", &message)
-                .await;
-        }
-        Ok(Action::requeue(self.ctx.settings.resync))
+    /// The steady state: the pure [`observe`] decides, this applies its transition.
+    async fn observe(self) -> Result<Action, Error> {
+        let transition = observe(&self.objects, Timestamp::now());
+        self.apply_transition(transition).await
     }
 
-    /// RUNNING ↔ WAITING_FOR_INPUT (task IN_PROGRESS ↔ REVIEW) from what `agentctl events`
-    /// last reported into ExecutorRunning.
-    fn follow_agent_activity(&mut self) {
-        if !matches!(
-            self.status.state,
-            SessionState::Running | SessionState::WaitingForInput
-        ) {
-            return;
-        }
-        match self.executor_status().activity {
-            Some(AgentActivity::Working) => {
-                self.status.state = SessionState::Running;
-                self.status.task_state = TaskState::InProgress;
+    /// Performs a transition's one action, writes its status when it changed, then counts and
+    /// reports it (the status that explains an effect is written before the Event about it).
+    async fn apply_transition(mut self, transition: Transition) -> Result<Action, Error> {
+        match &transition.action {
+            Some(NextAction::Follow { pod }) => {
+                if let Some(pod) = self
+                    .objects
+                    .pods
+                    .iter()
+                    .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
+                {
+                    self.follow(pod, self.objects.annotation(PROMPTED_ANNOTATION));
+                }
             }
-            Some(AgentActivity::Idle) => {
-                self.status.state = SessionState::WaitingForInput;
-                self.status.task_state = TaskState::Review;
+            Some(NextAction::MarkExecutorLost { resumable }) => {
+                self.mark_executor_lost(*resumable).await?
             }
             None => {}
         }
+        if transition.write {
+            self.status = transition.status;
+            self.write_status().await?;
+        }
+        match transition.metric {
+            Some(Metric::AgentLost) => metrics::global().agent_lost(),
+            None => {}
+        }
+        if let Some(note) = &transition.event {
+            let type_ = if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            self.event(type_, note.reason, note.action, &note.message)
+                .await;
+        }
+        Ok(match transition.requeue {
+            Requeue::Resync => Action::requeue(self.ctx.settings.resync),
+            Requeue::After(delay) => Action::requeue(delay),
+        })
     }
 
-    async fn mark_executor_lost(&self) -> Result<(), Error> {
-        let Some(er) = &self.executor else {
+    async fn mark_executor_lost(&self, resumable: bool) -> Result<(), Error> {
+        let Some(er) = &self.objects.executor else {
             return Ok(());
         };
         let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let patch = json!({"status": {"status": ExecutorPhase::Lost, "resumable": self.resume_token().is_some(), "activity": null}});
+        let patch = json!({"status": {"status": ExecutorPhase::Lost, "resumable": resumable, "activity": null}});
         api.patch_status(
             &er.name_any(),
             &PatchParams::default(),
@@ -1988,19 +1895,6 @@ fn end_word(end: SessionEnd) -> &'static str {
     }
 }
 
-fn camel(snake: &str) -> String {
-    snake
-        .split('_')
-        .map(|word| {
-            let mut chars = word.chars();
-            chars
-                .next()
-                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
 fn describe_launch(launch_id: &str) -> String {
     if launch_id == INITIAL_LAUNCH {
         "the first launch".to_string()
@@ -2028,18 +1922,5 @@ mod tests {
             "pods is forbidden: User \"system:serviceaccount:k:k\" cannot create resource \"pods\" in API group \"\" in the namespace \"x\""
         ));
         assert!(!refused_by_admission(409, "already exists"));
-    }
-
-    #[test]
-    fn condition_reasons_are_camel_case() {
-        for (snake, camel_case) in [
-            ("auth_required", "AuthRequired"),
-            ("agent_not_running", "AgentNotRunning"),
-            ("waiting_for_input", "WaitingForInput"),
-            ("timeout", "Timeout"),
-            ("agent_protocol_limit", "AgentProtocolLimit"),
-        ] {
-            assert_eq!(camel(snake), camel_case);
-        }
     }
 }
