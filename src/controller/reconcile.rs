@@ -34,11 +34,10 @@ use crate::api::{
     TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention, WorktreeStatus,
 };
 use crate::resume::{
-    EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, Metric, NextAction,
-    PodLiveness, Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts, SessionObjects,
-    Transition, build_resume_request, checkout_stall, end_step, evaluate_resume_eligibility,
-    handled_key, is_new_resume_request, launch_stall, observe, pod_liveness as liveness,
-    remember_handled,
+    EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, PodLiveness, RequestAnswer,
+    Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts, SessionObjects, Transition,
+    answer_request, build_resume_request, checkout_stall, end_step, is_new_resume_request,
+    launch_stall, observe, pod_liveness as liveness, remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -514,11 +513,15 @@ impl<'a> Session<'a> {
     /// The pod of the current launch, looked up by its deterministic name (hints such as
     /// `podName` are not trusted).
     fn launch_pod(&self) -> Option<&Pod> {
-        let name = self.launch_pod_name();
+        self.pod_named(&self.launch_pod_name())
+    }
+
+    /// This session's pod of that name.
+    fn pod_named(&self, name: &str) -> Option<&Pod> {
         self.objects
             .pods
             .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            .find(|p| p.metadata.name.as_deref() == Some(name))
     }
 
     /// Pods that carry this session's labels but are not controlled by it are ignored (labels
@@ -587,10 +590,18 @@ impl<'a> Session<'a> {
         {
             return self.end_session(end).await;
         }
-        if let Some(token) = self.new_resume_request()
-            && let Some(action) = self.accept_or_refuse(&token).await?
-        {
-            return Ok(action);
+        if let Some(token) = self.new_resume_request() {
+            let latched_pod = self.launch_pod().map(ResourceExt::name_any);
+            match answer_request(
+                &self.objects,
+                &self.status,
+                &token,
+                latched_pod.as_deref(),
+                Timestamp::now(),
+            ) {
+                RequestAnswer::Done(transition) => return self.apply_transition(transition).await,
+                RequestAnswer::Latched(transition) => self.apply_effects(&transition).await?,
+            }
         }
         // A latched request, a session never launched, or a launch that an operator restart
         // interrupted (STARTING is persisted before the pod is created).
@@ -773,124 +784,6 @@ impl<'a> Session<'a> {
             &self.status.recent_resume_requests,
         )
         .then(|| token.to_string())
-    }
-
-    /// DESIGN §3 handshake: refuse what the rules refuse (terminal states), acknowledge a
-    /// request for an agent that already runs, otherwise latch the token. The latch is persisted
-    /// with `STARTING` by [`Self::start_launch`], in the same write and before any pod exists
-    /// (at once when a launch is already starting). Returns `Some` when this reconcile is done.
-    async fn accept_or_refuse(&mut self, token: &str) -> Result<Option<Action>, Error> {
-        if token.len() > MAX_TOKEN_BYTES {
-            let key = handled_key(token);
-            let message = format!(
-                "resume request refused: the {RESUME_ANNOTATION} value is {} bytes long, at most {MAX_TOKEN_BYTES} are accepted",
-                token.len()
-            );
-            let refused = (EventType::Warning, "ResumeRefused");
-            return self
-                .handled_without_launch(&key, false, "InvalidToken", refused, &message)
-                .await;
-        }
-        if let Some(old) = self.status.active_resume_request.clone() {
-            self.supersede(&old, token).await?;
-            return Ok(None);
-        }
-        let pod = self.objects.current_pod().cloned();
-        let eval =
-            evaluate_resume_eligibility(&self.objects.facts_with(&self.status, pod.as_ref()));
-        if self.status.state.is_terminal() && !eval.is_resumable {
-            let message = format!(
-                "resume request {token:?} refused: the session is {}",
-                self.status.state
-            );
-            let refused = (EventType::Warning, "ResumeRefused");
-            return self
-                .handled_without_launch(token, false, "TerminalState", refused, &message)
-                .await;
-        }
-        if eval.reason == ResumeReason::AlreadyRunning && self.status.state.is_active() {
-            let message = format!("resume request {token:?}: the agent is already running");
-            let running = (EventType::Normal, "AlreadyRunning");
-            return self
-                .handled_without_launch(token, true, "AlreadyRunning", running, &message)
-                .await;
-        }
-        self.status.active_resume_request = Some(token.to_string());
-        self.set_conditions(&[Want::new(
-            conditions::RECONCILING,
-            true,
-            "ResumeRequested",
-            format!("handling resume request {token:?}"),
-        )]);
-        if self.status.state == SessionState::Starting {
-            // The pod of this request comes next: the latch must be persisted before it.
-            self.write_status().await?;
-            self.event(
-                EventType::Normal,
-                "ResumeRequested",
-                "Resume",
-                &format!("resume request {token:?} accepted"),
-            )
-            .await;
-        }
-        Ok(None)
-    }
-
-    /// DESIGN §3: a new token supersedes the latched request. The old request counts as handled
-    /// (`Resumed=False`, reason `Superseded`), the new one is latched in the same write, and the
-    /// old attempt's pod is deleted after it; the launch then waits for that pod to be gone.
-    async fn supersede(&mut self, old: &str, token: &str) -> Result<(), Error> {
-        let old_pod = self.launch_pod().cloned();
-        remember_handled(&mut self.status.recent_resume_requests, old);
-        self.status.last_handled_resume_request = Some(old.to_string());
-        self.status.active_resume_request = Some(token.to_string());
-        let deleting = old_pod
-            .as_ref()
-            .map(|p| format!("; deleting its pod {}", p.name_any()))
-            .unwrap_or_default();
-        let message = format!("resume request {token:?} supersedes {old:?}{deleting}");
-        self.set_conditions(&[
-            Want::new(conditions::RESUMED, false, "Superseded", &message),
-            Want::new(conditions::RECONCILING, true, "ResumeRequested", &message),
-            Want::new(conditions::STALLED, false, "Superseded", ""),
-        ]);
-        self.write_status().await?;
-        if let Some(pod) = old_pod {
-            self.pod_deletion(&pod).await;
-        }
-        metrics::global().resume_handled(ResumeOutcome::Superseded);
-        self.event(EventType::Normal, "ResumeSuperseded", "Resume", &message)
-            .await;
-        Ok(())
-    }
-
-    /// Marks `token` handled without launching anything: the `Resumed` condition and an Event
-    /// say why.
-    async fn handled_without_launch(
-        &mut self,
-        token: &str,
-        resumed: bool,
-        condition_reason: &str,
-        (event_type, event_reason): (EventType, &str),
-        message: &str,
-    ) -> Result<Option<Action>, Error> {
-        self.status.last_handled_resume_request = Some(token.to_string());
-        remember_handled(&mut self.status.recent_resume_requests, token);
-        self.set_conditions(&[Want::new(
-            conditions::RESUMED,
-            resumed,
-            condition_reason,
-            message,
-        )]);
-        self.write_status().await?;
-        metrics::global().resume_handled(if resumed {
-            ResumeOutcome::AlreadyRunning
-        } else {
-            ResumeOutcome::Refused
-        });
-        self.event(event_type, event_reason, "Resume", message)
-            .await;
-        Ok(Some(Action::await_change()))
     }
 
     /// Steps 1–5 of DESIGN §3 "Resume execution" (the initial launch takes the same path).
@@ -1744,31 +1637,42 @@ impl<'a> Session<'a> {
         self.apply_transition(transition).await
     }
 
-    /// Performs a transition's one action, writes its status when it changed, then counts and
-    /// reports it (the status that explains an effect is written before the Event about it).
+    /// Applies a transition: the executor marked lost first (the session's status never claims
+    /// more than its executor), then the status when it changed, then the pod deletion it
+    /// explains, the metric and the Event.
     async fn apply_transition(mut self, transition: Transition) -> Result<Action, Error> {
+        self.apply_effects(&transition).await?;
+        Ok(match transition.requeue {
+            Requeue::Resync => Action::requeue(self.ctx.settings.resync),
+            Requeue::After(delay) => Action::requeue(delay),
+            Requeue::AwaitChange => Action::await_change(),
+        })
+    }
+
+    async fn apply_effects(&mut self, transition: &Transition) -> Result<(), Error> {
+        if let Some(NextAction::MarkExecutorLost { resumable }) = &transition.action {
+            self.mark_executor_lost(*resumable).await?;
+        }
+        self.status = transition.status.clone();
+        if transition.write {
+            self.write_status().await?;
+        }
         match &transition.action {
             Some(NextAction::Follow { pod }) => {
-                if let Some(pod) = self
-                    .objects
-                    .pods
-                    .iter()
-                    .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
-                {
+                if let Some(pod) = self.pod_named(pod) {
                     self.follow(pod, self.objects.annotation(PROMPTED_ANNOTATION));
                 }
             }
-            Some(NextAction::MarkExecutorLost { resumable }) => {
-                self.mark_executor_lost(*resumable).await?
+            Some(NextAction::DeletePod { pod }) => {
+                if let Some(pod) = self.pod_named(pod).cloned() {
+                    self.pod_deletion(&pod).await;
+                }
             }
-            None => {}
-        }
-        if transition.write {
-            self.status = transition.status;
-            self.write_status().await?;
+            Some(NextAction::MarkExecutorLost { .. }) | None => {}
         }
         match transition.metric {
             Some(Metric::AgentLost) => metrics::global().agent_lost(),
+            Some(Metric::ResumeHandled(outcome)) => metrics::global().resume_handled(outcome),
             None => {}
         }
         if let Some(note) = &transition.event {
@@ -1780,10 +1684,7 @@ impl<'a> Session<'a> {
             self.event(type_, note.reason, note.action, &note.message)
                 .await;
         }
-        Ok(match transition.requeue {
-            Requeue::Resync => Action::requeue(self.ctx.settings.resync),
-            Requeue::After(delay) => Action::requeue(delay),
-        })
+        Ok(())
     }
 
     async fn mark_executor_lost(&self, resumable: bool) -> Result<(), Error> {

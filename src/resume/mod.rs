@@ -24,7 +24,8 @@ pub use classify::{
 };
 pub use end::{EndFacts, EndStep, end_step};
 pub use handshake::{
-    HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, handled_key, is_new_resume_request, remember_handled,
+    HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,
+    is_new_resume_request, remember_handled,
 };
 pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
@@ -39,4 +40,4 @@ pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,
 };
-pub use transition::{Metric, NextAction, Note, Requeue, Transition};
+pub use transition::{Metric, NextAction, Note, Requeue, ResumeOutcome, Transition};

@@ -137,6 +137,100 @@ impl SessionObjects {
     }
 }
 
+/// Sessions in a given situation, for the tables of the pure decisions.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::SessionObjects;
+    use crate::api::{
+        AgentActivity, ExecutorRunning, ExecutorRunningSpec, ExecutorRunningStatus, SessionState,
+        TaskSession, TaskSessionSpec, TaskSessionStatus,
+    };
+
+    const UID: &str = "uid-1";
+
+    pub fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).expect("valid timestamp")
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    pub enum P {
+        None,
+        Running,
+        Pending,
+        Terminating,
+        Failed,
+    }
+
+    pub fn pod(kind: P) -> Option<Pod> {
+        let (phase, deleting) = match kind {
+            P::None => return None,
+            P::Running => ("Running", false),
+            P::Pending => ("Pending", false),
+            P::Terminating => ("Running", true),
+            P::Failed => ("Failed", false),
+        };
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("s-agent-1".into());
+        pod.metadata.uid = Some("pod-uid".into());
+        pod.metadata.owner_references = Some(vec![OwnerReference {
+            uid: UID.into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        if deleting {
+            pod.metadata.deletion_timestamp = Some(Time(at(5)));
+        }
+        pod.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            container_statuses: (phase == "Running").then(|| {
+                vec![ContainerStatus {
+                    state: Some(ContainerState {
+                        running: Some(ContainerStateRunning::default()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        Some(pod)
+    }
+
+    pub struct Given {
+        pub state: SessionState,
+        pub needs_resume: bool,
+        pub token: Option<&'static str>,
+        pub activity: Option<AgentActivity>,
+        pub pod: P,
+    }
+
+    pub fn objects(g: &Given) -> SessionObjects {
+        let mut ts = TaskSession::new("s", TaskSessionSpec::default());
+        ts.metadata.uid = Some(UID.into());
+        ts.metadata.generation = Some(1);
+        ts.status = Some(TaskSessionStatus {
+            state: g.state,
+            needs_resume: g.needs_resume,
+            ..Default::default()
+        });
+        let mut er = ExecutorRunning::new("s", ExecutorRunningSpec::default());
+        er.status = Some(ExecutorRunningStatus {
+            resume_token: g.token.map(String::from),
+            resumable: g.token.is_some(),
+            activity: g.activity,
+            pod_name: Some("s-agent-0".into()),
+            ..Default::default()
+        });
+        SessionObjects::new("ns", ts, Some(er), pod(g.pod))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

@@ -28,6 +28,9 @@ pub enum NextAction {
     /// ExecutorRunning becomes `Lost`; `resumable` when it holds a token. Written before the
     /// session's status, so that the status never claims more than the executor says.
     MarkExecutorLost { resumable: bool },
+    /// Delete this pod (an attempt that a newer request replaced), after the status that
+    /// explains it is written.
+    DeletePod { pod: String },
 }
 
 /// A Kubernetes Event about the session.
@@ -39,11 +42,49 @@ pub struct Note {
     pub message: String,
 }
 
+impl Note {
+    pub fn normal(reason: &'static str, action: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            warning: false,
+            reason,
+            action,
+            message: message.into(),
+        }
+    }
+
+    pub fn warning(reason: &'static str, action: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            warning: true,
+            ..Self::normal(reason, action, message)
+        }
+    }
+}
+
 /// A counter the transition moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
-    /// An agent pod was found lost (`kandev_agents_lost_total`).
+    /// An agent pod was found lost.
     AgentLost,
+    /// A resume request was handled, with this outcome.
+    ResumeHandled(ResumeOutcome),
+}
+
+/// How a resume request (the `kandev.dev/resume-requested-at` annotation) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    /// The agent's own session came back (`session/resume` or `session/load`).
+    Restored,
+    /// The agent runs again in a new session (no token, a fresh start was asked for, or the
+    /// agent rejected the token).
+    Fresh,
+    /// The restore or the launch failed.
+    Failed,
+    /// The rules refused the request (terminal state).
+    Refused,
+    /// The agent was already running: handled without a launch.
+    AlreadyRunning,
+    /// A newer request replaced it while it was being handled.
+    Superseded,
 }
 
 /// When the session is reconciled again, besides watch events.
@@ -52,4 +93,6 @@ pub enum Requeue {
     /// After the operator's periodic resync.
     Resync,
     After(Duration),
+    /// Only when something changes.
+    AwaitChange,
 }
