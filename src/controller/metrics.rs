@@ -28,23 +28,7 @@ const RESTORE_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.
 /// Buckets (seconds) of one reconcile; a reconcile that restores a session includes the restore.
 const RECONCILE_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
 
-/// How a resume request (the `kandev.dev/resume-requested-at` annotation) ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ResumeOutcome {
-    /// The agent's own session came back (`session/resume` or `session/load`).
-    Restored,
-    /// The agent runs again in a new session (no token, a fresh start was asked for, or the
-    /// agent rejected the token).
-    Fresh,
-    /// The restore or the launch failed.
-    Failed,
-    /// The rules refused the request (terminal state).
-    Refused,
-    /// The agent was already running: handled without a launch.
-    AlreadyRunning,
-    /// A newer request replaced it while it was being handled.
-    Superseded,
-}
+pub use crate::resume::ResumeOutcome;
 
 impl ResumeOutcome {
     pub const ALL: [ResumeOutcome; 6] = [

@@ -2,7 +2,7 @@
 //! exec, tokens back into status. It gathers facts, calls the pure rules in `crate::resume`, and
 //! applies the result. Beside it: the HTTP endpoints, metrics and the RBAC self-check (§4).
 
-pub mod conditions;
+pub use crate::api::conditions;
 mod expectations;
 pub mod pods;
 mod reconcile;

@@ -215,12 +215,7 @@ pub fn session_label_value(session: &str) -> String {
 /// Whether `pod`'s controller ownerReference is `ts` (by UID: a pod that only carries the
 /// session's labels is not its agent).
 pub fn controlled_by(pod: &Pod, ts: &TaskSession) -> bool {
-    let uid = ts.metadata.uid.as_deref();
-    uid.is_some()
-        && pod
-            .owner_references()
-            .iter()
-            .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
+    crate::resume::is_controlled_by(pod, ts.metadata.uid.as_deref())
 }
 
 /// The pod name for one launch: deterministic in (session, request), so a create that races

@@ -29,16 +29,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::agentctl::checkout::{WORKTREE_META, Worktree};
 use crate::api::{
-    AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, MANAGED_LABEL,
-    NegotiatedCapabilities, PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL,
-    SessionEnd, SessionState, TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention,
-    WorktreeStatus,
+    AgentActivity, ExecutorPhase, ExecutorRunning, MANAGED_LABEL, NegotiatedCapabilities,
+    PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionEnd, SessionState,
+    TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention, WorktreeStatus,
 };
 use crate::resume::{
-    EndFacts, EndStep, InitialPrompt, LaunchStall, MAX_TOKEN_BYTES, PodLiveness, RestoreErrorClass,
-    ResumeRequest, ResumeRequestFacts, SessionFacts, build_resume_request, checkout_stall,
-    end_step, evaluate_resume_eligibility, handled_key, is_new_resume_request, launch_stall,
-    pod_liveness as liveness, remember_handled,
+    EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, PodLiveness, RequestAnswer,
+    Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts, SessionObjects, Transition,
+    answer_request, build_resume_request, checkout_stall, end_step, is_new_resume_request,
+    launch_stall, observe, pod_liveness as liveness, remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -417,9 +416,10 @@ struct Session<'a> {
     uid: String,
     /// The version every status write is based on: the cached one, then each write's result.
     resource_version: Option<String>,
+    /// The status this reconcile works on (written by [`Self::write_status`]).
     status: TaskSessionStatus,
-    executor: Option<ExecutorRunning>,
-    pods: Vec<Pod>,
+    /// The session, its ExecutorRunning and the pods it controls, from the caches.
+    objects: SessionObjects,
 }
 
 impl<'a> Session<'a> {
@@ -433,15 +433,12 @@ impl<'a> Session<'a> {
             .executors
             .get(&ObjectRef::new(&pods::executor_name(&ts)).within(&ns))
             .map(Arc::unwrap_or_clone);
-        let pods = ctx
+        let candidates = ctx
             .pods
-            .state_filter(|pod| {
-                pod.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && pods::controlled_by(pod, &ts)
-            })
+            .state_filter(|pod| pod.metadata.namespace.as_deref() == Some(ns.as_str()))
             .into_iter()
-            .map(Arc::unwrap_or_clone)
-            .collect();
+            .map(Arc::unwrap_or_clone);
+        let objects = SessionObjects::new(&ns, (*ts).clone(), executor, candidates);
         let status = ts.status.clone().unwrap_or_default();
         Ok(Session {
             ctx,
@@ -451,8 +448,7 @@ impl<'a> Session<'a> {
             ns,
             uid,
             status,
-            executor,
-            pods,
+            objects,
         })
     }
 
@@ -475,7 +471,7 @@ impl<'a> Session<'a> {
     fn resume_request(&self, profile: &AgentProfile, state_at_loss: SessionState) -> ResumeRequest {
         build_resume_request(&ResumeRequestFacts {
             state_at_loss,
-            resume_token: self.resume_token(),
+            resume_token: self.objects.resume_token(),
             task_description: self.ts.spec.task_description.as_deref().unwrap_or_default(),
             fresh: self.fresh_requested(),
             profile_history_injection: profile.history_context_injection,
@@ -489,7 +485,7 @@ impl<'a> Session<'a> {
         self.status
             .active_resume_request
             .as_deref()
-            .is_some_and(|active| self.annotation(RESUME_FRESH_ANNOTATION) == Some(active))
+            .is_some_and(|active| self.objects.annotation(RESUME_FRESH_ANNOTATION) == Some(active))
     }
 
     fn unknown_profile_reason(&self) -> String {
@@ -499,29 +495,6 @@ impl<'a> Session<'a> {
             self.ts.spec.agent,
             known.join(", ")
         )
-    }
-
-    fn annotation(&self, key: &str) -> Option<&str> {
-        self.ts
-            .annotations()
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    }
-
-    fn resume_token(&self) -> Option<&str> {
-        self.executor
-            .as_ref()
-            .and_then(|er| er.status.as_ref())
-            .and_then(|s| s.resume_token.as_deref())
-            .filter(|t| !t.trim().is_empty())
-    }
-
-    fn executor_status(&self) -> ExecutorRunningStatus {
-        self.executor
-            .as_ref()
-            .and_then(|er| er.status.clone())
-            .unwrap_or_default()
     }
 
     /// The launch in progress: the latched resume token, or the initial launch.
@@ -540,27 +513,15 @@ impl<'a> Session<'a> {
     /// The pod of the current launch, looked up by its deterministic name (hints such as
     /// `podName` are not trusted).
     fn launch_pod(&self) -> Option<&Pod> {
-        let name = self.launch_pod_name();
-        self.pods
+        self.pod_named(&self.launch_pod_name())
+    }
+
+    /// This session's pod of that name.
+    fn pod_named(&self, name: &str) -> Option<&Pod> {
+        self.objects
+            .pods
             .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
-    }
-
-    /// The live pod recorded in ExecutorRunning (same UID), else the newest managed pod.
-    fn current_pod(&self) -> Option<&Pod> {
-        crate::resume::current_pod(&self.pods, self.executor_status().pod_uid.as_deref())
-    }
-
-    fn facts(&self, pod: Option<&Pod>) -> SessionFacts {
-        let er = self.executor_status();
-        SessionFacts {
-            state: self.status.state,
-            has_resume_token: self.resume_token().is_some(),
-            executor_exists: self.executor.is_some(),
-            executor_resumable: er.resumable,
-            pod: liveness(pod),
-            loss_declared: self.status.needs_resume,
-        }
+            .find(|p| p.metadata.name.as_deref() == Some(name))
     }
 
     /// Pods that carry this session's labels but are not controlled by it are ignored (labels
@@ -593,7 +554,7 @@ impl<'a> Session<'a> {
             &self.ctx.streams,
             pod,
             &pods::executor_name(&self.ts),
-            &self.executor_status(),
+            &self.objects.executor_status(),
             nudge,
         );
     }
@@ -601,6 +562,7 @@ impl<'a> Session<'a> {
     /// Stops following the events of this session's pods; returns how many pods it has.
     fn unfollow(&self) -> usize {
         let uids: Vec<&str> = self
+            .objects
             .pods
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
@@ -628,10 +590,18 @@ impl<'a> Session<'a> {
         {
             return self.end_session(end).await;
         }
-        if let Some(token) = self.new_resume_request()
-            && let Some(action) = self.accept_or_refuse(&token).await?
-        {
-            return Ok(action);
+        if let Some(token) = self.new_resume_request() {
+            let latched_pod = self.launch_pod().map(ResourceExt::name_any);
+            match answer_request(
+                &self.objects,
+                &self.status,
+                &token,
+                latched_pod.as_deref(),
+                Timestamp::now(),
+            ) {
+                RequestAnswer::Done(transition) => return self.apply_transition(transition).await,
+                RequestAnswer::Latched(transition) => self.apply_effects(&transition).await?,
+            }
         }
         // A latched request, a session never launched, or a launch that an operator restart
         // interrupted (STARTING is persisted before the pod is created).
@@ -669,6 +639,7 @@ impl<'a> Session<'a> {
             self.set_conditions(&[Want::new(conditions::RECONCILING, true, "Ending", &message)]);
             self.write_status().await?;
             if let Some(pod) = self
+                .objects
                 .current_pod()
                 .filter(|p| liveness(Some(p)) == PodLiveness::Running)
             {
@@ -676,11 +647,11 @@ impl<'a> Session<'a> {
             }
             return Ok(Action::requeue(Duration::from_secs(2)));
         };
-        let pod = self.current_pod().cloned();
+        let pod = self.objects.current_pod().cloned();
         let facts = EndFacts {
             end,
             pod: liveness(pod.as_ref()),
-            working: self.executor_status().activity == Some(AgentActivity::Working),
+            working: self.objects.executor_status().activity == Some(AgentActivity::Working),
             ending_for: Timestamp::now().duration_since(since).unsigned_abs(),
             grace: self.ctx.settings.end_grace,
         };
@@ -689,7 +660,7 @@ impl<'a> Session<'a> {
             (EndStep::Finish, _) => self.finish_session(end).await,
             (EndStep::AwaitPrompt(left), _) => Ok(Action::requeue(left.min(POD_RECHECK))),
             (EndStep::AwaitPodGone, _) => Ok(Action::requeue(recheck)),
-            (EndStep::CancelPrompt, Some(pod)) if self.resume_token().is_some() => {
+            (EndStep::CancelPrompt, Some(pod)) if self.objects.resume_token().is_some() => {
                 if let Err(err) = self.cancel_prompt(&pod).await {
                     warn!(%err, pod = %pod.name_any(), "could not cancel the running prompt; stopping the agent");
                     self.stop_pods().await;
@@ -705,7 +676,7 @@ impl<'a> Session<'a> {
 
     /// ACP `session/cancel` for the agent's session, over exec into `pod`.
     async fn cancel_prompt(&self, pod: &Pod) -> Result<(), String> {
-        let session = self.resume_token().unwrap_or_default().to_string();
+        let session = self.objects.resume_token().unwrap_or_default().to_string();
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         let limit = self.ctx.settings.acp_timeout;
         let cancel = async {
@@ -732,7 +703,7 @@ impl<'a> Session<'a> {
 
     /// Deletes every pod of the session that may still run.
     async fn stop_pods(&self) {
-        for pod in self.pods.iter().filter(|p| {
+        for pod in self.objects.pods.iter().filter(|p| {
             p.metadata.deletion_timestamp.is_none() && liveness(Some(p)) != PodLiveness::Failed
         }) {
             info!(pod = %pod.name_any(), "stopping the agent: the session ends");
@@ -747,7 +718,7 @@ impl<'a> Session<'a> {
             SessionEnd::Completed => (SessionState::Completed, TaskState::Completed),
             SessionEnd::Cancelled => (SessionState::Cancelled, TaskState::Cancelled),
         };
-        if let Some(er) = &self.executor {
+        if let Some(er) = &self.objects.executor {
             let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             let patch = json!({"status": {"status": ExecutorPhase::Stopped, "resumable": false, "activity": null}});
             api.patch_status(
@@ -805,7 +776,7 @@ impl<'a> Session<'a> {
 
     /// The annotation's token when it has not been handled and is not being handled.
     fn new_resume_request(&self) -> Option<String> {
-        let token = self.annotation(RESUME_ANNOTATION)?;
+        let token = self.objects.annotation(RESUME_ANNOTATION)?;
         is_new_resume_request(
             token,
             self.status.active_resume_request.as_deref(),
@@ -813,123 +784,6 @@ impl<'a> Session<'a> {
             &self.status.recent_resume_requests,
         )
         .then(|| token.to_string())
-    }
-
-    /// DESIGN §3 handshake: refuse what the rules refuse (terminal states), acknowledge a
-    /// request for an agent that already runs, otherwise latch the token. The latch is persisted
-    /// with `STARTING` by [`Self::start_launch`], in the same write and before any pod exists
-    /// (at once when a launch is already starting). Returns `Some` when this reconcile is done.
-    async fn accept_or_refuse(&mut self, token: &str) -> Result<Option<Action>, Error> {
-        if token.len() > MAX_TOKEN_BYTES {
-            let key = handled_key(token);
-            let message = format!(
-                "resume request refused: the {RESUME_ANNOTATION} value is {} bytes long, at most {MAX_TOKEN_BYTES} are accepted",
-                token.len()
-            );
-            let refused = (EventType::Warning, "ResumeRefused");
-            return self
-                .handled_without_launch(&key, false, "InvalidToken", refused, &message)
-                .await;
-        }
-        if let Some(old) = self.status.active_resume_request.clone() {
-            self.supersede(&old, token).await?;
-            return Ok(None);
-        }
-        let pod = self.current_pod().cloned();
-        let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
-        if self.status.state.is_terminal() && !eval.is_resumable {
-            let message = format!(
-                "resume request {token:?} refused: the session is {}",
-                self.status.state
-            );
-            let refused = (EventType::Warning, "ResumeRefused");
-            return self
-                .handled_without_launch(token, false, "TerminalState", refused, &message)
-                .await;
-        }
-        if eval.reason == ResumeReason::AlreadyRunning && self.status.state.is_active() {
-            let message = format!("resume request {token:?}: the agent is already running");
-            let running = (EventType::Normal, "AlreadyRunning");
-            return self
-                .handled_without_launch(token, true, "AlreadyRunning", running, &message)
-                .await;
-        }
-        self.status.active_resume_request = Some(token.to_string());
-        self.set_conditions(&[Want::new(
-            conditions::RECONCILING,
-            true,
-            "ResumeRequested",
-            format!("handling resume request {token:?}"),
-        )]);
-        if self.status.state == SessionState::Starting {
-            // The pod of this request comes next: the latch must be persisted before it.
-            self.write_status().await?;
-            self.event(
-                EventType::Normal,
-                "ResumeRequested",
-                "Resume",
-                &format!("resume request {token:?} accepted"),
-            )
-            .await;
-        }
-        Ok(None)
-    }
-
-    /// DESIGN §3: a new token supersedes the latched request. The old request counts as handled
-    /// (`Resumed=False`, reason `Superseded`), the new one is latched in the same write, and the
-    /// old attempt's pod is deleted after it; the launch then waits for that pod to be gone.
-    async fn supersede(&mut self, old: &str, token: &str) -> Result<(), Error> {
-        let old_pod = self.launch_pod().cloned();
-        remember_handled(&mut self.status.recent_resume_requests, old);
-        self.status.last_handled_resume_request = Some(old.to_string());
-        self.status.active_resume_request = Some(token.to_string());
-        let deleting = old_pod
-            .as_ref()
-            .map(|p| format!("; deleting its pod {}", p.name_any()))
-            .unwrap_or_default();
-        let message = format!("resume request {token:?} supersedes {old:?}{deleting}");
-        self.set_conditions(&[
-            Want::new(conditions::RESUMED, false, "Superseded", &message),
-            Want::new(conditions::RECONCILING, true, "ResumeRequested", &message),
-            Want::new(conditions::STALLED, false, "Superseded", ""),
-        ]);
-        self.write_status().await?;
-        if let Some(pod) = old_pod {
-            self.pod_deletion(&pod).await;
-        }
-        metrics::global().resume_handled(ResumeOutcome::Superseded);
-        self.event(EventType::Normal, "ResumeSuperseded", "Resume", &message)
-            .await;
-        Ok(())
-    }
-
-    /// Marks `token` handled without launching anything: the `Resumed` condition and an Event
-    /// say why.
-    async fn handled_without_launch(
-        &mut self,
-        token: &str,
-        resumed: bool,
-        condition_reason: &str,
-        (event_type, event_reason): (EventType, &str),
-        message: &str,
-    ) -> Result<Option<Action>, Error> {
-        self.status.last_handled_resume_request = Some(token.to_string());
-        remember_handled(&mut self.status.recent_resume_requests, token);
-        self.set_conditions(&[Want::new(
-            conditions::RESUMED,
-            resumed,
-            condition_reason,
-            message,
-        )]);
-        self.write_status().await?;
-        metrics::global().resume_handled(if resumed {
-            ResumeOutcome::AlreadyRunning
-        } else {
-            ResumeOutcome::Refused
-        });
-        self.event(event_type, event_reason, "Resume", message)
-            .await;
-        Ok(Some(Action::await_change()))
     }
 
     /// Steps 1–5 of DESIGN §3 "Resume execution" (the initial launch takes the same path).
@@ -1000,7 +854,7 @@ impl<'a> Session<'a> {
     /// same workspace.
     fn previous_pod_alive(&self) -> Option<&Pod> {
         let name = self.launch_pod_name();
-        self.pods.iter().find(|p| {
+        self.objects.pods.iter().find(|p| {
             p.metadata.name.as_deref() != Some(name.as_str())
                 && matches!(
                     liveness(Some(p)),
@@ -1039,11 +893,11 @@ impl<'a> Session<'a> {
         };
         let request = self.resume_request(&profile, self.status.state);
         self.status.previous_state = Some(request.previous_state);
-        if self.executor.is_none() {
+        if self.objects.executor.is_none() {
             let er = pods::build_executor(&self.ts);
             let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             match api.create(&PostParams::default(), &er).await {
-                Ok(er) => self.executor = Some(er),
+                Ok(er) => self.objects.executor = Some(er),
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(kube::Error::Api(e)) if is_invalid(e.code) => {
                     let message =
@@ -1127,7 +981,7 @@ impl<'a> Session<'a> {
             "no longer exists"
         };
         // The session ran on this workspace before (a pod was recorded): its files are gone.
-        if self.executor_status().pod_uid.is_some() {
+        if self.objects.executor_status().pod_uid.is_some() {
             return Ok(Workspace::Lost(format!(
                 "workspace PVC {claim:?} {gone}: the session's files went with it, so it is not resumed on an empty one"
             )));
@@ -1300,7 +1154,7 @@ impl<'a> Session<'a> {
         };
         let is_resume = self.status.active_resume_request.is_some();
         let fresh = self.fresh_requested();
-        let token = self.resume_token().map(str::to_string);
+        let token = self.objects.resume_token().map(str::to_string);
         // STARTING was persisted with the state to return to; rebuilding from it gives the
         // same case (A/B/C) as when the launch began, also after an operator restart.
         let state_at_start = self
@@ -1516,7 +1370,7 @@ impl<'a> Session<'a> {
             )
             .await
             .map_err(kube_err("recording the executor"))?;
-        self.executor = Some(recorded);
+        self.objects.executor = Some(recorded);
         Ok(())
     }
 
@@ -1542,7 +1396,7 @@ impl<'a> Session<'a> {
         self.finish_request();
         // Ready and Reconciling as the steady-state evaluation words them, so that it finds
         // nothing to write after this; the outcome is in `Resumed` and the Event.
-        let steady = camel(&state.as_str().to_ascii_lowercase());
+        let steady = conditions::camel(&state.as_str().to_ascii_lowercase());
         let mut wanted = vec![
             Want::new(conditions::READY, true, steady, ""),
             Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
@@ -1562,7 +1416,7 @@ impl<'a> Session<'a> {
                 ResumeOutcome::Fresh
             });
         }
-        self.follow(pod, self.annotation(PROMPTED_ANNOTATION));
+        self.follow(pod, self.objects.annotation(PROMPTED_ANNOTATION));
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
             self.event(EventType::Normal, event_reason, "Restore", message)
@@ -1592,7 +1446,7 @@ impl<'a> Session<'a> {
             delete_pod.await;
             return Ok(action);
         }
-        let kept = match (token_kept, self.resume_token().is_some()) {
+        let kept = match (token_kept, self.objects.resume_token().is_some()) {
             (true, true) => "the resume token is kept",
             (true, false) => "nothing is lost",
             (false, _) => "no usable token is left",
@@ -1607,7 +1461,7 @@ impl<'a> Session<'a> {
         );
         self.launch_not_done(
             Some(pod),
-            &camel(class.as_str()),
+            &conditions::camel(class.as_str()),
             "ResumeFailed",
             false,
             &message,
@@ -1637,7 +1491,7 @@ impl<'a> Session<'a> {
             .unwrap_or(SessionState::WaitingForInput);
         self.status.needs_resume = true;
         self.status.is_resumable = true;
-        self.status.resume_reason = Some(if self.resume_token().is_some() {
+        self.status.resume_reason = Some(if self.objects.resume_token().is_some() {
             ResumeReason::AgentNotRunning
         } else {
             ResumeReason::AgentNotRunningFreshStart
@@ -1685,7 +1539,7 @@ impl<'a> Session<'a> {
 
     /// The end of a "not done" message: what survives for the next try.
     fn what_is_kept(&self) -> &'static str {
-        if self.resume_token().is_some() {
+        if self.objects.resume_token().is_some() {
             "the resume token is kept"
         } else {
             "nothing is lost"
@@ -1777,114 +1631,68 @@ impl<'a> Session<'a> {
         self.status.previous_state = None;
     }
 
-    /// Steady state: evaluate (pure) against the live pod, publish needsResume and conditions,
-    /// and announce a loss once. Nothing is relaunched here (lazy recovery).
-    async fn observe(mut self) -> Result<Action, Error> {
-        let before = self.status.clone();
-        let pod = self.current_pod().cloned();
-        if let Some(pod) = pod
-            .as_ref()
-            .filter(|p| liveness(Some(p)) == PodLiveness::Running)
-        {
-            self.follow(pod, self.annotation(PROMPTED_ANNOTATION));
-            self.follow_agent_activity();
+    /// The steady state: the pure [`observe`] decides, this applies its transition.
+    async fn observe(self) -> Result<Action, Error> {
+        let transition = observe(&self.objects, Timestamp::now());
+        self.apply_transition(transition).await
+    }
+
+    /// Applies a transition: the executor marked lost first (the session's status never claims
+    /// more than its executor), then the status when it changed, then the pod deletion it
+    /// explains, the metric and the Event.
+    async fn apply_transition(mut self, transition: Transition) -> Result<Action, Error> {
+        self.apply_effects(&transition).await?;
+        Ok(match transition.requeue {
+            Requeue::Resync => Action::requeue(self.ctx.settings.resync),
+            Requeue::After(delay) => Action::requeue(delay),
+            Requeue::AwaitChange => Action::await_change(),
+        })
+    }
+
+    async fn apply_effects(&mut self, transition: &Transition) -> Result<(), Error> {
+        if let Some(NextAction::MarkExecutorLost { resumable }) = &transition.action {
+            self.mark_executor_lost(*resumable).await?;
         }
-        let eval = evaluate_resume_eligibility(&self.facts(pod.as_ref()));
-        let newly_lost = eval.needs_resume && !self.status.needs_resume;
-        self.status.needs_resume = eval.needs_resume;
-        self.status.is_resumable = eval.is_resumable || eval.needs_resume;
-        self.status.resume_reason = Some(eval.reason);
-        let running = liveness(pod.as_ref()) == PodLiveness::Running;
-        let (ready_reason, ready_message) = if eval.needs_resume {
-            (
-                "NeedsResume".to_string(),
-                format!(
-                    "agent not running ({}); annotate {RESUME_ANNOTATION} to resume",
-                    eval.reason
-                ),
-            )
-        } else {
-            (
-                camel(&self.status.state.as_str().to_ascii_lowercase()),
-                String::new(),
-            )
-        };
-        self.set_conditions(&[
-            Want::new(
-                conditions::AGENT_RUNNING,
-                running,
-                if running {
-                    "PodRunning"
-                } else {
-                    "PodNotRunning"
-                },
-                "",
-            ),
-            Want::new(
-                conditions::NEEDS_RESUME,
-                eval.needs_resume,
-                camel(eval.reason.as_str()),
-                &ready_message,
-            ),
-            Want::new(
-                conditions::READY,
-                running && !self.status.state.is_terminal(),
-                ready_reason,
-                &ready_message,
-            ),
-            Want::new(conditions::RECONCILING, false, "Idle", ""),
-        ]);
-        if newly_lost {
-            self.mark_executor_lost().await?;
-        }
-        if self.status != before || self.status.observed_generation != self.ts.metadata.generation {
+        self.status = transition.status.clone();
+        if transition.write {
             self.write_status().await?;
         }
-        if newly_lost {
-            metrics::global().agent_lost();
-            let pod_name = pod
-                .as_ref()
-                .map(|p| p.name_any())
-                .or(self.executor_status().pod_name)
-                .unwrap_or_default();
-            let message = format!(
-                "agentctl pod {pod_name} is gone ({}); nothing relaunched until a resume is requested",
-                eval.reason
-            );
-            self.event(EventType::Warning, "AgentLost", "Observe", &message)
-                .await;
-        }
-        Ok(Action::requeue(self.ctx.settings.resync))
-    }
-
-    /// RUNNING ↔ WAITING_FOR_INPUT (task IN_PROGRESS ↔ REVIEW) from what `agentctl events`
-    /// last reported into ExecutorRunning.
-    fn follow_agent_activity(&mut self) {
-        if !matches!(
-            self.status.state,
-            SessionState::Running | SessionState::WaitingForInput
-        ) {
-            return;
-        }
-        match self.executor_status().activity {
-            Some(AgentActivity::Working) => {
-                self.status.state = SessionState::Running;
-                self.status.task_state = TaskState::InProgress;
+        match &transition.action {
+            Some(NextAction::Follow { pod }) => {
+                if let Some(pod) = self.pod_named(pod) {
+                    self.follow(pod, self.objects.annotation(PROMPTED_ANNOTATION));
+                }
             }
-            Some(AgentActivity::Idle) => {
-                self.status.state = SessionState::WaitingForInput;
-                self.status.task_state = TaskState::Review;
+            Some(NextAction::DeletePod { pod }) => {
+                if let Some(pod) = self.pod_named(pod).cloned() {
+                    self.pod_deletion(&pod).await;
+                }
             }
+            Some(NextAction::MarkExecutorLost { .. }) | None => {}
+        }
+        match transition.metric {
+            Some(Metric::AgentLost) => metrics::global().agent_lost(),
+            Some(Metric::ResumeHandled(outcome)) => metrics::global().resume_handled(outcome),
             None => {}
         }
+        if let Some(note) = &transition.event {
+            let type_ = if note.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            self.event(type_, note.reason, note.action, &note.message)
+                .await;
+        }
+        Ok(())
     }
 
-    async fn mark_executor_lost(&self) -> Result<(), Error> {
-        let Some(er) = &self.executor else {
+    async fn mark_executor_lost(&self, resumable: bool) -> Result<(), Error> {
+        let Some(er) = &self.objects.executor else {
             return Ok(());
         };
         let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let patch = json!({"status": {"status": ExecutorPhase::Lost, "resumable": self.resume_token().is_some(), "activity": null}});
+        let patch = json!({"status": {"status": ExecutorPhase::Lost, "resumable": resumable, "activity": null}});
         api.patch_status(
             &er.name_any(),
             &PatchParams::default(),
@@ -1988,19 +1796,6 @@ fn end_word(end: SessionEnd) -> &'static str {
     }
 }
 
-fn camel(snake: &str) -> String {
-    snake
-        .split('_')
-        .map(|word| {
-            let mut chars = word.chars();
-            chars
-                .next()
-                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
 fn describe_launch(launch_id: &str) -> String {
     if launch_id == INITIAL_LAUNCH {
         "the first launch".to_string()
@@ -2028,18 +1823,5 @@ mod tests {
             "pods is forbidden: User \"system:serviceaccount:k:k\" cannot create resource \"pods\" in API group \"\" in the namespace \"x\""
         ));
         assert!(!refused_by_admission(409, "already exists"));
-    }
-
-    #[test]
-    fn condition_reasons_are_camel_case() {
-        for (snake, camel_case) in [
-            ("auth_required", "AuthRequired"),
-            ("agent_not_running", "AgentNotRunning"),
-            ("waiting_for_input", "WaitingForInput"),
-            ("timeout", "Timeout"),
-            ("agent_protocol_limit", "AgentProtocolLimit"),
-        ] {
-            assert_eq!(camel(snake), camel_case);
-        }
     }
 }

@@ -145,22 +145,19 @@ impl Cluster {
             "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
             pods::session_label_value(name)
         );
-        let pods = self
+        let candidates = self
             .pods()
             .list(&ListParams::default().labels(&selector))
             .await
             .map_err(|e| self.kube_error(format!("listing the agentctl pods of {name:?}"), e))?
-            .items
-            .into_iter()
-            // What the operator counts: the labels select, the controller reference decides.
-            .filter(|pod| pods::controlled_by(pod, &session))
-            .collect();
-        Ok(Snapshot {
-            namespace: self.namespace.clone(),
+            .items;
+        // What the operator counts: the labels select, the controller reference decides.
+        Ok(Snapshot::new(
+            self.namespace.clone(),
             session,
             executor,
-            pods,
-        })
+            candidates,
+        ))
     }
 
     /// Sets `spec.end` (merge patch, field manager [`FIELD_MANAGER`]).

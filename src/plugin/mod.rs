@@ -28,7 +28,7 @@ use tracing_subscriber::EnvFilter;
 pub use error::{EXIT_CODES_HELP, ExitCode, PluginError, format_duration, parse_duration};
 
 use crate::api::SessionEnd;
-use crate::controller::conditions;
+use crate::api::conditions;
 use cli::{Cli, Command, EndArgs, Output, ResumeArgs, StatusArgs};
 use cluster::{Cluster, Deadline};
 use view::{OutcomeKind, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
@@ -185,7 +185,7 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
     let snapshot = cluster.snapshot(&args.session).await?;
     let name = snapshot.name();
     let status = snapshot.status();
-    let token_before = snapshot.resume_token();
+    let token_before = snapshot.resume_token().map(String::from);
     let mut report = ResumeReport {
         name: name.clone(),
         namespace: cluster.namespace.clone(),
@@ -284,7 +284,7 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
     report.succeeded = Some(outcome.kind.succeeded());
     report.state = status.state;
     report.task_state = status.task_state;
-    report.token_after = handled.resume_token();
+    report.token_after = handled.resume_token().map(String::from);
     report.reason = Some(outcome.reason.clone()).filter(|r| !r.is_empty());
     report.message = Some(outcome.message.clone()).filter(|m| !m.is_empty());
     match args.output {

@@ -221,7 +221,7 @@ fn ready_target(snapshot: &Snapshot) -> Option<Ready> {
     Some(Ready {
         pod: pod.metadata.name.clone()?,
         pod_uid: pod.metadata.uid.clone(),
-        session_id: snapshot.resume_token()?,
+        session_id: snapshot.resume_token()?.to_string(),
     })
 }
 

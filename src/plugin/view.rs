@@ -8,91 +8,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::api::{
-    ExecutorRunning, ExecutorRunningStatus, ResumeReason, SessionState, TaskSession,
-    TaskSessionStatus, TaskState,
-};
-use crate::controller::conditions::{self, READY, RECONCILING, RESUMED};
-use crate::resume::{
-    PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
-    launch_stall, pod_liveness,
-};
+use crate::api::conditions::{self, READY, RECONCILING, RESUMED};
+use crate::api::{ResumeReason, SessionState, TaskSessionStatus, TaskState};
+use crate::resume::{PodLiveness, ResumeEvaluation, SessionObjects, launch_stall, pod_liveness};
 
-/// Everything the plugin read about one session at one moment.
-#[derive(Clone, Debug)]
-pub struct Snapshot {
-    pub namespace: String,
-    pub session: TaskSession,
-    pub executor: Option<ExecutorRunning>,
-    /// The session's managed pods (label `kandev.dev/session=<name>`).
-    pub pods: Vec<Pod>,
-}
+/// Everything the plugin read about one session at one moment: the operator's own loaded-objects
+/// type, evaluated by the same functions.
+pub type Snapshot = SessionObjects;
 
-impl Snapshot {
-    pub fn name(&self) -> String {
-        self.session.metadata.name.clone().unwrap_or_default()
-    }
-
-    pub fn status(&self) -> TaskSessionStatus {
-        self.session.status.clone().unwrap_or_default()
-    }
-
-    pub fn executor_status(&self) -> ExecutorRunningStatus {
-        self.executor
-            .as_ref()
-            .and_then(|er| er.status.clone())
-            .unwrap_or_default()
-    }
-
-    /// `ExecutorRunning.status.resumeToken` (the agent's ACP session id), when non-blank.
-    pub fn resume_token(&self) -> Option<String> {
-        self.executor_status()
-            .resume_token
-            .filter(|t| !t.trim().is_empty())
-    }
-
-    /// The current agentctl pod, chosen like the operator does (recorded UID, else newest).
-    pub fn current_pod(&self) -> Option<&Pod> {
-        current_pod(&self.pods, self.executor_status().pod_uid.as_deref())
-    }
-
-    pub fn liveness(&self) -> PodLiveness {
-        pod_liveness(self.current_pod())
-    }
-
-    /// The current pod when it runs (the one to exec into).
-    pub fn running_pod(&self) -> Option<&Pod> {
-        self.current_pod()
-            .filter(|p| pod_liveness(Some(p)) == PodLiveness::Running)
-    }
-
-    pub fn facts(&self) -> SessionFacts {
-        SessionFacts {
-            state: self.status().state,
-            has_resume_token: self.resume_token().is_some(),
-            executor_exists: self.executor.is_some(),
-            executor_resumable: self.executor_status().resumable,
-            pod: self.liveness(),
-            loss_declared: self.status().needs_resume,
-        }
-    }
-
-    /// DESIGN §3 status evaluation against the live pod (the operator's status may lag).
-    pub fn evaluation(&self) -> ResumeEvaluation {
-        evaluate_resume_eligibility(&self.facts())
-    }
-
-    /// The value of an annotation, when set and non-empty.
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.session
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    }
-
+impl SessionObjects {
     /// One line for timeout messages: where the session stood when we gave up.
     pub fn last_seen(&self) -> String {
         let status = self.status();
@@ -202,7 +126,7 @@ impl StatusView {
     pub fn new(snapshot: &Snapshot) -> Self {
         let status = snapshot.status();
         let eval = snapshot.evaluation();
-        let token = snapshot.resume_token();
+        let token = snapshot.resume_token().map(String::from);
         let pod_name = snapshot
             .current_pod()
             .and_then(|p| p.metadata.name.clone())
@@ -743,6 +667,7 @@ pub fn render_history(entries: &[crate::history::HistoryEntry], timestamps: bool
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ExecutorRunning, TaskSession};
     use crate::history::HistoryEntry;
     use PodLiveness as P;
     use ResumeReason as R;

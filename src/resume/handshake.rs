@@ -1,6 +1,16 @@
 //! The resume-request handshake of DESIGN §3: which annotation token is a new request, and the
 //! bounded memory of handled tokens that makes re-applying an old one a no-op (a GitOps rollback
-//! to an earlier manifest never triggers a resume).
+//! to an earlier manifest never triggers a resume), and the answer to a new request.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::conditions::{self, Want};
+use crate::api::{RESUME_ANNOTATION, ResumeReason, SessionState, TaskSessionStatus};
+
+use super::transition::{Metric, NextAction, Note, Requeue, ResumeOutcome, Transition};
+use super::{SessionObjects, evaluate_resume_eligibility};
 
 /// How many handled tokens a session remembers (DESIGN §2: "a bounded list of recently handled
 /// tokens"). A rollback further back than this resumes again.
@@ -47,9 +57,299 @@ pub fn remember_handled(recently_handled: &mut Vec<String>, token: &str) {
     recently_handled.drain(..excess);
 }
 
+/// What the operator does with a new resume request token (DESIGN §3 handshake).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestAnswer {
+    /// Handled without a launch (refused, or the agent already runs), or superseding the
+    /// latched request: apply the transition, nothing more in this pass.
+    Done(Transition),
+    /// Latched: the launch goes on in the same pass from this transition's status, written
+    /// first (with its Event) when a launch is already starting, so that the latch is
+    /// persisted before the pod of this request exists. Otherwise the launch's own first write
+    /// persists it together with `STARTING`.
+    Latched(Transition),
+}
+
+/// Answers the annotation's new `token` on a session whose working status is `status`.
+/// `latched_pod` is the pod of the request being handled, if it exists.
+///
+/// In order: a token longer than [`MAX_TOKEN_BYTES`] is refused (`InvalidToken`, only its
+/// [`handled_key`] is kept); a latched request is superseded (it counts as handled with
+/// `Resumed=False/Superseded`, its pod is deleted after the write); a terminal session that the
+/// rules do not offer a resume is refused (`TerminalState`); an agent that runs is acknowledged
+/// (`Resumed=True/AlreadyRunning`); anything else is latched.
+pub fn answer_request(
+    objects: &SessionObjects,
+    status: &TaskSessionStatus,
+    token: &str,
+    latched_pod: Option<&str>,
+    now: Timestamp,
+) -> RequestAnswer {
+    let mut next = status.clone();
+    let generation = objects.session.metadata.generation;
+    let set = |status: &mut TaskSessionStatus, wanted: &[Want]| {
+        status.conditions = conditions::merge(&status.conditions, wanted, generation, now);
+    };
+    let handled = |key: &str, resumed: bool, reason: &'static str, event: Note| {
+        let mut next = status.clone();
+        next.last_handled_resume_request = Some(key.to_string());
+        remember_handled(&mut next.recent_resume_requests, key);
+        set(
+            &mut next,
+            &[Want::new(
+                conditions::RESUMED,
+                resumed,
+                reason,
+                &event.message,
+            )],
+        );
+        RequestAnswer::Done(Transition {
+            status: next,
+            write: true,
+            action: None,
+            event: Some(event),
+            metric: Some(Metric::ResumeHandled(if resumed {
+                ResumeOutcome::AlreadyRunning
+            } else {
+                ResumeOutcome::Refused
+            })),
+            requeue: Requeue::AwaitChange,
+        })
+    };
+    if token.len() > MAX_TOKEN_BYTES {
+        let message = format!(
+            "resume request refused: the {RESUME_ANNOTATION} value is {} bytes long, at most {MAX_TOKEN_BYTES} are accepted",
+            token.len()
+        );
+        return handled(
+            &handled_key(token),
+            false,
+            "InvalidToken",
+            Note::warning("ResumeRefused", "Resume", message),
+        );
+    }
+    if let Some(old) = status.active_resume_request.as_deref() {
+        remember_handled(&mut next.recent_resume_requests, old);
+        next.last_handled_resume_request = Some(old.to_string());
+        next.active_resume_request = Some(token.to_string());
+        let deleting = latched_pod
+            .map(|pod| format!("; deleting its pod {pod}"))
+            .unwrap_or_default();
+        let message = format!("resume request {token:?} supersedes {old:?}{deleting}");
+        set(
+            &mut next,
+            &[
+                Want::new(conditions::RESUMED, false, "Superseded", &message),
+                Want::new(conditions::RECONCILING, true, "ResumeRequested", &message),
+                Want::new(conditions::STALLED, false, "Superseded", ""),
+            ],
+        );
+        return RequestAnswer::Done(Transition {
+            status: next,
+            write: true,
+            action: latched_pod.map(|pod| NextAction::DeletePod {
+                pod: pod.to_string(),
+            }),
+            event: Some(Note::normal("ResumeSuperseded", "Resume", message)),
+            metric: Some(Metric::ResumeHandled(ResumeOutcome::Superseded)),
+            // The launch of the new request goes on at once (it waits for the old pod to go).
+            requeue: Requeue::After(Duration::from_millis(100)),
+        });
+    }
+    let eval = evaluate_resume_eligibility(&objects.facts_with(status, objects.current_pod()));
+    if status.state.is_terminal() && !eval.is_resumable {
+        let message = format!(
+            "resume request {token:?} refused: the session is {}",
+            status.state
+        );
+        return handled(
+            token,
+            false,
+            "TerminalState",
+            Note::warning("ResumeRefused", "Resume", message),
+        );
+    }
+    if eval.reason == ResumeReason::AlreadyRunning && status.state.is_active() {
+        let message = format!("resume request {token:?}: the agent is already running");
+        return handled(
+            token,
+            true,
+            "AlreadyRunning",
+            Note::normal("AlreadyRunning", "Resume", message),
+        );
+    }
+    next.active_resume_request = Some(token.to_string());
+    set(
+        &mut next,
+        &[Want::new(
+            conditions::RECONCILING,
+            true,
+            "ResumeRequested",
+            format!("handling resume request {token:?}"),
+        )],
+    );
+    let starting = status.state == SessionState::Starting;
+    RequestAnswer::Latched(Transition {
+        status: next,
+        write: starting,
+        action: None,
+        event: starting.then(|| {
+            Note::normal(
+                "ResumeRequested",
+                "Resume",
+                format!("resume request {token:?} accepted"),
+            )
+        }),
+        metric: None,
+        requeue: Requeue::After(Duration::from_millis(100)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::api::AgentActivity;
+    use crate::resume::objects::fixtures::{Given, P, at, objects};
+
+    fn given(state: SessionState, token: Option<&'static str>, pod: P) -> Given {
+        Given {
+            state,
+            needs_resume: false,
+            token,
+            activity: Some(AgentActivity::Idle),
+            pod,
+        }
+    }
+
+    /// Answers `token` for a session in `given`, with `active` latched.
+    fn answer(
+        given: &Given,
+        active: Option<&str>,
+        token: &str,
+        pod: Option<&str>,
+    ) -> RequestAnswer {
+        let mut objects = objects(given);
+        if let Some(status) = objects.session.status.as_mut() {
+            status.active_resume_request = active.map(String::from);
+        }
+        answer_request(&objects, &objects.status(), token, pod, at(10))
+    }
+
+    fn done(answer: RequestAnswer) -> Transition {
+        match answer {
+            RequestAnswer::Done(t) => t,
+            RequestAnswer::Latched(t) => panic!("latched, expected handled: {t:?}"),
+        }
+    }
+
+    fn resumed(t: &Transition) -> (String, String) {
+        let c = conditions::find(&t.status.conditions, conditions::RESUMED).expect("Resumed");
+        (c.status.clone(), c.reason.clone())
+    }
+
+    #[test]
+    fn requests_that_are_handled_without_a_launch() {
+        use SessionState as S;
+        /// (session, token, handled key, Resumed, reason, Event reason, warning, outcome)
+        type Row = (
+            Given,
+            String,
+            String,
+            &'static str,
+            &'static str,
+            &'static str,
+            bool,
+            ResumeOutcome,
+        );
+        let long = "x".repeat(MAX_TOKEN_BYTES + 1);
+        #[rustfmt::skip]
+        let rows: Vec<Row> = vec![
+            (given(S::WaitingForInput, Some("t"), P::None), long.clone(), handled_key(&long),
+                "False", "InvalidToken", "ResumeRefused", true, ResumeOutcome::Refused),
+            (given(S::Completed, Some("t"), P::None), "r1".into(), "r1".into(),
+                "False", "TerminalState", "ResumeRefused", true, ResumeOutcome::Refused),
+            (given(S::Failed, None, P::None), "r1".into(), "r1".into(),
+                "False", "TerminalState", "ResumeRefused", true, ResumeOutcome::Refused),
+            (given(S::WaitingForInput, Some("t"), P::Running), "r1".into(), "r1".into(),
+                "True", "AlreadyRunning", "AlreadyRunning", false, ResumeOutcome::AlreadyRunning),
+        ];
+        for (g, token, key, status, reason, event, warning, outcome) in rows {
+            let t = done(answer(&g, None, &token, None));
+            let row = format!("{:?}/{:?}", g.state, g.pod);
+            assert!(t.write, "{row}");
+            assert_eq!(
+                t.status.last_handled_resume_request.as_deref(),
+                Some(key.as_str()),
+                "{row}"
+            );
+            assert!(t.status.recent_resume_requests.contains(&key), "{row}");
+            assert_eq!(t.status.active_resume_request, None, "{row}");
+            assert_eq!(
+                resumed(&t),
+                (status.to_string(), reason.to_string()),
+                "{row}"
+            );
+            let note = t.event.expect("an Event");
+            assert_eq!((note.reason, note.warning), (event, warning), "{row}");
+            assert!(
+                !note.message.contains(&long),
+                "a huge token is never copied: {row}"
+            );
+            assert_eq!(t.metric, Some(Metric::ResumeHandled(outcome)), "{row}");
+            assert_eq!(t.action, None, "{row}");
+            assert_eq!(t.requeue, Requeue::AwaitChange, "{row}");
+        }
+    }
+
+    #[test]
+    fn a_new_token_supersedes_the_latched_request_and_deletes_its_pod_after_the_write() {
+        let g = given(SessionState::Starting, Some("t"), P::Pending);
+        for pod in [Some("s-agent-a"), None] {
+            let t = done(answer(&g, Some("a"), "b", pod));
+            assert!(t.write);
+            assert_eq!(t.status.active_resume_request.as_deref(), Some("b"));
+            assert_eq!(t.status.last_handled_resume_request.as_deref(), Some("a"));
+            assert!(t.status.recent_resume_requests.contains(&"a".to_string()));
+            assert_eq!(resumed(&t), ("False".into(), "Superseded".into()));
+            assert_eq!(
+                t.action,
+                pod.map(|p| NextAction::DeletePod { pod: p.into() })
+            );
+            let note = t.event.expect("ResumeSuperseded");
+            assert_eq!(note.reason, "ResumeSuperseded");
+            assert_eq!(note.message.contains("deleting its pod"), pod.is_some());
+            assert_eq!(
+                t.metric,
+                Some(Metric::ResumeHandled(ResumeOutcome::Superseded))
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_to_launch_is_latched_and_persisted_at_once_only_while_starting() {
+        use SessionState as S;
+        for (g, write) in [
+            // Lost: the launch's own first write persists the latch with STARTING.
+            (given(S::WaitingForInput, Some("t"), P::None), false),
+            // FAILED with a token and a resumable executor is offered a resume.
+            (given(S::Failed, Some("t"), P::None), false),
+            // A launch is already starting: its next pod is this request's, so the latch first.
+            (given(S::Starting, Some("t"), P::None), true),
+        ] {
+            let RequestAnswer::Latched(t) = answer(&g, None, "r1", None) else {
+                panic!("{:?}: expected a latch", g.state);
+            };
+            assert_eq!(t.status.active_resume_request.as_deref(), Some("r1"));
+            assert_eq!(t.status.last_handled_resume_request, None);
+            assert_eq!(t.write, write, "{:?}", g.state);
+            assert_eq!(t.event.is_some(), write, "{:?}", g.state);
+            assert!(conditions::is_true(
+                &t.status.conditions,
+                conditions::RECONCILING
+            ));
+        }
+    }
 
     fn tokens(list: &[&str]) -> Vec<String> {
         list.iter().map(|t| t.to_string()).collect()

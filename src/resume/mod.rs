@@ -1,6 +1,6 @@
 //! The pure rules of DESIGN §3: status evaluation, the resume-request handshake, the resume
 //! request, ACP restore selection, restore error classification, the initial prompt dispatch and
-//! the cause of a stalled launch.
+//! the cause of a stalled launch, and the steady state of a session as a [`Transition`].
 //!
 //! Nothing here touches the cluster or an agent; callers gather facts, these functions decide,
 //! and the tables in each file's tests map line by line to DESIGN §3.
@@ -8,11 +8,14 @@
 mod classify;
 mod end;
 mod handshake;
+mod objects;
+mod observe;
 mod prompt;
 mod request;
 mod restore;
 mod stall;
 mod status;
+mod transition;
 
 pub use classify::{
     AGENT_PROTOCOL_LIMIT, AUTH_REQUIRED, AgentLimit, INTERNAL_ERROR, INVALID_PARAMS,
@@ -21,8 +24,11 @@ pub use classify::{
 };
 pub use end::{EndFacts, EndStep, end_step};
 pub use handshake::{
-    HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, handled_key, is_new_resume_request, remember_handled,
+    HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,
+    is_new_resume_request, remember_handled,
 };
+pub use objects::{SessionObjects, is_controlled_by};
+pub use observe::observe;
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use restore::{
@@ -34,3 +40,4 @@ pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,
 };
+pub use transition::{Metric, NextAction, Note, Requeue, ResumeOutcome, Transition};

@@ -77,6 +77,20 @@ pub fn merge(
     out
 }
 
+/// A condition reason from a snake_case word (`agent_not_running` → `AgentNotRunning`).
+pub fn camel(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|word| {
+            let mut chars = word.chars();
+            chars
+                .next()
+                .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 /// The condition of the given type, if present.
 pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
@@ -145,5 +159,18 @@ mod tests {
         );
         let types: Vec<&str> = b.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(types, [AGENT_RUNNING, RESUMED]);
+    }
+
+    #[test]
+    fn condition_reasons_are_camel_case() {
+        for (snake, camel_case) in [
+            ("auth_required", "AuthRequired"),
+            ("agent_not_running", "AgentNotRunning"),
+            ("waiting_for_input", "WaitingForInput"),
+            ("timeout", "Timeout"),
+            ("agent_protocol_limit", "AgentProtocolLimit"),
+        ] {
+            assert_eq!(camel(snake), camel_case);
+        }
     }
 }
