@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit chart protocol agents-smoke e2e bench bench-smoke bench-idle bins agents crds cluster-up cluster-down help
+.PHONY: demo test lint unit chart protocol agents-smoke e2e bench bench-smoke bench-idle fuzz bins agents crds cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
@@ -16,6 +16,7 @@ help:
 	@echo "make e2e           only the end-to-end tier (starts and tears down a local cluster)"
 	@echo "make bench         the fleet benchmark: ours beside the API floor and agent-sandbox (BENCH_N, BENCH_SWEEP, …)"
 	@echo "make bench-idle    the idle-fleet benchmark: 10,000 sessions in their steady state (BENCH_IDLE_FLEET)"
+	@echo "make fuzz          the cargo-fuzz targets in fuzz/, FUZZ_SECONDS (60) each (nightly + cargo-fuzz)"
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
 	@echo "make crds          regenerate crds/ (and the chart's copies) from the Rust types"
 	@echo "make manifests     regenerate deploy/install.yaml from the chart"
@@ -82,6 +83,12 @@ bench-idle:
 bench-smoke:
 	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_N=5 BENCH_PHASES=launch BENCH_OUT=target/bench-smoke \
 	  BENCH_CONTENDERS=ours,floor,agent-sandbox bash e2e/bench/run.sh --require-complete
+
+# Not part of `make test`: needs a nightly toolchain and `cargo install cargo-fuzz`.
+fuzz:
+	for target in line_codec jsonrpc_line history; do \
+	  cargo +nightly fuzz run $$target -- -max_total_time=$${FUZZ_SECONDS:-60} || exit 1; \
+	done
 
 bins:
 	bash e2e/bin.sh

@@ -305,6 +305,96 @@ mod tests {
         assert_eq!(limiter.allow_at(start + Duration::from_secs(30)), Some(1));
     }
 
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// What the codec promises, written the obvious way: split at `\n`, drop one `\r`
+        /// before it, keep a last line without a newline, and report a line over `limit` by its
+        /// length instead of its bytes.
+        fn model(data: &[u8], limit: usize) -> Frames {
+            let mut parts: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
+            if parts.last().is_some_and(|last| last.is_empty()) {
+                parts.pop(); // the stream ended with a newline (or was empty)
+            }
+            parts
+                .into_iter()
+                .map(|part| {
+                    let part = part.strip_suffix(b"\r").unwrap_or(part);
+                    if part.len() > limit {
+                        too_long(part.len())
+                    } else {
+                        (Frame::Line, String::from_utf8_lossy(part).into_owned())
+                    }
+                })
+                .collect()
+        }
+
+        /// Bytes rich in what matters to framing: newlines, carriage returns, invalid UTF-8.
+        fn stream() -> impl Strategy<Value = Vec<u8>> {
+            prop::collection::vec(
+                prop_oneof![
+                    3 => Just(b'\n'),
+                    2 => Just(b'\r'),
+                    1 => Just(0xff_u8),
+                    10 => any::<u8>(),
+                ],
+                0..300,
+            )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any bytes, any limit, any read size: the frames are the model's, no kept line
+            /// is ever over the limit, and an over-long line leaves nothing behind.
+            #[test]
+            fn frames_match_the_model_and_never_exceed_the_limit(
+                data in stream(),
+                limit in 0usize..48,
+                chunk in 1usize..24,
+            ) {
+                let mut reader = LineReader::new(BufReader::with_capacity(chunk, &data[..]), limit);
+                let mut got = Vec::new();
+                loop {
+                    let frame = futures::executor::block_on(reader.next_line()).expect("read");
+                    match frame {
+                        Frame::Eof => break,
+                        Frame::Line => prop_assert!(reader.line().len() <= limit),
+                        Frame::TooLong { len } => {
+                            prop_assert!(len > limit);
+                            prop_assert!(reader.line().is_empty());
+                        }
+                    }
+                    prop_assert!(reader.buf.len() <= limit.saturating_add(1));
+                    got.push((frame, String::from_utf8_lossy(reader.line()).into_owned()));
+                }
+                prop_assert_eq!(got, model(&data, limit));
+            }
+
+            /// Lines within the limit come back byte for byte, whether ended by LF or CRLF.
+            #[test]
+            fn lines_within_the_limit_round_trip(
+                lines in prop::collection::vec(
+                    prop::collection::vec(any::<u8>().prop_filter("no newline", |b| *b != b'\n'), 0..40)
+                        .prop_filter("a final CR belongs to the terminator", |l| l.last() != Some(&b'\r')),
+                    0..12,
+                ),
+                crlf in any::<bool>(),
+                chunk in 1usize..16,
+            ) {
+                let terminator: &[u8] = if crlf { b"\r\n" } else { b"\n" };
+                let data: Vec<u8> = lines.iter().flat_map(|l| [&l[..], terminator].concat()).collect();
+                let mut reader = LineReader::new(BufReader::with_capacity(chunk, &data[..]), 40);
+                let mut got = Vec::new();
+                while futures::executor::block_on(reader.next_line()).expect("read") == Frame::Line {
+                    got.push(reader.line().to_vec());
+                }
+                prop_assert_eq!(got, lines);
+            }
+        }
+    }
+
     #[test]
     fn mib_flags() {
         assert_eq!(mib(8), DEFAULT_REPLAY_LINE_LIMIT);

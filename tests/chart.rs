@@ -755,6 +755,110 @@ fn optional_resources() {
 
 #[test]
 #[ignore = "chart: needs helm (make chart)"]
+fn metrics_access_modes() {
+    let metrics_args = |docs: &[Value]| -> Vec<String> {
+        operator_args(docs)
+            .into_iter()
+            .filter(|a| a.starts_with("--metrics-"))
+            .collect()
+    };
+    let monitor_endpoint =
+        |docs: &[Value]| find(docs, "ServiceMonitor", RELEASE)["spec"]["endpoints"][0].clone();
+    let auth = format!("{RELEASE}-metrics-auth");
+    let reader = format!("{RELEASE}-metrics-reader");
+
+    // open (the default): served with the probes to anyone, nothing more.
+    let docs = render(&["--set", "metrics.serviceMonitor.enabled=true"]);
+    assert!(metrics_args(&docs).is_empty());
+    assert!(!kinds(&docs, "ClusterRole").contains(&auth));
+    let endpoint = monitor_endpoint(&docs);
+    assert!(endpoint.get("bearerTokenFile").is_none() && endpoint.get("authorization").is_none());
+
+    // authenticated: the operator checks tokens, may create the two reviews (exactly
+    // Scope::MetricsAuth, cluster-wide in either install mode), and scrapers get a role to bind.
+    for extra in [&[][..], &["--set", "watchNamespaces={team-a}"][..]] {
+        let mut args = vec![
+            "--set",
+            "metrics.access=authenticated",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+        ];
+        args.extend_from_slice(extra);
+        let docs = render(&args);
+        assert_eq!(metrics_args(&docs), ["--metrics-auth=kubernetes"]);
+        assert_same_grants(
+            "ClusterRole -metrics-auth",
+            find(&docs, "ClusterRole", &auth),
+            Scope::MetricsAuth,
+        );
+        let binding = find(&docs, "ClusterRoleBinding", &auth);
+        assert_eq!(binding["roleRef"]["name"], auth.as_str());
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}])
+        );
+        assert_eq!(
+            find(&docs, "ClusterRole", &reader)["rules"],
+            serde_json::json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+        );
+        assert!(
+            !kinds(&docs, "ClusterRoleBinding").contains(&reader),
+            "bound only to metrics.readers"
+        );
+        find(&docs, "Service", &format!("{RELEASE}-metrics"));
+        assert_eq!(
+            monitor_endpoint(&docs)["bearerTokenFile"],
+            "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        );
+    }
+    let docs = render(&[
+        "--set",
+        "metrics.access=authenticated",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set-json",
+        r#"metrics.serviceMonitor.authorization={"type":"Bearer","credentials":{"name":"scraper","key":"token"}}"#,
+        "--set-json",
+        r#"metrics.readers=[{"kind":"ServiceAccount","name":"prometheus","namespace":"monitoring"},{"kind":"Group","name":"scrapers"}]"#,
+    ]);
+    let endpoint = monitor_endpoint(&docs);
+    assert_eq!(endpoint["authorization"]["credentials"]["name"], "scraper");
+    assert!(endpoint.get("bearerTokenFile").is_none());
+    assert_eq!(
+        find(&docs, "ClusterRoleBinding", &reader)["subjects"],
+        serde_json::json!([
+            {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"},
+            {"kind": "Group", "name": "scrapers", "apiGroup": "rbac.authorization.k8s.io"},
+        ])
+    );
+    let docs = render(&[
+        "--set",
+        "metrics.access=authenticated",
+        "--set",
+        "rbac.create=false",
+    ]);
+    assert!(
+        kinds(&docs, "ClusterRole").is_empty() && kinds(&docs, "ClusterRoleBinding").is_empty()
+    );
+
+    // localhost: /metrics on 127.0.0.1 only, so no Service to reach it.
+    let docs = render(&[
+        "--set",
+        "metrics.access=localhost",
+        "--set",
+        "metrics.localhostPort=9100",
+    ]);
+    assert_eq!(metrics_args(&docs), ["--metrics-address=127.0.0.1:9100"]);
+    assert!(
+        operator_args(&docs).contains(&"--http-address=0.0.0.0:8080".to_string()),
+        "the probes stay on the pod IP"
+    );
+    assert!(!kinds(&docs, "Service").contains(&format!("{RELEASE}-metrics")));
+    assert!(!kinds(&docs, "ClusterRole").contains(&auth));
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
 fn tracing_values_become_the_standard_otel_variables() {
     let otel = |docs: &[Value]| -> Vec<(String, String)> {
         operator_container(docs)["env"]
@@ -850,6 +954,25 @@ fn invalid_values_fail_with_a_clear_message() {
                 "metrics.service.enabled=false",
             ],
             "metrics.service.enabled",
+        ),
+        (&["--set", "metrics.access=tls"], "access"),
+        (
+            &[
+                "--set",
+                "metrics.access=localhost",
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+            ],
+            "only containers of the operator pod can reach /metrics",
+        ),
+        (
+            &[
+                "--set",
+                "metrics.access=authenticated",
+                "--set-json",
+                r#"metrics.readers=[{"kind":"ServiceAccount","name":"prometheus"}]"#,
+            ],
+            "a ServiceAccount needs a namespace",
         ),
     ];
     for (args, mentions) in cases {

@@ -564,3 +564,178 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
     };
     with_cleanup(body, cleanup).await;
 }
+
+/// `GET path` on 127.0.0.1:`port` (the harness plays the operator pod on this host), with an
+/// optional bearer token: (status code, body). `None` while nothing listens there.
+async fn http_get(host: &str, port: u16, path: &str, token: Option<&str>) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: operator\r\n{auth}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Polls `http_get` until `done` holds (RBAC and rollouts take effect within seconds).
+async fn http_until(
+    host: &str,
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+    done: impl Fn(u16) -> bool,
+) -> (u16, String) {
+    let mut last = None;
+    for _ in 0..60 {
+        last = http_get(host, port, path, token).await;
+        if let Some((status, body)) = &last
+            && done(*status)
+        {
+            return (*status, body.clone());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("GET {host}:{port}{path}: last answer {last:?}");
+}
+
+fn service_account_token(name: &str) -> String {
+    let created = kubectl()
+        .args(["create", "serviceaccount", name, "-n", CHART_NS])
+        .output()
+        .expect("kubectl create serviceaccount");
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let out = kubectl()
+        .args(["create", "token", name, "-n", CHART_NS])
+        .output()
+        .expect("kubectl create token");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `metrics.access=authenticated` against the real API server: the operator serves /metrics only
+/// to a bearer token that a TokenReview authenticates and a SubjectAccessReview authorizes for
+/// get /metrics (no token 401, a ServiceAccount without the grant 403, one bound through
+/// `metrics.readers` 200), the probes stay open, and the RBAC self-check passed with the chart's
+/// metrics-auth ClusterRole (the pod is Ready). Then `metrics.access=localhost`: /metrics leaves
+/// the pod's port and answers on 127.0.0.1 only.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn chart_metrics_are_served_only_to_authorized_scrapers() {
+    const PORT: u16 = 18481;
+    const LOCAL_PORT: u16 = 18482;
+    let client = client().await;
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 chart path");
+    uninstall(); // leftovers of an interrupted run
+    let body = async {
+        let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        restricted_namespace(&client, CHART_NS).await;
+        let readers = format!(
+            r#"metrics.readers=[{{"kind":"ServiceAccount","name":"scraper","namespace":"{CHART_NS}"}}]"#
+        );
+        // --wait: Ready only after the RBAC self-check, which now asks for the two reviews.
+        helm_install(&[
+            "install",
+            RELEASE,
+            chart,
+            "-n",
+            CHART_NS,
+            "--wait",
+            "--timeout",
+            &timeout,
+            "--set",
+            "replicaCount=1",
+            "--set",
+            &format!("http.port={PORT}"),
+            "--set",
+            "metrics.access=authenticated",
+            "--set-json",
+            &readers,
+        ]);
+        let host = "127.0.0.1";
+        let (status, _) = http_until(host, PORT, "/healthz", None, |s| s == 200).await;
+        assert_eq!(status, 200, "the probes need no token");
+        assert_eq!(
+            http_until(host, PORT, "/readyz", None, |_| true).await.0,
+            200
+        );
+
+        let (status, body) = http_until(host, PORT, "/metrics", None, |_| true).await;
+        assert_eq!(status, 401, "no token: {body}");
+        assert!(body.contains("bearer token"), "{body}");
+        let (status, body) =
+            http_until(host, PORT, "/metrics", Some("not-a-token"), |_| true).await;
+        assert_eq!(status, 401, "a token the API server does not know: {body}");
+
+        let outsider = service_account_token("outsider");
+        let (status, body) = http_until(host, PORT, "/metrics", Some(&outsider), |_| true).await;
+        assert_eq!(status, 403, "authenticated, not authorized: {body}");
+        assert!(
+            body.contains(&format!("system:serviceaccount:{CHART_NS}:outsider")),
+            "{body}"
+        );
+
+        let scraper = service_account_token("scraper");
+        let (status, body) = http_until(host, PORT, "/metrics", Some(&scraper), |s| s == 200).await;
+        assert_eq!(status, 200);
+        assert!(
+            body.contains("kandev_leader") && body.ends_with("# EOF\n"),
+            "{body}"
+        );
+        // Still refused for the outsider: the grant is per identity.
+        assert_eq!(
+            http_get(host, PORT, "/metrics", Some(&outsider))
+                .await
+                .map(|a| a.0),
+            Some(403)
+        );
+
+        // localhost: /metrics moves to 127.0.0.1 only; the pod's port keeps the probes.
+        helm_install(&[
+            "upgrade",
+            RELEASE,
+            chart,
+            "-n",
+            CHART_NS,
+            "--wait",
+            "--timeout",
+            &timeout,
+            "--reuse-values",
+            "--set",
+            "metrics.access=localhost",
+            "--set",
+            &format!("metrics.localhostPort={LOCAL_PORT}"),
+        ]);
+        let (status, body) = http_until(host, PORT, "/metrics", None, |s| s == 404).await;
+        assert!(body.contains("--metrics-address"), "{status} {body}");
+        let (status, body) = http_until(host, LOCAL_PORT, "/metrics", None, |s| s == 200).await;
+        assert!(status == 200 && body.contains("kandev_leader"), "{body}");
+        assert_eq!(
+            http_get("127.0.0.2", LOCAL_PORT, "/metrics", None).await,
+            None,
+            "not reachable on another address of the host"
+        );
+        assert_eq!(
+            http_get(host, PORT, "/healthz", None).await.map(|a| a.0),
+            Some(200)
+        );
+    };
+    with_cleanup(body, async { uninstall() }).await;
+}

@@ -599,47 +599,88 @@ fn count_unobserved_update(line: &[u8], shared: &Shared) -> bool {
     }
 }
 
-fn handle_line(line: &[u8], shared: &Shared, outgoing: &Outgoing) {
-    if line.iter().all(u8::is_ascii_whitespace) || count_unobserved_update(line, shared) {
-        return;
+/// What one line from the agent is, decided without touching the connection (the parsed
+/// message is taken apart, not cloned: a replayed update may be megabytes).
+#[derive(Debug, PartialEq)]
+enum Incoming {
+    /// Empty or only whitespace: ignored without a warning.
+    Blank,
+    /// Not a JSON-RPC message; skipped with a (rate-limited) warning saying why.
+    Garbage(&'static str),
+    /// A request of the agent (a method and a non-null id): answered with a default answer.
+    Request { method: String, id: Value },
+    /// A notification (a method, no id or a null one).
+    Notification {
+        method: String,
+        params: Option<Value>,
+    },
+    /// The answer to our request `id` (ours are numbers; echoed as a string is tolerated).
+    Answer { id: u64, result: CallResult },
+    /// An answer with an id we never use.
+    ForeignAnswer { id: Value },
+    /// An error without a request id: the agent could not parse what we sent.
+    ErrorWithoutId,
+}
+
+fn classify_line(line: &[u8]) -> Incoming {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Incoming::Blank;
     }
     let message: Value = match serde_json::from_slice(line) {
         Ok(message) => message,
-        Err(_) => return skip_garbage(shared, line, "not JSON"),
+        Err(_) => return Incoming::Garbage("not JSON"),
     };
-    let Value::Object(object) = &message else {
-        return skip_garbage(shared, line, "not a JSON object");
+    let Value::Object(mut object) = message else {
+        return Incoming::Garbage("not a JSON object");
     };
-    let id = object.get("id").filter(|id| !id.is_null());
-    match (object.get("method").and_then(Value::as_str), id) {
-        (Some(method), Some(id)) => answer_agent_request(method, id, shared, outgoing),
-        (Some(method), None) => handle_notification(method, object.get("params"), shared),
-        (None, Some(id)) => match our_id(id) {
-            Some(id) => shared.resolve(id, parse_answer(object)),
-            None => shared.warn(|suppressed| {
-                tracing::warn!(id = %preview(id.to_string().as_bytes()), suppressed, "answer with an id we never used")
-            }),
+    let id = object.remove("id").filter(|id| !id.is_null());
+    let method = match object.remove("method") {
+        Some(Value::String(method)) => Some(method),
+        _ => None,
+    };
+    match (method, id) {
+        (Some(method), Some(id)) => Incoming::Request { method, id },
+        (Some(method), None) => Incoming::Notification {
+            method,
+            params: object.remove("params"),
         },
-        (None, None) => {
-            if object.contains_key("error") {
-                // JSON-RPC: id null means the agent could not even parse what we sent.
-                shared.warn(|suppressed| {
-                    tracing::warn!(error = %preview(line), suppressed, "agent reported an error without a request id")
-                });
-            } else {
-                skip_garbage(
-                    shared,
-                    line,
-                    "neither a request, a notification nor an answer",
-                );
-            }
+        (None, Some(id)) => match our_id(&id) {
+            Some(id) => Incoming::Answer {
+                id,
+                result: parse_answer(object),
+            },
+            None => Incoming::ForeignAnswer { id },
+        },
+        (None, None) if object.contains_key("error") => Incoming::ErrorWithoutId,
+        (None, None) => Incoming::Garbage("neither a request, a notification nor an answer"),
+    }
+}
+
+fn handle_line(line: &[u8], shared: &Shared, outgoing: &Outgoing) {
+    if count_unobserved_update(line, shared) {
+        return;
+    }
+    match classify_line(line) {
+        Incoming::Blank => {}
+        Incoming::Garbage(why) => skip_garbage(shared, line, why),
+        Incoming::Request { method, id } => answer_agent_request(&method, &id, shared, outgoing),
+        Incoming::Notification { method, params } => {
+            handle_notification(&method, params.as_ref(), shared)
         }
+        Incoming::Answer { id, result } => shared.resolve(id, result),
+        Incoming::ForeignAnswer { id } => shared.warn(|suppressed| {
+            tracing::warn!(id = %preview(id.to_string().as_bytes()), suppressed, "answer with an id we never used")
+        }),
+        // JSON-RPC: id null means the agent could not even parse what we sent.
+        Incoming::ErrorWithoutId => shared.warn(|suppressed| {
+            tracing::warn!(error = %preview(line), suppressed, "agent reported an error without a request id")
+        }),
     }
 }
 
 /// A response's `result`, or its `error` as [`RestoreFailure::JsonRpc`]; anything else is a
 /// malformed answer (it cannot be classified, so it keeps the token).
-fn parse_answer(object: &serde_json::Map<String, Value>) -> CallResult {
+fn parse_answer(mut object: serde_json::Map<String, Value>) -> CallResult {
     if let Some(error) = object.get("error") {
         let code = error.get("code").and_then(Value::as_i64);
         return match code {
@@ -656,8 +697,8 @@ fn parse_answer(object: &serde_json::Map<String, Value>) -> CallResult {
             ))),
         };
     }
-    match object.get("result") {
-        Some(result) => Ok(result.clone()),
+    match object.remove("result") {
+        Some(result) => Ok(result),
         None => Err(RestoreFailure::MalformedResponse(
             "answer has neither result nor error".to_owned(),
         )),
@@ -1008,5 +1049,144 @@ mod tests {
         }
         assert_eq!(queued, SUBSCRIBER_CAPACITY, "then its stream ended");
         assert!(!rpc.is_closed(), "the connection itself is fine");
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn runtime() -> tokio::runtime::Runtime {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+        }
+
+        /// A line an agent could print: no newline inside, often not JSON at all.
+        fn line(max: usize) -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(
+                    any::<u8>().prop_filter("no newline", |b| *b != b'\n'),
+                    0..max
+                ),
+                "[\\[\\]{}\":,0-9a-z \\\\]{0,64}".prop_map(String::into_bytes),
+            ]
+        }
+
+        fn value() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<i64>().prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::from),
+                prop::collection::btree_map("[a-z]{1,4}", any::<u32>(), 0..3)
+                    .prop_map(|m| json!(m)),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any bytes: no panic; only a JSON object can be more than blank or garbage.
+            #[test]
+            fn any_line_is_classified(bytes in prop::collection::vec(any::<u8>(), 0..128)) {
+                let incoming = classify_line(&bytes);
+                let object = serde_json::from_slice::<Value>(&bytes).is_ok_and(|v| v.is_object());
+                if !object {
+                    prop_assert!(matches!(incoming, Incoming::Blank | Incoming::Garbage(_)), "{:?}", incoming);
+                }
+            }
+
+            /// An answer to one of our ids (a number, or echoed back as a string) resolves that
+            /// call: with its result, its integer error code, or as malformed.
+            #[test]
+            fn answers_resolve_our_calls(
+                id in any::<u64>(),
+                as_string in any::<bool>(),
+                outcome in prop_oneof![
+                    value().prop_map(|v| ("result", v)),
+                    (any::<i64>(), "\\PC{0,12}").prop_map(|(c, m)| ("error", json!({"code": c, "message": m}))),
+                    value().prop_map(|v| ("error", json!({"code": v}))),
+                ],
+            ) {
+                let wire_id = if as_string { json!(id.to_string()) } else { json!(id) };
+                let (key, body) = outcome;
+                let line = json!({"jsonrpc": "2.0", "id": wire_id, key: body.clone()}).to_string();
+                let result = match classify_line(line.as_bytes()) {
+                    Incoming::Answer { id: answered, result } => {
+                        prop_assert_eq!(answered, id);
+                        result
+                    }
+                    other => return Err(TestCaseError::fail(format!("{other:?}"))),
+                };
+                match (key, body.pointer("/code").and_then(Value::as_i64)) {
+                    ("result", _) => prop_assert_eq!(result, Ok(body)),
+                    (_, Some(code)) => {
+                        let got = match result {
+                            Err(RestoreFailure::JsonRpc { code, .. }) => Some(code),
+                            _ => None,
+                        };
+                        prop_assert_eq!(got, Some(code));
+                    }
+                    (_, None) => {
+                        let malformed = matches!(result, Err(RestoreFailure::MalformedResponse(_)));
+                        prop_assert!(malformed);
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            // Each case runs a connection on its own runtime.
+            #![proptest_config(ProptestConfig::with_cases(48))]
+
+            /// Lines within the limit never break the connection, whatever they hold: the
+            /// answer after them still resolves the call. One line over the limit, whatever it
+            /// holds, cuts the agent off and the call fails with the line limit (a classified
+            /// failure that keeps the token), never with a parse error or a hang.
+            #[test]
+            fn garbage_is_skipped_and_an_over_long_line_is_the_limit_error(
+                garbage in prop::collection::vec(line(64), 0..6),
+                over_by in prop::option::of(1usize..300),
+                filler in any::<u8>().prop_filter("no newline", |b| *b != b'\n'),
+            ) {
+                const LIMIT: usize = 64;
+                let result = runtime().block_on(async {
+                    let (rpc, mut from_client, mut agent) = connect();
+                    rpc.set_limits(AcpLimits { line: LIMIT, replay_line: LIMIT, replay_budget: 1 << 20 });
+                    let rpc = Arc::new(rpc);
+                    let call = tokio::spawn({
+                        let rpc = rpc.clone();
+                        async move { rpc.call("m", json!({}), None).await }
+                    });
+                    let request = next_json(&mut from_client).await;
+                    let mut data = Vec::new();
+                    for line in &garbage {
+                        data.extend_from_slice(line);
+                        data.push(b'\n');
+                    }
+                    if let Some(over_by) = over_by {
+                        data.extend(std::iter::repeat_n(filler, LIMIT + over_by));
+                        data.push(b'\n');
+                    }
+                    data.extend_from_slice(json!({"jsonrpc": "2.0", "id": request["id"], "result": "done"}).to_string().as_bytes());
+                    data.push(b'\n');
+                    // The agent's side stays open: only the answer or the limit may end the call.
+                    let writer = tokio::spawn(async move {
+                        let _ = agent.write_all(&data).await;
+                        std::future::pending::<()>().await;
+                    });
+                    let result = call.await.expect("join");
+                    writer.abort();
+                    (result, rpc.is_closed())
+                });
+                match over_by {
+                    None => prop_assert_eq!(result, (Ok(json!("done")), false)),
+                    Some(_) => prop_assert_eq!(
+                        result,
+                        (Err(RestoreFailure::AgentLimit(AgentLimit::Line { limit: LIMIT })), true)
+                    ),
+                }
+            }
+        }
     }
 }

@@ -213,4 +213,153 @@ mod tests {
         ));
         assert!(!is_disconnect("garbage"));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Any JSON value, a few levels deep.
+        pub(crate) fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter("JSON has no NaN or infinity", |f| f.is_finite())
+                    .prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 32, 5, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                    prop::collection::btree_map("[a-z]{0,6}", inner, 0..5)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// A JSON-RPC-shaped object: each of the fields that matter present or not, of the
+        /// right type or not, plus unknown fields that must survive.
+        fn message() -> impl Strategy<Value = Map<String, Value>> {
+            let jsonrpc = prop_oneof![
+                4 => Just(Some(Value::from("2.0"))),
+                1 => Just(None),
+                1 => json_value().prop_map(Some),
+            ];
+            let id = prop_oneof![
+                Just(None),
+                Just(Some(Value::Null)),
+                any::<u32>().prop_map(|n| Some(Value::from(n))),
+                "[a-z0-9-]{0,8}".prop_map(|s| Some(Value::from(s))),
+                json_value().prop_map(Some),
+            ];
+            let method = prop_oneof![
+                Just(None),
+                "[a-z_/]{1,16}".prop_map(|m| Some(Value::from(m))),
+                json_value().prop_map(Some),
+            ];
+            let outcome = prop_oneof![
+                Just(None),
+                json_value().prop_map(|v| Some(("result", v))),
+                json_value().prop_map(|v| Some(("error", v))),
+            ];
+            let extra = prop::collection::btree_map("x-[a-z]{1,4}", json_value(), 0..3);
+            (jsonrpc, id, method, outcome, extra).prop_map(
+                |(jsonrpc, id, method, outcome, extra)| {
+                    let mut object: Map<String, Value> = extra.into_iter().collect();
+                    let fields = [("jsonrpc", jsonrpc), ("id", id), ("method", method)];
+                    for (key, value) in fields
+                        .into_iter()
+                        .chain([outcome.map(|(k, v)| (k, Some(v)))].into_iter().flatten())
+                    {
+                        if let Some(value) = value {
+                            object.insert(key.to_owned(), value);
+                        }
+                    }
+                    object
+                },
+            )
+        }
+
+        /// The classification JSON-RPC 2.0 prescribes, written from the spec: the kind, or the
+        /// error code and the id the error answer must carry.
+        fn expected(object: &Map<String, Value>) -> Result<&'static str, (i64, Value)> {
+            let id = object.get("id");
+            let valid_id = matches!(
+                id,
+                None | Some(Value::Null | Value::String(_) | Value::Number(_))
+            );
+            if !valid_id {
+                return Err((INVALID_REQUEST, Value::Null));
+            }
+            let reply_id = id.cloned().unwrap_or(Value::Null);
+            if object.get("jsonrpc") != Some(&Value::from("2.0")) {
+                return Err((INVALID_REQUEST, reply_id));
+            }
+            match (object.get("method"), id) {
+                (Some(Value::String(_)), Some(_)) => Ok("request"),
+                (Some(Value::String(_)), None) => Ok("notification"),
+                (Some(_), _) => Err((INVALID_REQUEST, reply_id)),
+                (None, Some(_))
+                    if object.contains_key("result") || object.contains_key("error") =>
+                {
+                    Ok("response")
+                }
+                (None, _) => Err((INVALID_REQUEST, reply_id)),
+            }
+        }
+
+        fn kind(message: &Message) -> &'static str {
+            match message {
+                Message::Request { .. } => "request",
+                Message::Notification { .. } => "notification",
+                Message::Response { .. } => "response",
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any text: no panic; an error is a parse error or an invalid request, and its
+            /// answer is itself a well-formed JSON-RPC response.
+            #[test]
+            fn any_text_is_classified_or_answered(line in "\\PC{0,64}|\\{.{0,64}") {
+                if let Err(invalid) = parse_line(&line) {
+                    prop_assert!([PARSE_ERROR, INVALID_REQUEST].contains(&invalid.code));
+                    let answer = invalid.to_error_message().to_string();
+                    prop_assert!(matches!(parse_line(&answer), Ok(Message::Response { .. })), "{}", answer);
+                }
+            }
+
+            /// Any JSON value that is not an object is an invalid request answered with id null.
+            #[test]
+            fn non_objects_are_invalid_requests(value in json_value().prop_filter("not an object", |v| !v.is_object())) {
+                let invalid = parse_line(&value.to_string()).err();
+                prop_assert_eq!(invalid.map(|i| (i.code, i.id)), Some((INVALID_REQUEST, Value::Null)));
+            }
+
+            /// A JSON-RPC-shaped object is classified as the spec says, keeps every field for
+            /// forwarding, and its id and method come back unchanged.
+            #[test]
+            fn messages_are_classified_as_the_spec_says(object in message()) {
+                let line = Value::Object(object.clone()).to_string();
+                let parsed = parse_line(&line);
+                prop_assert_eq!(
+                    parsed.as_ref().map(kind).map_err(|i| (i.code, i.id.clone())),
+                    expected(&object)
+                );
+                if let Ok(message) = parsed {
+                    let (id, method, raw) = match message {
+                        Message::Request { id, method, raw } => (Some(id), Some(method), raw),
+                        Message::Notification { method, raw } => (None, Some(method), raw),
+                        Message::Response { id, raw } => (Some(id), None, raw),
+                    };
+                    prop_assert_eq!(id.as_ref(), object.get("id"));
+                    prop_assert_eq!(method.as_deref(), object.get("method").and_then(Value::as_str));
+                    prop_assert_eq!(raw, object);
+                }
+            }
+        }
+    }
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use kandev_operator::acp::AcpLimits;
 use kandev_operator::agents::AgentRegistry;
-use kandev_operator::controller::endpoints::{self, HttpState};
+use kandev_operator::controller::endpoints::{self, HttpState, Routes};
 use kandev_operator::controller::leader::{self, LeaseSettings};
+use kandev_operator::controller::metrics_access::MetricsAuth;
 use kandev_operator::controller::pods::{self, Cidr, EgressPolicy, PodSettings};
 use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
 use kandev_operator::telemetry::{self, LogSettings};
@@ -173,6 +174,23 @@ struct RunArgs {
         default_value = "off"
     )]
     http_address: String,
+    /// Serve /metrics on this address instead of --http-address, e.g. 127.0.0.1:8081 so that
+    /// only containers of the pod (a sidecar) can scrape it. "off" (the default): with the
+    /// other endpoints.
+    #[arg(
+        long,
+        env = "KANDEV_METRICS_ADDRESS",
+        value_name = "ADDR",
+        default_value = "off"
+    )]
+    metrics_address: String,
+    /// Who may read /metrics. "kubernetes": only requests with a bearer token that the API
+    /// server authenticates (TokenReview) and authorizes for get on the non-resource URL
+    /// /metrics (SubjectAccessReview), as kube-rbac-proxy does; 401 without a valid token, 403
+    /// without the permission. Needs create on tokenreviews and subjectaccessreviews (checked
+    /// at startup). /healthz and /readyz stay open either way.
+    #[arg(long, value_enum, default_value_t = MetricsAuthFlag::None)]
+    metrics_auth: MetricsAuthFlag,
     /// Start without the RBAC self-check (one SelfSubjectAccessReview per permission the
     /// operator uses; a missing permission otherwise stops the start with a list of them).
     #[arg(long)]
@@ -184,6 +202,24 @@ struct RunArgs {
     /// Log format on stderr (the level comes from RUST_LOG, default "info,kube=warn").
     #[arg(long, env = "KANDEV_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum MetricsAuthFlag {
+    /// Anyone who reaches the address may read /metrics.
+    None,
+    /// A bearer token authorized for get /metrics by the API server (TokenReview +
+    /// SubjectAccessReview).
+    Kubernetes,
+}
+
+impl From<MetricsAuthFlag> for MetricsAuth {
+    fn from(flag: MetricsAuthFlag) -> Self {
+        match flag {
+            MetricsAuthFlag::None => MetricsAuth::Open,
+            MetricsAuthFlag::Kubernetes => MetricsAuth::Kubernetes,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -300,10 +336,26 @@ fn watch_namespaces(list: &[String]) -> Vec<String> {
     out
 }
 
-/// `--http-address`: `None` when the endpoints are off.
+/// `--http-address` or `--metrics-address`: `None` when off.
 fn http_address(text: &str) -> Option<&str> {
     let text = text.trim();
     (!text.is_empty() && !text.eq_ignore_ascii_case("off")).then_some(text)
+}
+
+/// The listeners to open: (address, what it serves, what it is called in the log).
+fn listeners<'a>(
+    http: Option<&'a str>,
+    metrics: Option<&'a str>,
+) -> Vec<(&'a str, Routes, &'static str)> {
+    match (http, metrics) {
+        (Some(http), None) => vec![(http, Routes::ALL, "/metrics, /healthz and /readyz")],
+        (http, Some(metrics)) => http
+            .map(|http| (http, Routes::HEALTH, "/healthz and /readyz"))
+            .into_iter()
+            .chain([(metrics, Routes::METRICS, "/metrics")])
+            .collect(),
+        (None, None) => Vec::new(),
+    }
 }
 
 fn log_settings(format: LogFormat) -> LogSettings {
@@ -437,26 +489,29 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
     runtime.block_on(async move {
         // The endpoints come first: liveness holds while the startup checks and the wait for the
         // lease run, and readiness says when the checks passed.
-        let http_state = HttpState::new();
-        match http_address(&args.http_address) {
-            Some(address) => {
-                let listener = endpoints::bind(address).await?;
-                let local = listener.local_addr().map_err(|e| format!("HTTP endpoints: {e}"))?;
-                tracing::info!(address = %local, "serving /metrics, /healthz and /readyz");
-                tokio::spawn(endpoints::serve(listener, http_state.clone()));
-            }
-            None => tracing::info!("HTTP endpoints are off (--http-address)"),
+        let metrics_auth = MetricsAuth::from(args.metrics_auth);
+        let http_state = HttpState::with_auth(metrics_auth);
+        let listeners = listeners(http_address(&args.http_address), http_address(&args.metrics_address));
+        if listeners.is_empty() {
+            tracing::info!("HTTP endpoints are off (--http-address)");
+        }
+        for (address, routes, what) in listeners {
+            let listener = endpoints::bind(address).await?;
+            let local = listener.local_addr().map_err(|e| format!("HTTP endpoints: {e}"))?;
+            tracing::info!(address = %local, metrics_auth = ?metrics_auth, "serving {what}");
+            tokio::spawn(endpoints::serve(listener, http_state.clone(), routes));
         }
         let timeout = Duration::from_secs(args.startup_timeout_seconds);
         let clients = connect(timeout).await?;
         let client = clients.calls.clone();
+        http_state.set_reviewer(client.clone());
         let user = tokio::time::timeout(timeout, permissions::whoami(&client)).await.ok().flatten();
         tracing::info!(user = user.as_deref().unwrap_or("unknown"), "authenticated to the API server");
         if args.skip_permission_check {
             tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
         } else {
             let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
-            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, &settings.watch_namespaces, user.as_deref()))
+            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, &settings.watch_namespaces, metrics_auth == MetricsAuth::Kubernetes, user.as_deref()))
                 .await
                 .map_err(|_| format!("RBAC self-check: the API server did not answer within {}s (--startup-timeout-seconds)", timeout.as_secs()))??;
             tracing::info!("RBAC self-check passed");
@@ -584,5 +639,37 @@ mod tests {
         assert!(run_args(&["--egress-allow-cidr=10.0.0.1/8"]).is_err());
         let args = run_args(&["--default-resource-request=cpu"]).expect("parsed later");
         assert!(default_resources(&args).is_err());
+    }
+
+    #[test]
+    fn metrics_listeners_and_auth() {
+        let args = run_args(&[]).expect("defaults");
+        assert_eq!(args.metrics_auth, MetricsAuthFlag::None);
+        assert_eq!(http_address(&args.metrics_address), None);
+        let args = run_args(&[
+            "--metrics-auth=kubernetes",
+            "--metrics-address=127.0.0.1:8081",
+        ])
+        .expect("valid");
+        assert_eq!(
+            MetricsAuth::from(args.metrics_auth),
+            MetricsAuth::Kubernetes
+        );
+        assert!(run_args(&["--metrics-auth=basic"]).is_err());
+        type Listeners = Vec<(&'static str, Routes)>;
+        #[rustfmt::skip]
+        let rows: [(Option<&str>, Option<&str>, Listeners); 4] = [
+            (Some("0.0.0.0:8080"), None, vec![("0.0.0.0:8080", Routes::ALL)]),
+            (Some("0.0.0.0:8080"), Some("127.0.0.1:8081"), vec![("0.0.0.0:8080", Routes::HEALTH), ("127.0.0.1:8081", Routes::METRICS)]),
+            (None, Some("127.0.0.1:8081"), vec![("127.0.0.1:8081", Routes::METRICS)]),
+            (None, None, vec![]),
+        ];
+        for (http, metrics, expected) in rows {
+            let got: Vec<(&str, Routes)> = listeners(http, metrics)
+                .into_iter()
+                .map(|(address, routes, _)| (address, routes))
+                .collect();
+            assert_eq!(got, expected, "{http:?} {metrics:?}");
+        }
     }
 }

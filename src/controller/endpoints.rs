@@ -5,14 +5,18 @@
 //! accept queue), a request head must arrive within [`READ_TIMEOUT`], and a connection lives at
 //! most [`CONNECTION_TIMEOUT`] (a client that does not read its answer is cut off).
 //!
+//! `/metrics` may be served on its own listener (`--metrics-address`, e.g. 127.0.0.1 only) and
+//! only to authenticated scrapers (`--metrics-auth=kubernetes`, [`super::metrics_access`]);
+//! the probes' endpoints never need a token.
+//!
 //! - `/healthz` answers 200 as long as the process and its async runtime serve requests.
 //! - `/readyz` answers 200 once the startup checks passed (the API server answered and the RBAC
 //!   self-check succeeded). It does not depend on leadership: a standby replica waiting for the
 //!   lease is ready, otherwise a two-replica rollout would never finish.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode, header};
@@ -24,6 +28,8 @@ use tokio::sync::Semaphore;
 use tracing::debug;
 
 use super::metrics::{self, Metrics};
+use super::metrics_access::{self, MetricsAuth, Verdict};
+use crate::codec::WarnLimiter;
 
 /// Connections served at once; probes and a scraper or two need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -36,18 +42,31 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct HttpState {
     ready: AtomicBool,
     metrics: &'static Metrics,
+    auth: MetricsAuth,
+    /// The client of the access reviews (set once the API server answered).
+    reviewer: OnceLock<kube::Client>,
+    /// Rate limit of the warnings about refused or unverifiable scrapes.
+    warnings: Mutex<WarnLimiter>,
 }
 
 impl HttpState {
-    /// Not ready yet, serving the process-wide metrics.
+    /// Not ready yet, serving the process-wide metrics to anyone.
     pub fn new() -> Arc<Self> {
-        Self::with_metrics(metrics::global())
+        Self::with_metrics(metrics::global(), MetricsAuth::Open)
     }
 
-    pub fn with_metrics(metrics: &'static Metrics) -> Arc<Self> {
+    /// Not ready yet, serving the process-wide metrics as `auth` says.
+    pub fn with_auth(auth: MetricsAuth) -> Arc<Self> {
+        Self::with_metrics(metrics::global(), auth)
+    }
+
+    pub fn with_metrics(metrics: &'static Metrics, auth: MetricsAuth) -> Arc<Self> {
         Arc::new(HttpState {
             ready: AtomicBool::new(false),
             metrics,
+            auth,
+            reviewer: OnceLock::new(),
+            warnings: Mutex::new(WarnLimiter::default()),
         })
     }
 
@@ -59,31 +78,169 @@ impl HttpState {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
+
+    /// The client that makes the access reviews of `--metrics-auth=kubernetes`; until it is
+    /// set, a scrape is answered 503.
+    pub fn set_reviewer(&self, client: kube::Client) {
+        let _ = self.reviewer.set(client);
+    }
+
+    fn warn(&self, what: impl FnOnce(u64)) {
+        let allowed = self
+            .warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .allow();
+        if let Some(suppressed) = allowed {
+            what(suppressed);
+        }
+    }
+}
+
+/// Which endpoints one listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routes {
+    /// `/healthz`, `/livez`, `/readyz`.
+    pub health: bool,
+    /// `/metrics`.
+    pub metrics: bool,
+}
+
+impl Routes {
+    /// One listener for everything (the default).
+    pub const ALL: Routes = Routes {
+        health: true,
+        metrics: true,
+    };
+    /// The probes only (`/metrics` has its own listener).
+    pub const HEALTH: Routes = Routes {
+        health: true,
+        metrics: false,
+    };
+    /// `/metrics` only (`--metrics-address`).
+    pub const METRICS: Routes = Routes {
+        health: false,
+        metrics: true,
+    };
+}
+
+/// What to do with one request.
+#[derive(Debug)]
+pub enum Route {
+    /// Answer this.
+    Answer(Response<Full<Bytes>>),
+    /// Serve the metrics once the scraper passed the access check.
+    CheckedMetrics,
 }
 
 /// Routes one request (pure apart from reading the state). hyper leaves out the body of an
 /// answer to HEAD.
-pub fn respond(method: &Method, path: &str, state: &HttpState) -> Response<Full<Bytes>> {
+pub fn route(method: &Method, path: &str, state: &HttpState, routes: Routes) -> Route {
     if method != Method::GET && method != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        return Route::Answer(text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n"));
     }
-    match path {
-        "/metrics" => answer(
-            StatusCode::OK,
-            metrics::CONTENT_TYPE,
-            state.metrics.render(),
+    let answer = match path {
+        "/metrics" if routes.metrics && state.auth == MetricsAuth::Kubernetes => {
+            return Route::CheckedMetrics;
+        }
+        "/metrics" if routes.metrics => metrics_answer(state),
+        "/metrics" => text(
+            StatusCode::NOT_FOUND,
+            "not found: /metrics is served on its own address (--metrics-address)\n",
         ),
-        "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if state.is_ready() => text(StatusCode::OK, "ok\n"),
-        "/readyz" => text(
+        "/healthz" | "/livez" if routes.health => text(StatusCode::OK, "ok\n"),
+        "/readyz" if routes.health && state.is_ready() => text(StatusCode::OK, "ok\n"),
+        "/readyz" if routes.health => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: the startup checks (API server reachable, RBAC self-check) have not passed yet\n",
         ),
-        _ => text(
+        _ if routes.health => text(
             StatusCode::NOT_FOUND,
             "not found; try /metrics, /healthz or /readyz\n",
         ),
+        _ => text(StatusCode::NOT_FOUND, "not found; try /metrics\n"),
+    };
+    Route::Answer(answer)
+}
+
+/// Answers one request, with the access check of a scrape when `--metrics-auth=kubernetes`.
+pub async fn handle(
+    method: &Method,
+    path: &str,
+    headers: &http::HeaderMap,
+    state: &HttpState,
+    routes: Routes,
+) -> Response<Full<Bytes>> {
+    match route(method, path, state, routes) {
+        Route::Answer(answer) => answer,
+        Route::CheckedMetrics => {
+            let verdict = match state.reviewer.get() {
+                Some(client) => metrics_access::check(client, headers).await,
+                None => Verdict::Unavailable(
+                    "the operator has not connected to the API server yet".to_owned(),
+                ),
+            };
+            match verdict {
+                Verdict::Allowed => metrics_answer(state),
+                refused => {
+                    state.warn(|suppressed| match &refused {
+                        Verdict::Unavailable(why) => {
+                            tracing::warn!(%why, suppressed, "cannot check a scrape of /metrics")
+                        }
+                        _ => tracing::info!(verdict = ?refused, suppressed, "refused a scrape of /metrics"),
+                    });
+                    denied(&refused)
+                }
+            }
+        }
     }
+}
+
+fn metrics_answer(state: &HttpState) -> Response<Full<Bytes>> {
+    answer(
+        StatusCode::OK,
+        metrics::CONTENT_TYPE,
+        state.metrics.render(),
+    )
+}
+
+/// 401 (with the `WWW-Authenticate` challenge), 403 or 503, saying what is missing.
+fn denied(verdict: &Verdict) -> Response<Full<Bytes>> {
+    let (status, body) = match verdict {
+        Verdict::Allowed => (StatusCode::OK, String::new()),
+        Verdict::Unauthenticated(why) => (
+            StatusCode::UNAUTHORIZED,
+            format!(
+                "unauthorized: {why}. /metrics needs a bearer token (--metrics-auth=kubernetes)\n"
+            ),
+        ),
+        Verdict::Forbidden { user, reason } => {
+            let reason = if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            };
+            (
+                StatusCode::FORBIDDEN,
+                format!(
+                    "forbidden: {user} may not get /metrics{reason}; grant it get on the \
+                     nonResourceURL /metrics (the chart's ClusterRole <release>-metrics-reader)\n"
+                ),
+            )
+        }
+        Verdict::Unavailable(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot check the scraper's token: {why}\n"),
+        ),
+    };
+    let mut response = answer(status, "text/plain; charset=utf-8", body);
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer realm=\"kandev-operator\""),
+        );
+    }
+    response
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
@@ -136,9 +293,36 @@ pub async fn bind(address: &str) -> Result<TcpListener, String> {
     socket.listen(1024).map_err(failed)
 }
 
-/// Serves connections until the runtime shuts down.
-pub async fn serve(listener: TcpListener, state: Arc<HttpState>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+/// Bounds of a listener: [`MAX_CONNECTIONS`], [`READ_TIMEOUT`], [`CONNECTION_TIMEOUT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_connections: usize,
+    pub read_timeout: Duration,
+    pub connection_timeout: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            read_timeout: READ_TIMEOUT,
+            connection_timeout: CONNECTION_TIMEOUT,
+        }
+    }
+}
+
+/// Serves `routes` until the runtime shuts down.
+pub async fn serve(listener: TcpListener, state: Arc<HttpState>, routes: Routes) {
+    serve_bounded(listener, state, routes, Bounds::default()).await
+}
+
+async fn serve_bounded(
+    listener: TcpListener,
+    state: Arc<HttpState>,
+    routes: Routes,
+    bounds: Bounds,
+) {
+    let slots = Arc::new(Semaphore::new(bounds.max_connections));
     loop {
         // Full: the next connection waits in the accept queue until one ends.
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -156,18 +340,31 @@ pub async fn serve(listener: TcpListener, state: Arc<HttpState>) {
         let state = state.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let response = respond(request.method(), request.uri().path(), &state);
-                async move { Ok::<_, Infallible>(response) }
+                let state = state.clone();
+                async move {
+                    let response = handle(
+                        request.method(),
+                        request.uri().path(),
+                        request.headers(),
+                        &state,
+                        routes,
+                    )
+                    .await;
+                    Ok::<_, Infallible>(response)
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(READ_TIMEOUT)
+                .header_read_timeout(bounds.read_timeout)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_TIMEOUT, connection).await {
+            match tokio::time::timeout(bounds.connection_timeout, connection).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => debug!(%peer, %err, "HTTP connection ended with an error"),
-                Err(_) => debug!(%peer, "HTTP connection cut off after {CONNECTION_TIMEOUT:?}"),
+                Err(_) => debug!(
+                    %peer,
+                    "HTTP connection cut off after {:?}", bounds.connection_timeout
+                ),
             }
             drop(slot);
         });
@@ -181,26 +378,104 @@ mod tests {
     use tokio::net::TcpStream;
 
     fn state() -> Arc<HttpState> {
-        HttpState::with_metrics(Box::leak(Box::new(Metrics::new())))
+        HttpState::with_metrics(Box::leak(Box::new(Metrics::new())), MetricsAuth::Open)
+    }
+
+    fn status(route: Route) -> Option<StatusCode> {
+        match route {
+            Route::Answer(answer) => Some(answer.status()),
+            Route::CheckedMetrics => None,
+        }
     }
 
     #[test]
     fn routes() {
         let state = state();
-        let status = |method: Method, path: &str| respond(&method, path, &state).status();
-        assert_eq!(status(Method::GET, "/healthz"), 200);
-        assert_eq!(status(Method::GET, "/readyz"), 503);
+        let status = |method: Method, path: &str| status(route(&method, path, &state, Routes::ALL));
+        assert_eq!(status(Method::GET, "/healthz"), Some(StatusCode::OK));
+        assert_eq!(
+            status(Method::GET, "/readyz"),
+            Some(StatusCode::SERVICE_UNAVAILABLE)
+        );
         state.set_ready();
-        assert_eq!(status(Method::GET, "/readyz"), 200);
-        assert_eq!(status(Method::HEAD, "/readyz"), 200);
-        let metrics = respond(&Method::GET, "/metrics", &state);
+        assert_eq!(status(Method::GET, "/readyz"), Some(StatusCode::OK));
+        assert_eq!(status(Method::HEAD, "/readyz"), Some(StatusCode::OK));
+        let Route::Answer(metrics) = route(&Method::GET, "/metrics", &state, Routes::ALL) else {
+            panic!("open metrics need no check");
+        };
         assert_eq!(metrics.status(), 200);
         assert_eq!(
             metrics.headers()[header::CONTENT_TYPE],
             "application/openmetrics-text; version=1.0.0; charset=utf-8"
         );
-        assert_eq!(status(Method::GET, "/"), 404);
-        assert_eq!(status(Method::POST, "/metrics"), 405);
+        assert_eq!(status(Method::GET, "/"), Some(StatusCode::NOT_FOUND));
+        assert_eq!(
+            status(Method::POST, "/metrics"),
+            Some(StatusCode::METHOD_NOT_ALLOWED)
+        );
+    }
+
+    #[test]
+    fn each_listener_serves_its_routes_and_only_metrics_are_checked() {
+        let open = state();
+        open.set_ready();
+        let checked =
+            HttpState::with_metrics(Box::leak(Box::new(Metrics::new())), MetricsAuth::Kubernetes);
+        checked.set_ready();
+        let (ok, not_found, check) = (Some(StatusCode::OK), Some(StatusCode::NOT_FOUND), None);
+        // (state, routes, path, expected status; None: the scraper's token is checked first)
+        #[rustfmt::skip]
+        let rows = [
+            (&open, Routes::HEALTH, "/healthz", ok),
+            (&open, Routes::HEALTH, "/readyz", ok),
+            (&open, Routes::HEALTH, "/metrics", not_found),
+            (&open, Routes::METRICS, "/metrics", ok),
+            (&open, Routes::METRICS, "/healthz", not_found),
+            (&open, Routes::METRICS, "/readyz", not_found),
+            (&checked, Routes::ALL, "/metrics", check),
+            (&checked, Routes::METRICS, "/metrics", check),
+            (&checked, Routes::ALL, "/healthz", ok),
+            (&checked, Routes::ALL, "/readyz", ok),
+            (&checked, Routes::HEALTH, "/metrics", not_found),
+        ];
+        for (state, routes, path, expected) in rows {
+            assert_eq!(
+                status(route(&Method::GET, path, state, routes)),
+                expected,
+                "{routes:?} {path}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_checked_scrape_without_the_api_server_is_unavailable_not_served() {
+        let checked =
+            HttpState::with_metrics(Box::leak(Box::new(Metrics::new())), MetricsAuth::Kubernetes);
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            header::HeaderValue::from_static("Bearer t"),
+        );
+        let answer = handle(&Method::GET, "/metrics", &headers, &checked, Routes::ALL).await;
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn refusals_say_what_is_missing() {
+        let unauthenticated = denied(&Verdict::Unauthenticated(
+            "no Authorization header; send a bearer token".into(),
+        ));
+        assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            unauthenticated.headers()[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"kandev-operator\""
+        );
+        let forbidden = denied(&Verdict::Forbidden {
+            user: "system:serviceaccount:mon:other".into(),
+            reason: String::new(),
+        });
+        assert_eq!(forbidden.status(), StatusCode::FORBIDDEN);
+        assert!(forbidden.headers().get(header::WWW_AUTHENTICATE).is_none());
     }
 
     async fn get(address: std::net::SocketAddr, request: &str) -> String {
@@ -219,7 +494,7 @@ mod tests {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let state = state();
-        tokio::spawn(serve(listener, state.clone()));
+        tokio::spawn(serve(listener, state.clone(), Routes::ALL));
 
         let response = get(
             address,
@@ -263,7 +538,7 @@ mod tests {
     async fn a_silent_client_is_dropped_after_the_read_timeout() {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
-        tokio::spawn(serve(listener, state()));
+        tokio::spawn(serve(listener, state(), Routes::ALL));
         let mut stream = TcpStream::connect(address).await.expect("connect");
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\n")
@@ -276,5 +551,97 @@ mod tests {
         )
         .await;
         assert!(matches!(read, Ok(Ok(_))), "closed by the server: {read:?}");
+    }
+
+    /// Reads whatever the server answers until it closes; `None` if nothing came in `wait`.
+    async fn answered_within(stream: &mut TcpStream, wait: Duration) -> Option<String> {
+        let mut response = Vec::new();
+        match tokio::time::timeout(wait, stream.read_to_end(&mut response)).await {
+            Ok(read) => {
+                read.expect("read");
+                Some(String::from_utf8_lossy(&response).into_owned())
+            }
+            Err(_) => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_bound_wait_until_one_ends() {
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let bounds = Bounds {
+            max_connections: 1,
+            ..Bounds::default()
+        };
+        tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds));
+        // The one slot is held by a client that has not finished its request.
+        let mut holder = TcpStream::connect(address).await.expect("connect");
+        holder
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        let mut waiting = TcpStream::connect(address)
+            .await
+            .expect("connect (the kernel queues it)");
+        waiting
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        assert_eq!(
+            answered_within(&mut waiting, Duration::from_millis(300)).await,
+            None,
+            "not served while the only slot is taken"
+        );
+        holder.write_all(b"Host: x\r\n\r\n").await.expect("write");
+        let first = answered_within(&mut holder, READ_TIMEOUT)
+            .await
+            .expect("answered");
+        assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{first}");
+        let second = answered_within(&mut waiting, READ_TIMEOUT)
+            .await
+            .expect("then served");
+        assert!(second.starts_with("HTTP/1.1 200 OK\r\n"), "{second}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_cut_off_at_its_lifetime_whatever_it_does() {
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        // The header timeout is out of reach here: only the connection's lifetime can end it.
+        let bounds = Bounds {
+            read_timeout: Duration::from_secs(3600),
+            connection_timeout: Duration::from_secs(1),
+            ..Bounds::default()
+        };
+        tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds));
+        let mut stream = TcpStream::connect(address).await.expect("connect");
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        let closed = answered_within(&mut stream, Duration::from_secs(30)).await;
+        assert_eq!(closed.as_deref(), Some(""), "closed without an answer");
+    }
+
+    #[tokio::test]
+    async fn a_listener_on_127_0_0_1_is_not_reachable_on_another_address() {
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        tokio::spawn(serve(listener, state(), Routes::METRICS));
+        // 127.0.0.2 is this host too (all of 127/8 is loopback), but not the bound address,
+        // as the pod IP is not for a listener on 127.0.0.1.
+        let other = TcpStream::connect(("127.0.0.2", port)).await;
+        assert!(
+            other
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused),
+            "{other:?}"
+        );
+        let response = get(
+            ([127, 0, 0, 1], port).into(),
+            "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .await;
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
     }
 }

@@ -12,4 +12,5 @@ pub mod endpoints;
 pub mod follower;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_access;
 pub mod permissions;

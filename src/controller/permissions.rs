@@ -26,6 +26,9 @@ pub enum Scope {
     /// Only in the namespace of the leader-election Lease (the release namespace): a Role.
     /// Not needed without leader election.
     LeaseNamespace,
+    /// Cluster-scoped reviews, only when `/metrics` is served to authenticated scrapers
+    /// (`--metrics-auth=kubernetes`): a ClusterRole in either install mode.
+    MetricsAuth,
 }
 
 /// One resource (or subresource) and the verbs the operator uses on it.
@@ -138,6 +141,22 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         scope: Scope::LeaseNamespace,
         why: "leader election on the Lease (read, created once, renewed with a compare-and-swap update)",
     },
+    Permission {
+        group: "authentication.k8s.io",
+        resource: "tokenreviews",
+        subresource: "",
+        verbs: &["create"],
+        scope: Scope::MetricsAuth,
+        why: "--metrics-auth=kubernetes: the bearer token of a /metrics request is authenticated with a TokenReview",
+    },
+    Permission {
+        group: "authorization.k8s.io",
+        resource: "subjectaccessreviews",
+        subresource: "",
+        verbs: &["create"],
+        scope: Scope::MetricsAuth,
+        why: "--metrics-auth=kubernetes: whether the token's user may get the non-resource URL /metrics, with a SubjectAccessReview",
+    },
 ];
 
 /// One verb on one resource in one place: one SelfSubjectAccessReview.
@@ -189,9 +208,10 @@ impl AccessCheck {
         } else {
             format!("{resource}/{}", p.subresource)
         };
-        let place = match &self.namespace {
-            None => "all namespaces".to_string(),
-            Some(ns) => format!("namespace {ns}"),
+        let place = match (&self.namespace, p.scope) {
+            (_, Scope::MetricsAuth) => "cluster-scoped".to_string(),
+            (None, _) => "all namespaces".to_string(),
+            (Some(ns), _) => format!("namespace {ns}"),
         };
         format!("{resource} ({place})")
     }
@@ -199,10 +219,11 @@ impl AccessCheck {
 
 /// The checks to run: every verb of [`REQUIRED_PERMISSIONS`], in all namespaces or (when
 /// `watch_namespaces` is not empty) in each watched namespace; the Lease ones only with leader
-/// election (`lease_namespace`).
+/// election (`lease_namespace`), the metrics reviews only with `metrics_auth`.
 pub fn access_checks(
     lease_namespace: Option<&str>,
     watch_namespaces: &[String],
+    metrics_auth: bool,
 ) -> Vec<AccessCheck> {
     let all = [None];
     let watched: Vec<Option<String>> = watch_namespaces.iter().cloned().map(Some).collect();
@@ -214,6 +235,8 @@ pub fn access_checks(
             Scope::Watched => &watched,
             Scope::LeaseNamespace if lease_namespace.is_none() => continue,
             Scope::LeaseNamespace => &lease,
+            Scope::MetricsAuth if !metrics_auth => continue,
+            Scope::MetricsAuth => &all,
         };
         for namespace in namespaces {
             for verb in permission.verbs {
@@ -261,9 +284,10 @@ pub async fn verify(
     client: &Client,
     lease_namespace: Option<&str>,
     watch_namespaces: &[String],
+    metrics_auth: bool,
     user: Option<&str>,
 ) -> Result<(), String> {
-    let checks = access_checks(lease_namespace, watch_namespaces);
+    let checks = access_checks(lease_namespace, watch_namespaces, metrics_auth);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let answers = join_all(checks.iter().map(|check| {
         let api = api.clone();
@@ -309,7 +333,7 @@ mod tests {
 
     #[test]
     fn every_verb_becomes_one_review() {
-        let checks = access_checks(Some("kandev-system"), &[]);
+        let checks = access_checks(Some("kandev-system"), &[], true);
         let verbs: usize = REQUIRED_PERMISSIONS.iter().map(|p| p.verbs.len()).sum();
         assert_eq!(checks.len(), verbs);
 
@@ -346,7 +370,7 @@ mod tests {
 
     #[test]
     fn no_leader_election_needs_no_lease_permissions() {
-        let checks = access_checks(None, &[]);
+        let checks = access_checks(None, &[], false);
         assert!(checks.iter().all(|c| c.permission.resource != "leases"));
         assert!(checks.iter().all(|c| c.namespace.is_none()));
     }
@@ -354,7 +378,7 @@ mod tests {
     #[test]
     fn watched_namespaces_are_checked_one_by_one() {
         let watched = ["team-a".to_string(), "team-b".to_string()];
-        let checks = access_checks(Some("kandev-system"), &watched);
+        let checks = access_checks(Some("kandev-system"), &watched, false);
         let per_namespace: usize = REQUIRED_PERMISSIONS
             .iter()
             .filter(|p| p.scope == Scope::Watched)
@@ -388,6 +412,32 @@ mod tests {
     }
 
     #[test]
+    fn metrics_auth_adds_the_two_reviews_cluster_wide_in_either_mode() {
+        let watched = ["team-a".to_string()];
+        for namespaces in [&[][..], &watched[..]] {
+            let without = access_checks(Some("kandev-system"), namespaces, false);
+            let with = access_checks(Some("kandev-system"), namespaces, true);
+            assert!(
+                without
+                    .iter()
+                    .all(|c| c.permission.scope != Scope::MetricsAuth)
+            );
+            let added: Vec<String> = with
+                .iter()
+                .filter(|c| !without.contains(c))
+                .map(AccessCheck::describe)
+                .collect();
+            assert_eq!(
+                added,
+                [
+                    "create tokenreviews.authentication.k8s.io (cluster-scoped)",
+                    "create subjectaccessreviews.authorization.k8s.io (cluster-scoped)",
+                ]
+            );
+        }
+    }
+
+    #[test]
     fn the_list_is_exact() {
         let mut seen = std::collections::HashSet::new();
         for p in REQUIRED_PERMISSIONS {
@@ -409,8 +459,12 @@ mod tests {
                     "{verb}"
                 );
             }
-            // Least privilege: nothing broad, and only leases are namespace-bound.
+            // Least privilege: nothing broad, and only leases are namespace-bound; the reviews
+            // of the metrics scrapers are only ever created.
             assert!(!p.verbs.contains(&"deletecollection"));
+            if p.scope == Scope::MetricsAuth {
+                assert_eq!(p.verbs, ["create"], "{p:?}");
+            }
             assert_eq!(
                 p.scope == Scope::LeaseNamespace,
                 p.resource == "leases",
@@ -421,7 +475,7 @@ mod tests {
 
     #[test]
     fn missing_permissions_are_listed_in_one_message() {
-        let checks = access_checks(Some("kandev-system"), &[]);
+        let checks = access_checks(Some("kandev-system"), &[], false);
         let pick = |verb: &str, resource: &str| {
             checks
                 .iter()

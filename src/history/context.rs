@@ -348,4 +348,124 @@ mod tests {
             "\n  RESUME CONTEXT FOR CONTINUING TASK\n"
         ));
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            "(\\PC|\n|é|漢|😀|👩‍💻){0,40}"
+        }
+
+        fn entry() -> impl Strategy<Value = HistoryEntry> {
+            prop_oneof![
+                text().prop_map(|t| user(&t)),
+                text().prop_map(|t| agent(&t)),
+                "[a-z_]{1,8}".prop_map(|name| HistoryEntry::ToolCall {
+                    name,
+                    input: serde_json::Value::Null,
+                    timestamp: None,
+                }),
+                ("[a-z_]{1,8}", text()).prop_map(|(name, output)| tool_result(&name, &output)),
+            ]
+        }
+
+        fn limits() -> impl Strategy<Value = ContextLimits> {
+            (0usize..24, 0usize..24, 0usize..400).prop_map(|(m, t, h)| ContextLimits {
+                max_message_chars: m,
+                max_tool_result_chars: t,
+                max_history_bytes: h,
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Truncation keeps a prefix of whole characters, at most `max` of them, and marks
+            /// the cut; text within the cap is untouched.
+            #[test]
+            fn truncation_keeps_a_char_prefix_within_the_cap(text in text(), max in 0usize..48) {
+                let out = truncate_chars(&text, max);
+                let chars = text.chars().count();
+                if chars <= max {
+                    prop_assert_eq!(out, text);
+                } else {
+                    let kept = out.strip_suffix(TRUNCATION_MARKER).expect("the marker ends a cut text");
+                    prop_assert!(text.is_char_boundary(kept.len()));
+                    prop_assert!(text.starts_with(kept));
+                    prop_assert_eq!(kept.chars().count(), max);
+                }
+            }
+
+            /// The history section holds the newest entries that fit the byte cap, oldest
+            /// dropped first and counted, each message and tool result within its own cap; the
+            /// request and the instructions always follow.
+            #[test]
+            fn the_context_keeps_the_newest_entries_within_the_caps(
+                entries in prop::collection::vec(entry(), 0..10),
+                request in text(),
+                limits in limits(),
+            ) {
+                let context = build_resume_context(&entries, &request, &limits);
+                let head = format!("{RESUME_CONTEXT_HEADER}\n\n{HISTORY_SECTION}\n");
+                let tail = format!("\n{REQUEST_SECTION}\n{request}\n\n{INSTRUCTIONS_SECTION}\n{INSTRUCTIONS}\n");
+                let history = context
+                    .strip_prefix(&head)
+                    .and_then(|rest| rest.strip_suffix(&tail))
+                    .expect("header, history, request, instructions");
+
+                let rendered: Vec<String> = entries.iter().map(|e| render_entry(e, &limits)).collect();
+                // Which suffix of the entries was kept: the one the section is made of.
+                let section = |kept: usize| {
+                    let omitted = entries.len() - kept;
+                    let mut out = String::new();
+                    if entries.is_empty() {
+                        out.push_str(NO_HISTORY);
+                        out.push('\n');
+                    }
+                    match omitted {
+                        0 => {}
+                        1 => out.push_str("[… 1 earlier entry omitted to fit the size limit …]\n"),
+                        n => out.push_str(&format!("[… {n} earlier entries omitted to fit the size limit …]\n")),
+                    }
+                    for line in &rendered[omitted..] {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                    out
+                };
+                let kept = (0..=entries.len()).rev().find(|k| section(*k) == history);
+                let kept = kept.expect("the section is the newest entries after an omission line");
+                let bytes = |lines: &[String]| lines.iter().map(|l| l.len() + 1).sum::<usize>();
+                let first = entries.len() - kept;
+                prop_assert!(bytes(&rendered[first..]) <= limits.max_history_bytes);
+                if first > 0 {
+                    prop_assert!(bytes(&rendered[first - 1..]) > limits.max_history_bytes, "the next older entry would not fit");
+                }
+                let marker = TRUNCATION_MARKER.chars().count();
+                for (entry, line) in entries.iter().zip(&rendered) {
+                    let (body, cap) = match entry {
+                        HistoryEntry::UserMessage { text, .. } | HistoryEntry::AgentMessage { text, .. } => (text, limits.max_message_chars),
+                        HistoryEntry::ToolResult { output, .. } => (output, limits.max_tool_result_chars),
+                        HistoryEntry::ToolCall { .. } => continue,
+                    };
+                    let shown = truncate_chars(body, cap);
+                    prop_assert!(line.ends_with(&shown));
+                    prop_assert!(shown.chars().count() <= cap + marker);
+                }
+            }
+
+            /// A prompt is wrapped at most once, however often the send is retried.
+            #[test]
+            fn wrapping_is_idempotent(
+                entries in prop::collection::vec(entry(), 0..4),
+                prompt in text(),
+                limits in limits(),
+            ) {
+                let once = wrap_prompt_once(&prompt, &entries, &limits);
+                prop_assert_eq!(wrap_prompt_once(&once, &entries, &limits), once.clone());
+                prop_assert_eq!(is_resume_context(&once), !entries.is_empty() || is_resume_context(&prompt));
+            }
+        }
+    }
 }

@@ -374,4 +374,132 @@ mod tests {
         assert!(!volume.path().join("x.jsonl").exists());
         Ok(())
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Text as agents produce it: any printable characters, newlines, quotes, multi-byte.
+        fn text() -> impl Strategy<Value = String> {
+            "(\\PC|\n|\r|\t|\"|\\\\|漢|😀){0,24}"
+        }
+
+        fn timestamp() -> impl Strategy<Value = Option<String>> {
+            prop::option::of("20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]Z")
+        }
+
+        fn input() -> impl Strategy<Value = serde_json::Value> {
+            let leaf = prop_oneof![
+                Just(serde_json::Value::Null),
+                any::<bool>().prop_map(serde_json::Value::from),
+                any::<i64>().prop_map(serde_json::Value::from),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(serde_json::Value::from),
+                text().prop_map(serde_json::Value::from),
+            ];
+            leaf.prop_recursive(2, 12, 4, |inner| {
+                prop::collection::btree_map("[a-z]{1,5}", inner, 0..4).prop_map(|m| json!(m))
+            })
+        }
+
+        pub(super) fn entry() -> impl Strategy<Value = HistoryEntry> {
+            prop_oneof![
+                (text(), timestamp())
+                    .prop_map(|(text, timestamp)| HistoryEntry::UserMessage { text, timestamp }),
+                (text(), timestamp())
+                    .prop_map(|(text, timestamp)| HistoryEntry::AgentMessage { text, timestamp }),
+                (text(), input(), timestamp()).prop_map(|(name, input, timestamp)| {
+                    HistoryEntry::ToolCall {
+                        name,
+                        input,
+                        timestamp,
+                    }
+                }),
+                (text(), text(), timestamp()).prop_map(|(name, output, timestamp)| {
+                    HistoryEntry::ToolResult {
+                        name,
+                        output,
+                        timestamp,
+                    }
+                }),
+            ]
+        }
+
+        fn jsonl(entries: &[HistoryEntry]) -> String {
+            entries
+                .iter()
+                .map(|e| serde_json::to_string(e).expect("an entry encodes") + "\n")
+                .collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any text: no panic, and every non-blank line is either an entry or counted as
+            /// skipped.
+            #[test]
+            fn any_text_parses_without_loss_of_count(text in "(\\PC|\n|\r|\\{|\\}|\"|:|type|user_message){0,200}") {
+                let parsed = parse_history(&text);
+                let lines = text.lines().filter(|l| !l.trim().is_empty()).count();
+                prop_assert_eq!(parsed.entries.len() + parsed.skipped_corrupt_lines, lines);
+            }
+
+            /// What is written is read back, whatever the text holds (newlines and quotes are
+            /// escaped, so one entry stays one line).
+            #[test]
+            fn entries_round_trip(entries in prop::collection::vec(entry(), 0..8)) {
+                let text = jsonl(&entries);
+                prop_assert_eq!(text.lines().count(), entries.len());
+                let parsed = parse_history(&text);
+                prop_assert_eq!(parsed.skipped_corrupt_lines, 0);
+                prop_assert_eq!(parsed.entries, entries);
+            }
+
+            /// A file cut at any byte (a pod killed mid-write, even inside a UTF-8 character)
+            /// loses at most the entry being written: the rest is read, in order.
+            #[test]
+            fn a_torn_write_costs_at_most_the_last_entry(
+                entries in prop::collection::vec(entry(), 1..6),
+                cut in any::<prop::sample::Index>(),
+            ) {
+                let bytes = jsonl(&entries).into_bytes();
+                let cut = cut.index(bytes.len() + 1);
+                let torn = String::from_utf8_lossy(&bytes[..cut]);
+                let complete = bytes[..cut].iter().filter(|b| **b == b'\n').count();
+                let parsed = parse_history(&torn);
+                prop_assert!(parsed.skipped_corrupt_lines <= 1);
+                prop_assert!(parsed.entries.len() >= complete);
+                prop_assert!(parsed.entries.len() <= complete + 1);
+                prop_assert_eq!(&parsed.entries[..], &entries[..parsed.entries.len()]);
+            }
+        }
+
+        proptest! {
+            // Each case writes files.
+            #![proptest_config(ProptestConfig::with_cases(32))]
+
+            /// Appending after a torn line keeps every complete entry and the new one.
+            #[test]
+            fn append_after_any_tear_keeps_the_rest(
+                entries in prop::collection::vec(entry(), 1..5),
+                cut in any::<prop::sample::Index>(),
+                next in entry(),
+            ) {
+                let volume = tempfile::tempdir().expect("a temporary directory");
+                let store = HistoryStore::new(volume.path());
+                let bytes = jsonl(&entries).into_bytes();
+                let cut = cut.index(bytes.len() + 1);
+                std::fs::write(store.path_for("s").expect("a valid id"), &bytes[..cut]).expect("write");
+                store.append("s", &next).expect("append");
+                let parsed = store.read("s").expect("read");
+                let (last, before) = parsed.entries.split_last().expect("the appended entry");
+                prop_assert_eq!(last, &next);
+                let complete = bytes[..cut].iter().filter(|b| **b == b'\n').count();
+                prop_assert!(before.len() >= complete && before.len() <= complete + 1);
+                prop_assert_eq!(before, &entries[..before.len()]);
+                prop_assert!(parsed.skipped_corrupt_lines <= 1);
+            }
+        }
+    }
 }

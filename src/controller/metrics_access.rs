@@ -1,0 +1,293 @@
+//! Who may read `/metrics` (`--metrics-auth`). With `kubernetes`, a scrape needs a bearer token
+//! that the API server authenticates (a TokenReview) and authorizes for `get` on the
+//! non-resource URL `/metrics` (a SubjectAccessReview), as kube-rbac-proxy and controller-runtime's
+//! secure metrics do: the RBAC that lets Prometheus scrape the API server's own `/metrics`
+//! lets it scrape ours. `/healthz` and `/readyz` stay open (the kubelet's probes carry no token).
+//!
+//! The decisions are pure ([`bearer_token`], [`token_review`], [`access_review`], [`verdict`]);
+//! [`check`] makes the two calls. Nothing is cached: a scrape every 30 s costs two small API
+//! requests, and a revoked binding takes effect at the next scrape.
+
+use std::time::Duration;
+
+use http::HeaderMap;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec, SubjectAccessReviewStatus,
+};
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+/// The path and verb a scraper must be allowed (RBAC `nonResourceURLs: ["/metrics"]`, `get`).
+pub const METRICS_PATH: &str = "/metrics";
+pub const METRICS_VERB: &str = "get";
+
+/// How long the two reviews may take together before the scrape is answered 503.
+pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Who may read `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetricsAuth {
+    /// Anyone who reaches the port.
+    #[default]
+    Open,
+    /// A bearer token the API server authenticates and authorizes for `get /metrics`.
+    Kubernetes,
+}
+
+/// The outcome of the access check of one scrape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    /// 401: no usable bearer token, or the API server did not authenticate it.
+    Unauthenticated(String),
+    /// 403: authenticated as `user`, who may not get `/metrics`.
+    Forbidden {
+        user: String,
+        reason: String,
+    },
+    /// 503: the reviews could not be made (API server unreachable, reviews not permitted).
+    Unavailable(String),
+}
+
+/// The token of an `Authorization: Bearer <token>` header (the scheme is case-insensitive).
+pub fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Err("no Authorization header; send a bearer token".to_owned()),
+        (Some(_), Some(_)) => return Err("more than one Authorization header".to_owned()),
+        (Some(value), None) => value,
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| "the Authorization header is not visible ASCII".to_owned())?;
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer")
+                && !token.trim().is_empty()
+                && !token.trim().contains(' ') =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err("the Authorization header is not \"Bearer <token>\"".to_owned()),
+    }
+}
+
+/// The TokenReview of `token`, for the API server's default audiences.
+pub fn token_review(token: &str) -> TokenReview {
+    TokenReview {
+        spec: TokenReviewSpec {
+            token: token.to_owned(),
+            audiences: None,
+        },
+        ..Default::default()
+    }
+}
+
+/// Whether the authenticated user of `status` may get `/metrics`: its user, groups, uid and
+/// extra go into the review unchanged (impersonation-proof: it is the API server's answer).
+pub fn access_review(status: &TokenReviewStatus) -> Option<SubjectAccessReview> {
+    let user = status.user.as_ref()?;
+    Some(SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            non_resource_attributes: Some(NonResourceAttributes {
+                path: Some(METRICS_PATH.to_owned()),
+                verb: Some(METRICS_VERB.to_owned()),
+            }),
+            resource_attributes: None,
+        },
+        ..Default::default()
+    })
+}
+
+/// The verdict of the two reviews: `authorized` is `None` when the token was not authenticated
+/// (the SubjectAccessReview is then never made).
+pub fn verdict(
+    authenticated: &TokenReviewStatus,
+    authorized: Option<&SubjectAccessReviewStatus>,
+) -> Verdict {
+    let user = authenticated
+        .user
+        .as_ref()
+        .and_then(|u| u.username.clone())
+        .unwrap_or_default();
+    if authenticated.authenticated != Some(true) || user.is_empty() {
+        let why = authenticated
+            .error
+            .clone()
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| "the API server did not authenticate the token".to_owned());
+        return Verdict::Unauthenticated(why);
+    }
+    match authorized {
+        Some(status) if status.allowed && status.denied != Some(true) => Verdict::Allowed,
+        Some(status) => Verdict::Forbidden {
+            user,
+            reason: status
+                .reason
+                .clone()
+                .or_else(|| status.evaluation_error.clone())
+                .unwrap_or_default(),
+        },
+        None => Verdict::Forbidden {
+            user,
+            reason: String::new(),
+        },
+    }
+}
+
+/// Asks the API server about the bearer token of a scrape.
+pub async fn check(client: &Client, headers: &HeaderMap) -> Verdict {
+    let token = match bearer_token(headers) {
+        Ok(token) => token,
+        Err(why) => return Verdict::Unauthenticated(why),
+    };
+    match tokio::time::timeout(REVIEW_TIMEOUT, review(client, token)).await {
+        Ok(verdict) => verdict,
+        Err(_) => Verdict::Unavailable(format!(
+            "the API server did not answer the token and access reviews within {}s",
+            REVIEW_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+async fn review(client: &Client, token: &str) -> Verdict {
+    let tokens: Api<TokenReview> = Api::all(client.clone());
+    let authenticated = match tokens
+        .create(&PostParams::default(), &token_review(token))
+        .await
+    {
+        Ok(review) => review.status.unwrap_or_default(),
+        Err(error) => return Verdict::Unavailable(format!("TokenReview failed: {error}")),
+    };
+    let request = match access_review(&authenticated) {
+        Some(request) if authenticated.authenticated == Some(true) => request,
+        _ => return verdict(&authenticated, None),
+    };
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    match reviews.create(&PostParams::default(), &request).await {
+        Ok(review) => verdict(&authenticated, Some(&review.status.unwrap_or_default())),
+        Err(error) => Verdict::Unavailable(format!("SubjectAccessReview failed: {error}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use k8s_openapi::api::authentication::v1::UserInfo;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn bearer_tokens() {
+        let headers = |values: &[&str]| {
+            let mut map = HeaderMap::new();
+            for v in values {
+                map.append(
+                    http::header::AUTHORIZATION,
+                    HeaderValue::from_str(v).expect("header"),
+                );
+            }
+            map
+        };
+        #[rustfmt::skip]
+        let rows: [(&[&str], Result<&str, &str>); 9] = [
+            (&["Bearer abc.def"], Ok("abc.def")),
+            (&["bearer abc"], Ok("abc")),
+            (&["BEARER  abc "], Ok("abc")),
+            (&[], Err("no Authorization header; send a bearer token")),
+            (&["Bearer "], Err("the Authorization header is not \"Bearer <token>\"")),
+            (&["Bearer"], Err("the Authorization header is not \"Bearer <token>\"")),
+            (&["Basic dXNlcjpwYXNz"], Err("the Authorization header is not \"Bearer <token>\"")),
+            (&["Bearer a b"], Err("the Authorization header is not \"Bearer <token>\"")),
+            (&["Bearer a", "Bearer b"], Err("more than one Authorization header")),
+        ];
+        for (values, expected) in rows {
+            let headers = headers(values);
+            assert_eq!(
+                bearer_token(&headers).map_err(|e| e.to_string()),
+                expected.map_err(str::to_string),
+                "{values:?}"
+            );
+        }
+    }
+
+    fn authenticated(user: &str) -> TokenReviewStatus {
+        TokenReviewStatus {
+            authenticated: Some(true),
+            user: Some(UserInfo {
+                username: Some(user.to_owned()),
+                groups: Some(vec!["system:serviceaccounts".to_owned()]),
+                uid: Some("u-1".to_owned()),
+                extra: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_access_review_asks_about_get_metrics_for_the_reviewed_user() {
+        let review = access_review(&authenticated("system:serviceaccount:mon:prometheus"))
+            .expect("a user to review");
+        assert_eq!(
+            serde_json::to_value(review).expect("json"),
+            serde_json::json!({
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "metadata": {},
+                "spec": {
+                    "user": "system:serviceaccount:mon:prometheus",
+                    "groups": ["system:serviceaccounts"],
+                    "uid": "u-1",
+                    "nonResourceAttributes": {"path": "/metrics", "verb": "get"},
+                },
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(token_review("t")).expect("json")["spec"],
+            serde_json::json!({"token": "t"})
+        );
+    }
+
+    #[test]
+    fn verdicts() {
+        let sar =
+            |allowed: bool, denied: Option<bool>, reason: Option<&str>| SubjectAccessReviewStatus {
+                allowed,
+                denied,
+                reason: reason.map(str::to_owned),
+                evaluation_error: None,
+            };
+        let user = "system:serviceaccount:mon:prometheus";
+        let not_authenticated = TokenReviewStatus {
+            authenticated: Some(false),
+            error: Some("token has expired".to_owned()),
+            ..Default::default()
+        };
+        #[rustfmt::skip]
+        let rows: Vec<(&str, TokenReviewStatus, Option<SubjectAccessReviewStatus>, Verdict)> = vec![
+            ("allowed", authenticated(user), Some(sar(true, None, Some("RBAC: allowed"))), Verdict::Allowed),
+            ("not allowed", authenticated(user), Some(sar(false, None, None)),
+                Verdict::Forbidden { user: user.into(), reason: String::new() }),
+            ("denied wins over allowed", authenticated(user), Some(sar(true, Some(true), Some("webhook"))),
+                Verdict::Forbidden { user: user.into(), reason: "webhook".into() }),
+            ("not authenticated", not_authenticated, None,
+                Verdict::Unauthenticated("token has expired".into())),
+            ("authenticated without a user name", TokenReviewStatus { authenticated: Some(true), ..Default::default() }, None,
+                Verdict::Unauthenticated("the API server did not authenticate the token".into())),
+            ("an empty review", TokenReviewStatus::default(), None,
+                Verdict::Unauthenticated("the API server did not authenticate the token".into())),
+        ];
+        for (name, authenticated, authorized, expected) in rows {
+            assert_eq!(
+                verdict(&authenticated, authorized.as_ref()),
+                expected,
+                "{name}"
+            );
+        }
+    }
+}
