@@ -35,15 +35,18 @@ unit:
 	$(CARGO) test --locked
 
 # The Helm chart: lint, render with defaults and with the optional parts, then the tests marked
-# #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, values schema).
+# #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, the alerts' and the
+# dashboard's PromQL against the operator's metrics, values schema).
 chart:
 	helm="$$(bash e2e/bin.sh | tail -n 1)/helm" && \
 	  "$$helm" lint --strict charts/kandev-operator && \
 	  "$$helm" lint --strict charts/kandev-operator --set metrics.serviceMonitor.enabled=true \
+	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \
 	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' && \
 	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system >/dev/null && \
 	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system \
 	    --set metrics.serviceMonitor.enabled=true \
+	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \
 	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' >/dev/null && \
 	  KANDEV_HELM="$$helm" $(CARGO) test --locked --test chart -- --ignored
 	@bash deploy/render.sh | diff -u deploy/install.yaml - >/dev/null || \
