@@ -17,7 +17,7 @@ help:
 	@echo "make bench         the fleet benchmark: ours beside the API floor and agent-sandbox (BENCH_N, BENCH_SWEEP, …)"
 	@echo "make bench-idle    the idle-fleet benchmark: 10,000 sessions in their steady state (BENCH_IDLE_FLEET)"
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
-	@echo "make crds          regenerate crds/ (and the chart's copies) from the Rust types"
+	@echo "make crds          regenerate crds/ and the chart's CRD templates from the Rust types"
 	@echo "make manifests     regenerate deploy/install.yaml from the chart"
 	@echo "make cluster-up    start a local cluster and keep it (make cluster-down stops it)"
 
@@ -43,8 +43,8 @@ chart:
 	  "$$helm" lint --strict charts/kandev-operator --set metrics.serviceMonitor.enabled=true \
 	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \
 	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' && \
-	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system >/dev/null && \
-	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system \
+	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system --kube-version 1.36.0 >/dev/null && \
+	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system --kube-version 1.36.0 \
 	    --set metrics.serviceMonitor.enabled=true \
 	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \
 	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' >/dev/null && \
@@ -89,10 +89,10 @@ bench-smoke:
 bins:
 	bash e2e/bin.sh
 
-# The chart carries copies of the CRDs (tests/chart.rs checks they are identical).
+# Every copy of the CRDs: crds/ and the chart's templates (tests/crd_drift.rs checks both).
 crds:
-	$(CARGO) run --quiet --bin kandev-operator -- crd --output-dir crds
-	cp crds/*.yaml charts/kandev-operator/crds/
+	$(CARGO) run --quiet --bin kandev-operator -- crd --output-dir crds \
+	  --chart-dir charts/kandev-operator/templates/crds
 
 # deploy/install.yaml: the chart rendered for installs without Helm (`make chart` checks drift).
 manifests:

@@ -47,7 +47,9 @@ const GROUPING: &[&str] = &[
     "group_left",
     "group_right",
 ];
-const OPERATORS: &[&str] = &["and", "or", "unless", "bool", "offset", "atan2", "inf", "nan"];
+const OPERATORS: &[&str] = &[
+    "and", "or", "unless", "bool", "offset", "atan2", "inf", "nan",
+];
 /// Aggregation operators: keywords, also when `by (…)` stands between them and their `(`.
 const AGGREGATIONS: &[&str] = &[
     "sum",
@@ -195,9 +197,7 @@ pub fn references(expr: &str) -> Result<References, String> {
                 reader.string()?;
             }
             b'[' => {
-                let close = expr[reader.at..]
-                    .find(']')
-                    .ok_or("an unterminated range")?;
+                let close = expr[reader.at..].find(']').ok_or("an unterminated range")?;
                 reader.at += close + 1;
             }
             b'{' => {
@@ -308,7 +308,10 @@ impl Exported {
                     _ => &[""],
                 };
                 for suffix in suffixes {
-                    exported.samples.entry(format!("{name}{suffix}")).or_default();
+                    exported
+                        .samples
+                        .entry(format!("{name}{suffix}"))
+                        .or_default();
                 }
                 continue;
             }
@@ -454,10 +457,19 @@ mod tests {
             assert_eq!(exported.unknown_in(known), Vec::<String>::new(), "{known}");
         }
         for (unknown, says) in [
-            ("rate(kandev_resumes_total[5m])", "kandev_resumes_total is not exported"),
+            (
+                "rate(kandev_resumes_total[5m])",
+                "kandev_resumes_total is not exported",
+            ),
             ("kandev_leader_total", "kandev_leader_total is not exported"),
-            (r#"kandev_resume_requests_total{outcome="lost"}"#, "never \"lost\""),
-            (r#"kandev_leader{lease="x"}"#, "kandev_leader has no label lease"),
+            (
+                r#"kandev_resume_requests_total{outcome="lost"}"#,
+                "never \"lost\"",
+            ),
+            (
+                r#"kandev_leader{lease="x"}"#,
+                "kandev_leader has no label lease",
+            ),
             ("sum by (state) (kandev_leader)", "grouping by state"),
             ("vector(1)", "no metric"),
         ] {
