@@ -286,6 +286,44 @@ fn the_binarys_default_agentctl_image_is_the_charts_pinned_one() {
     assert!(!default.ends_with(":latest"));
 }
 
+/// The Dockerfile's base images are pinned: by digest (`@sha256:…`), else by a full version
+/// (`x.y.z` in the tag); distroless, which has no version tags, by its Debian release.
+#[test]
+fn dockerfile_base_images_are_pinned() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let images: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(images.len() >= 3, "{images:?}");
+    for image in images {
+        if let Some((_, digest)) = image.split_once("@sha256:") {
+            assert!(
+                digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+                "{image}: a sha256 digest has 64 hex digits"
+            );
+            continue;
+        }
+        if image.starts_with("gcr.io/distroless/") {
+            assert!(
+                image.contains("-debian12:"),
+                "{image}: distroless of a Debian release"
+            );
+            continue;
+        }
+        let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+        let version = tag.split('-').next().unwrap_or("");
+        assert!(
+            version.split('.').count() == 3
+                && version
+                    .split('.')
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit())),
+            "{image}: pin a full version (x.y.z) or a digest, not a floating tag"
+        );
+    }
+}
+
 /// Chart.yaml declares the Kubernetes versions it supports.
 #[test]
 fn chart_declares_its_kube_version() {
