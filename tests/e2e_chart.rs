@@ -815,8 +815,15 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
             let live: serde_json::Value = serde_json::from_slice(&live.stdout).expect("CRD JSON");
             let file = read_crd(&format!("crds/{crd}.yaml"));
             let expected = serde_json::to_value(&file.spec).expect("spec");
-            for key in ["group", "names", "scope"] {
+            // (The API server adds names.listKind.)
+            for key in ["group", "scope"] {
                 assert_eq!(live["spec"][key], expected[key], "{crd}: spec.{key}");
+            }
+            for key in ["kind", "plural", "shortNames", "categories"] {
+                assert_eq!(
+                    live["spec"]["names"][key], expected["names"][key],
+                    "{crd}: spec.names.{key}"
+                );
             }
             assert_eq!(
                 live["spec"]["versions"][0]["schema"], expected["versions"][0]["schema"],
