@@ -9,8 +9,14 @@
 # src/agents/profiles.yaml must end up on PATH), e.g. Codex:
 #   docker build --target agentctl --build-arg AGENT_PACKAGE=@zed-industries/codex-acp \
 #     --build-arg AGENT_VERSION=<version> -t kandev/agentctl-codex:0.1.0 .
+#
+# Base images are pinned by version, not yet by digest: no container registry was reachable where
+# this was written, so no digest could be resolved and checked. To pin one, append the digest of
+# the tag, e.g. `crane digest rust:1.95.0-bookworm` → `FROM rust:1.95.0-bookworm@sha256:…`
+# (tests/chart.rs accepts both forms and refuses floating tags). distroless has no version tags:
+# static-debian12 pins the Debian release, :nonroot the user.
 
-FROM rust:1.95-bookworm AS build
+FROM rust:1.95.0-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends musl-tools && rm -rf /var/lib/apt/lists/* \
  && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
@@ -35,7 +41,7 @@ ENTRYPOINT ["/usr/local/bin/kandev-operator"]
 # volume (<mountPath>/.kandev/home, where the agent's own session store survives the pod) and
 # `agentctl serve --workspace … --profile <agent>` as the command; agentctl starts the agent's
 # launch command from its profile (claude-code: `claude-agent-acp`).
-FROM node:22-bookworm-slim AS agentctl
+FROM node:22.23.2-bookworm-slim AS agentctl
 # Default agent: Claude Code over ACP, pinned to the version the protocol tests run (e2e/agents.sh).
 ARG AGENT_PACKAGE=@agentclientprotocol/claude-agent-acp
 ARG AGENT_VERSION=0.101.0

@@ -18,7 +18,7 @@ help:
 	@echo "make bench-idle    the idle-fleet benchmark: 10,000 sessions in their steady state (BENCH_IDLE_FLEET)"
 	@echo "make fuzz          the cargo-fuzz targets in fuzz/, FUZZ_SECONDS (60) each (nightly + cargo-fuzz)"
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
-	@echo "make crds          regenerate crds/ (and the chart's copies) from the Rust types"
+	@echo "make crds          regenerate crds/ and the chart's CRD templates from the Rust types"
 	@echo "make manifests     regenerate deploy/install.yaml from the chart"
 	@echo "make cluster-up    start a local cluster and keep it (make cluster-down stops it)"
 
@@ -36,15 +36,18 @@ unit:
 	$(CARGO) test --locked
 
 # The Helm chart: lint, render with defaults and with the optional parts, then the tests marked
-# #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, values schema).
+# #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, the alerts' and the
+# dashboard's PromQL against the operator's metrics, values schema).
 chart:
 	helm="$$(bash e2e/bin.sh | tail -n 1)/helm" && \
 	  "$$helm" lint --strict charts/kandev-operator && \
 	  "$$helm" lint --strict charts/kandev-operator --set metrics.serviceMonitor.enabled=true \
+	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \
 	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' && \
-	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system >/dev/null && \
-	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system \
+	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system --kube-version 1.36.0 >/dev/null && \
+	  "$$helm" template kandev-operator charts/kandev-operator -n kandev-system --kube-version 1.36.0 \
 	    --set metrics.serviceMonitor.enabled=true \
+	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \
 	    --set-json 'agentProfiles={"my-agent":{"launch":["my-agent","--acp"]}}' >/dev/null && \
 	  KANDEV_HELM="$$helm" $(CARGO) test --locked --test chart -- --ignored
 	@bash deploy/render.sh | diff -u deploy/install.yaml - >/dev/null || \
@@ -93,10 +96,10 @@ fuzz:
 bins:
 	bash e2e/bin.sh
 
-# The chart carries copies of the CRDs (tests/chart.rs checks they are identical).
+# Every copy of the CRDs: crds/ and the chart's templates (tests/crd_drift.rs checks both).
 crds:
-	$(CARGO) run --quiet --bin kandev-operator -- crd --output-dir crds
-	cp crds/*.yaml charts/kandev-operator/crds/
+	$(CARGO) run --quiet --bin kandev-operator -- crd --output-dir crds \
+	  --chart-dir charts/kandev-operator/templates/crds
 
 # deploy/install.yaml: the chart rendered for installs without Helm (`make chart` checks drift).
 manifests:

@@ -15,4 +15,7 @@ kind: Namespace
 metadata:
   name: kandev-system
 HEADER
-"$helm" template kandev-operator "$repo/charts/kandev-operator" --namespace kandev-system --include-crds
+# The CRDs are templates of the chart. --kube-version: the Kubernetes the chart is tested on (an
+# offline render otherwise assumes helm's build version, which kubeVersion may refuse).
+"$helm" template kandev-operator "$repo/charts/kandev-operator" --namespace kandev-system \
+  --kube-version 1.36.0

@@ -6,7 +6,11 @@
 //!   `e2e/bin.sh`, or `KANDEV_HELM`): the rendered ClusterRole (or per-namespace Roles) and Role
 //!   grant exactly `REQUIRED_PERMISSIONS` (what the operator checks at startup), in both install
 //!   modes, the Deployment's defaults, the agent-pod containment values, the admission policy,
-//!   the optional resources, and the values schema rejecting bad values. A missing helm fails them.
+//!   the optional resources, the PrometheusRule and Grafana dashboard (every PromQL expression
+//!   names only metrics, labels and label values the operator exports: `chart_promql`), and the
+//!   values schema rejecting bad values. A missing helm fails them.
+
+mod chart_promql;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -19,6 +23,9 @@ use serde_json::Value;
 
 const RELEASE: &str = "kandev-operator";
 const NAMESPACE: &str = "kandev-system";
+/// The Kubernetes an offline render assumes (Chart.yaml's kubeVersion refuses helm's v1.20
+/// fallback); the e2e tier runs v1.36.
+const KUBE_VERSION: &str = "1.36.0";
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -52,7 +59,7 @@ fn template(args: &[&str]) -> Result<Vec<Value>, String> {
     let out = Command::new(helm())
         .args(["template", RELEASE])
         .arg(chart_dir())
-        .args(["--namespace", NAMESPACE])
+        .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
         .args(args)
         .output()
         .expect("run helm template");
@@ -178,31 +185,6 @@ fn values_yaml() -> Value {
 // ---- without helm -------------------------------------------------------------------------
 
 #[test]
-fn chart_crds_are_the_repo_crds() {
-    let names = |dir: &Path| -> BTreeSet<String> {
-        std::fs::read_dir(dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect()
-    };
-    let repo_crds = repo().join("crds");
-    let chart_crds = chart_dir().join("crds");
-    assert_eq!(
-        names(&chart_crds),
-        names(&repo_crds),
-        "charts/kandev-operator/crds/ holds exactly the files of crds/; run `make crds`"
-    );
-    for name in names(&repo_crds) {
-        let a = std::fs::read(repo_crds.join(&name)).expect("read");
-        let b = std::fs::read(chart_crds.join(&name)).expect("read");
-        assert!(
-            a == b,
-            "charts/kandev-operator/crds/{name} differs from crds/{name}; run `make crds`"
-        );
-    }
-}
-
-#[test]
 fn chart_images_and_versions_match_the_dockerfile_and_crate() {
     let chart: Value = serde_yaml::from_str(
         &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
@@ -266,6 +248,90 @@ fn chart_images_and_versions_match_the_dockerfile_and_crate() {
         dockerfile.contains(&format!("ARG AGENT_VERSION={pinned}")),
         "Dockerfile's AGENT_VERSION is {pinned} (e2e/agents.versions)"
     );
+}
+
+/// One source of truth for the default agentctl image: the operator binary's `--agentctl-image`
+/// default is the chart's `agentctlImage.repository` at the chart's appVersion, never `latest`.
+#[test]
+fn the_binarys_default_agentctl_image_is_the_charts_pinned_one() {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let values = values_yaml();
+    let pinned = format!(
+        "{}:{}",
+        values["agentctlImage"]["repository"]
+            .as_str()
+            .expect("repository"),
+        chart["appVersion"].as_str().expect("appVersion")
+    );
+    assert_eq!(
+        values["agentctlImage"]["tag"], "",
+        "the tag follows appVersion"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kandev-operator"))
+        .args(["run", "--help"])
+        .env_remove("KANDEV_AGENTCTL_IMAGE")
+        .output()
+        .expect("kandev-operator run --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let default = help
+        .split("--agentctl-image")
+        .nth(1)
+        .and_then(|rest| rest.split("[default: ").nth(1))
+        .and_then(|rest| rest.split(']').next())
+        .unwrap_or_else(|| panic!("no default of --agentctl-image in\n{help}"));
+    assert_eq!(default, pinned);
+    assert!(!default.ends_with(":latest"));
+}
+
+/// The Dockerfile's base images are pinned: by digest (`@sha256:…`), else by a full version
+/// (`x.y.z` in the tag); distroless, which has no version tags, by its Debian release.
+#[test]
+fn dockerfile_base_images_are_pinned() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let images: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(images.len() >= 3, "{images:?}");
+    for image in images {
+        if let Some((_, digest)) = image.split_once("@sha256:") {
+            assert!(
+                digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+                "{image}: a sha256 digest has 64 hex digits"
+            );
+            continue;
+        }
+        if image.starts_with("gcr.io/distroless/") {
+            assert!(
+                image.contains("-debian12:"),
+                "{image}: distroless of a Debian release"
+            );
+            continue;
+        }
+        let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+        let version = tag.split('-').next().unwrap_or("");
+        assert!(
+            version.split('.').count() == 3
+                && version
+                    .split('.')
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit())),
+            "{image}: pin a full version (x.y.z) or a digest, not a floating tag"
+        );
+    }
+}
+
+/// Chart.yaml declares the Kubernetes versions it supports.
+#[test]
+fn chart_declares_its_kube_version() {
+    let chart: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    assert_eq!(chart["kubeVersion"], ">=1.30.0-0");
 }
 
 // ---- with helm ----------------------------------------------------------------------------
@@ -906,6 +972,18 @@ fn invalid_values_fail_with_a_clear_message() {
         (&["--set", "replicaCount=0"], "replicaCount"),
         (&["--set", "replicasCount=2"], "replicasCount"),
         (&["--set", "image.tags=v1"], "tags"),
+        (&["--set", "image.digest=sha256:abc"], "digest"),
+        (&["--set", "agentctlImage.digest=latest"], "digest"),
+        (&["--set", "crds.enabled=yes"], "enabled"),
+        (
+            &["--set", "metrics.prometheusRule.failedResumeRatio=2"],
+            "failedResumeRatio",
+        ),
+        (
+            &["--set", "metrics.prometheusRule.noLeaderFor=soon"],
+            "noLeaderFor",
+        ),
+        (&["--kube-version", "1.29.0"], "kubeVersion"),
         (&["--set", "logFormat=xml"], "logFormat"),
         (&["--set", "tracing.otlpEndpoint=otel:4318"], "otlpEndpoint"),
         (&["--set", "tracing.sampler=sometimes"], "sampler"),
@@ -984,4 +1062,252 @@ fn invalid_values_fail_with_a_clear_message() {
             ),
         }
     }
+}
+
+/// GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as dashes.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn alerts_and_dashboard_use_only_what_the_operator_exports() {
+    let off = render(&[]);
+    assert!(kinds(&off, "PrometheusRule").is_empty(), "opt-in");
+    assert!(
+        !kinds(&off, "ConfigMap").contains(&format!("{RELEASE}-dashboard")),
+        "opt-in"
+    );
+    let docs = render(&[
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.labels.release=prometheus",
+        "--set",
+        "metrics.prometheusRule.runbookBaseURL=https://docs.example/troubleshooting.md",
+        "--set",
+        "metrics.dashboard.enabled=true",
+    ]);
+    let exported = chart_promql::Exported::from_operator();
+    let mut problems = Vec::new();
+
+    // The alerts: each one of the list, with a runbook section that exists.
+    let rule = find(&docs, "PrometheusRule", RELEASE);
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let troubleshooting =
+        std::fs::read_to_string(repo().join("docs/troubleshooting.md")).expect("troubleshooting");
+    let anchors: BTreeSet<String> = troubleshooting
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect();
+    let mut alerts = Vec::new();
+    for group in rule["spec"]["groups"].as_array().expect("groups") {
+        for alert in group["rules"].as_array().expect("rules") {
+            let name = alert["alert"].as_str().expect("an alert").to_string();
+            let expr = alert["expr"].as_str().expect("expr");
+            for problem in exported.unknown_in(expr) {
+                problems.push(format!("alert {name}: {problem}"));
+            }
+            assert!(
+                expr.contains(&format!("namespace=\"{NAMESPACE}\"")),
+                "{name} reads the release's series only: {expr}"
+            );
+            let severity = alert["labels"]["severity"].as_str().unwrap_or_default();
+            assert!(
+                ["critical", "warning", "info"].contains(&severity),
+                "{name}: severity {severity:?}"
+            );
+            assert!(alert["annotations"]["summary"].is_string(), "{name}");
+            assert!(alert["annotations"]["description"].is_string(), "{name}");
+            let runbook = alert["annotations"]["runbook_url"]
+                .as_str()
+                .expect("runbook_url");
+            let section = runbook
+                .strip_prefix("https://docs.example/troubleshooting.md#")
+                .unwrap_or_else(|| panic!("{name}: runbook_url {runbook}"));
+            assert!(
+                anchors.contains(section),
+                "{name}: docs/troubleshooting.md has no section #{section}"
+            );
+            alerts.push(name);
+        }
+    }
+    alerts.sort();
+    assert_eq!(
+        alerts,
+        [
+            "KandevLaunchesStalled",
+            "KandevNoLeader",
+            "KandevReconcileErrors",
+            "KandevResumesFailing",
+            "KandevSessionsNeedResume",
+        ]
+    );
+
+    // The dashboard: a ConfigMap for Grafana's sidecar with the panels of the list.
+    let config = find(&docs, "ConfigMap", &format!("{RELEASE}-dashboard"));
+    assert_eq!(config["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: Value = serde_json::from_str(
+        config["data"]["kandev-operator.json"]
+            .as_str()
+            .expect("the dashboard JSON"),
+    )
+    .expect("the dashboard is JSON");
+    assert_eq!(dashboard["uid"], "kandev-operator");
+    let mut titles = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().expect("title").to_string();
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "panel {title} has a query");
+        for target in targets {
+            let expr = target["expr"].as_str().expect("expr");
+            for problem in exported.unknown_in(expr) {
+                problems.push(format!("panel {title}: {problem}"));
+            }
+        }
+        titles.push(title);
+    }
+    for wanted in [
+        "Sessions by state",
+        "Resume outcomes",
+        "ACP restore latency",
+        "Reconcile latency",
+        "API and reconcile errors",
+    ] {
+        assert!(
+            titles.iter().any(|t| t == wanted),
+            "panel {wanted} in {titles:?}"
+        );
+    }
+    let restore = dashboard["panels"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["title"] == "ACP restore latency"))
+        .expect("restore panel");
+    let quantiles: Vec<&str> = restore["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    assert!(
+        quantiles
+            .iter()
+            .any(|e| e.starts_with("histogram_quantile(0.5,"))
+            && quantiles
+                .iter()
+                .any(|e| e.starts_with("histogram_quantile(0.95,")),
+        "p50 and p95: {quantiles:?}"
+    );
+    // The namespace variable: label_values(<metric>, namespace) of an exported metric.
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables")
+    {
+        if let Some(query) = variable["query"]["query"].as_str() {
+            let metric = query
+                .strip_prefix("label_values(")
+                .and_then(|q| q.split(',').next())
+                .unwrap_or_else(|| panic!("variable query {query}"));
+            problems.extend(exported.unknown_in(metric.trim()));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the chart's PromQL refers to what the operator does not export:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn crds_are_templates_that_helm_upgrades_and_keeps() {
+    let crd_docs = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+            .cloned()
+            .collect()
+    };
+    let docs = render(&[]);
+    let crds = crd_docs(&docs);
+    assert_eq!(crds.len(), 2, "both CRDs are rendered by default");
+    for crd in &crds {
+        let name = crd["metadata"]["name"].as_str().expect("name");
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{name}: helm uninstall keeps it"
+        );
+        assert_eq!(crd["metadata"]["labels"]["app.kubernetes.io/name"], RELEASE);
+        // The same CRD as crds/, apart from the chart's labels and annotations.
+        let file = std::fs::read_to_string(repo().join(format!("crds/{name}.yaml")))
+            .expect("crds/ has it");
+        let mut expected: Value = serde_yaml::from_str(&file).expect("CRD YAML");
+        let mut rendered = crd.clone();
+        for doc in [&mut expected, &mut rendered] {
+            let metadata = doc["metadata"].as_object_mut().expect("metadata");
+            metadata.remove("labels");
+            metadata.remove("annotations");
+        }
+        assert!(rendered == expected, "{name} differs from crds/{name}.yaml");
+    }
+    let unkept = crd_docs(&render(&["--set", "crds.keep=false"]));
+    assert_eq!(unkept.len(), 2);
+    assert!(
+        unkept
+            .iter()
+            .all(|c| c["metadata"].get("annotations").is_none())
+    );
+    assert!(crd_docs(&render(&["--set", "crds.enabled=false"])).is_empty());
+}
+
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn kube_version_and_image_digests() {
+    // Below the chart's kubeVersion, helm refuses (offline, helm's own fallback is v1.20).
+    let err = template(&["--kube-version", "1.29.0"]).expect_err("1.29 is refused");
+    assert!(
+        err.contains("kubeVersion") && err.contains(">=1.30.0-0"),
+        "{err}"
+    );
+    render(&["--kube-version", "1.30.0"]);
+
+    let docs = render(&[]);
+    assert_eq!(
+        operator_container(&docs)["image"],
+        format!("kandev/kandev-operator:{}", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(operator_args(&docs).contains(&format!(
+        "--agentctl-image=kandev/agentctl:{}",
+        env!("CARGO_PKG_VERSION")
+    )));
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let other = format!("sha256:{}", "cd".repeat(32));
+    let docs = render(&[
+        "--set",
+        &format!("image.digest={digest}"),
+        "--set",
+        "image.tag=ignored",
+        "--set",
+        &format!("agentctlImage.digest={other}"),
+    ]);
+    assert_eq!(
+        operator_container(&docs)["image"],
+        format!("kandev/kandev-operator@{digest}")
+    );
+    assert!(
+        operator_args(&docs).contains(&format!("--agentctl-image=kandev/agentctl@{other}")),
+        "{:?}",
+        operator_args(&docs)
+    );
 }

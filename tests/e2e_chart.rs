@@ -5,6 +5,9 @@
 //! missing from the chart fails this test. Then the lose-and-resume scenario with the real
 //! claude-agent-acp. Run by `bash e2e/test.sh`; `#[ignore]`d for plain `cargo test`.
 //!
+//! The upgrade test installs the previous chart (0.1.0, CRDs under `crds/`, packaged from git)
+//! and upgrades it to this one (CRDs as templates), then to a copy with a changed CRD.
+//!
 //! `KANDEV_CHART=<dir>` tests another copy of the chart (e.g. one with a verb removed), and
 //! `KANDEV_HELM_TIMEOUT` (default 3m) bounds `helm install --wait`.
 
@@ -16,7 +19,7 @@ use std::time::Duration;
 
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
 use e2e_support::{
-    client, kubectl, repo_path, restricted_namespace, unique, wait_for, wait_for_within,
+    client, kubectl, read_crd, repo_path, restricted_namespace, unique, wait_for, wait_for_within,
     with_cleanup,
 };
 use k8s_openapi::api::apps::v1::Deployment;
@@ -73,6 +76,21 @@ fn helm_install(args: &[&str]) {
             "--tail=5",
         ]),
     );
+}
+
+/// `helm ARGS` from PATH: Ok(stdout) or Err(stdout and stderr).
+fn helm(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("helm")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("helm on PATH (bash e2e/test.sh puts it there)");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+    }
 }
 
 /// `kubectl auth can-i VERB RESOURCE -n NAMESPACE` as the operator's ServiceAccount: "yes" or
@@ -199,12 +217,14 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
         // The operator's pods pass the restricted Pod Security Standard, or they are refused.
         restricted_namespace(&client, CHART_NS).await;
+        // --take-ownership: the CRDs may exist already (applied by other e2e tests).
         helm_install(&[
             "install",
             RELEASE,
             chart,
             "-n",
             CHART_NS,
+            "--take-ownership",
             "--wait",
             "--timeout",
             &timeout,
@@ -354,6 +374,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
             chart,
             "-n",
             CHART_NS,
+            "--take-ownership",
             "--wait",
             "--timeout",
             &timeout,
@@ -657,6 +678,7 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
             chart,
             "-n",
             CHART_NS,
+            "--take-ownership",
             "--wait",
             "--timeout",
             &timeout,
@@ -738,4 +760,338 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
         );
     };
     with_cleanup(body, async { uninstall() }).await;
+}
+
+/// The chart before its CRDs became templates: 0.1.0 as on main at this commit, with the CRDs
+/// under `crds/` (which Helm installs once and never upgrades or owns).
+const PREVIOUS_CHART_COMMIT: &str = "3e119744b612ff934eddc2bd6198eb809f266b1a";
+const CRD_NAMES: [&str; 2] = ["tasksessions.kandev.dev", "executorrunnings.kandev.dev"];
+
+/// The same JSON with every number as a float: the API server writes `minimum: 0` where the
+/// generated YAML has `0.0`.
+fn numbers_as_floats(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => n.as_f64().map_or(Value::Null, Value::from),
+        Value::Array(items) => Value::Array(items.iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), numbers_as_floats(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// `git archive` of the chart at `commit`, packaged by `helm package` into `dir`: the .tgz.
+fn package_chart_at(commit: &str, dir: &std::path::Path) -> PathBuf {
+    let archive = Command::new("git")
+        .args(["-C", repo_path(".").to_str().expect("utf-8 repo path")])
+        .args(["archive", "--format=tar", commit, "charts/kandev-operator"])
+        .output()
+        .expect("git archive");
+    assert!(
+        archive.status.success(),
+        "git archive {commit}: {}",
+        String::from_utf8_lossy(&archive.stderr)
+    );
+    let tar = dir.join("chart.tar");
+    std::fs::write(&tar, &archive.stdout).expect("write the archive");
+    let untar = Command::new("tar")
+        .args([
+            "-xf",
+            tar.to_str().expect("utf-8"),
+            "-C",
+            dir.to_str().expect("utf-8"),
+        ])
+        .status()
+        .expect("tar");
+    assert!(untar.success());
+    let source = dir.join("charts/kandev-operator");
+    helm(&[
+        "package",
+        source.to_str().expect("utf-8"),
+        "-d",
+        dir.to_str().expect("utf-8"),
+    ])
+    .unwrap_or_else(|e| panic!("helm package: {e}"));
+    dir.join("kandev-operator-0.1.0.tgz")
+}
+
+/// A copy of this chart as the next version (0.1.1) whose TaskSession CRD has one more printer
+/// column: a changed CRD that `helm upgrade` must bring to the API server.
+fn next_chart_with_a_changed_crd(dir: &std::path::Path) -> PathBuf {
+    std::fs::create_dir_all(dir.join("next")).expect("mkdir");
+    let next = dir.join("next/kandev-operator");
+    let copy = Command::new("cp")
+        .arg("-r")
+        .arg(chart_dir())
+        .arg(&next)
+        .status()
+        .expect("cp");
+    assert!(copy.success(), "copy the chart");
+    let chart_yaml = next.join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml).expect("Chart.yaml");
+    std::fs::write(
+        &chart_yaml,
+        text.replace("\nversion: 0.1.0\n", "\nversion: 0.1.1\n"),
+    )
+    .expect("write Chart.yaml");
+    let crd = next.join("templates/crds/tasksessions.kandev.dev.yaml");
+    let text = std::fs::read_to_string(&crd).expect("the TaskSession CRD template");
+    let column = "  - additionalPrinterColumns:\n    - description: The agent's session id (added by the e2e upgrade test)\n      jsonPath: .status.agentSessionId\n      name: Upgraded\n      priority: 1\n      type: string\n";
+    assert!(
+        text.contains("  - additionalPrinterColumns:\n"),
+        "printer columns in {crd:?}"
+    );
+    std::fs::write(
+        &crd,
+        text.replacen("  - additionalPrinterColumns:\n", column, 1),
+    )
+    .expect("write the CRD");
+    next
+}
+
+/// The printer column names of the TaskSession CRD on the API server.
+fn live_printer_columns() -> Vec<String> {
+    let out = kubectl()
+        .args([
+            "get",
+            "crd",
+            CRD_NAMES[0],
+            "-o",
+            "jsonpath={.spec.versions[0].additionalPrinterColumns[*].name}",
+        ])
+        .output()
+        .expect("kubectl get crd");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn crd_annotation(crd: &str, key: &str) -> String {
+    let out = kubectl()
+        .args(["get", "crd", crd, "-o", "json"])
+        .output()
+        .expect("kubectl get crd");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    json["metadata"]["annotations"][key]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Removes every kandev TaskSession's finalizer and the kandev CRDs, so the previous chart
+/// installs them as it did on a new cluster.
+fn delete_kandev_crds() {
+    let sessions = kubectl()
+        .args([
+            "get",
+            "ts",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for line in sessions.lines().filter(|l| !l.is_empty()) {
+        if let Some((ns, name)) = line.split_once('/') {
+            let _ = kubectl()
+                .args(["patch", "ts", name, "-n", ns, "--type=merge"])
+                .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
+                .output();
+        }
+    }
+    let out = kubectl()
+        .args([
+            "delete",
+            "crd",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+        ])
+        .args(CRD_NAMES)
+        .output()
+        .expect("kubectl delete crd");
+    assert!(
+        out.status.success(),
+        "deleting the kandev CRDs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `helm upgrade` from the previous chart (CRDs under `crds/`, never upgraded by Helm) to this
+/// one (CRDs as templates): refused without `--take-ownership` with Helm's ownership message and
+/// nothing changed, then done with it; the CRDs become the release's, `keep` annotated, equal to
+/// `crds/`; a session and its resume token survive. Then an upgrade to a next version with a
+/// changed CRD reaches the API server, and `helm uninstall` leaves the CRDs.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessions() {
+    let client = client().await;
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 chart path");
+    uninstall(); // leftovers of an interrupted run
+    let work = tempfile::tempdir().expect("tempdir");
+    let previous = package_chart_at(PREVIOUS_CHART_COMMIT, work.path());
+    let next = next_chart_with_a_changed_crd(work.path());
+    let sessions = Sessions::new(&client, &unique("upgrade"));
+    let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+    let body = async {
+        delete_kandev_crds();
+        restricted_namespace(&client, CHART_NS).await;
+        let common = ["-n", CHART_NS, "--wait", "--timeout", &timeout];
+        helm_install(
+            &[
+                &["install", RELEASE, previous.to_str().expect("utf-8")][..],
+                &common,
+                &["--set", "replicaCount=1"],
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            crd_annotation(CRD_NAMES[0], "meta.helm.sh/release-name"),
+            "",
+            "the previous chart's CRDs are not the release's"
+        );
+
+        // A session with a resume token, served by the previous release.
+        sessions.ensure_namespace().await;
+        let name = "upgraded-session";
+        sessions.create(name, "claude-code").await;
+        wait_for_within(
+            &sessions.sessions(),
+            name,
+            "WAITING_FOR_INPUT",
+            Duration::from_secs(120),
+            state_is(SessionState::WaitingForInput),
+        )
+        .await;
+        let token = sessions.token_of(name).await.expect("a resume token");
+        let columns_before = live_printer_columns();
+
+        // Without --take-ownership Helm refuses to adopt the CRDs, and changes nothing.
+        let upgrade = [
+            &["upgrade", RELEASE, chart][..],
+            &common,
+            &["--reset-then-reuse-values"],
+        ]
+        .concat();
+        let refused = helm(&upgrade).expect_err("an upgrade that adopts unowned CRDs is refused");
+        assert!(
+            refused.contains("invalid ownership metadata") && refused.contains(CRD_NAMES[0])
+                || refused.contains("cannot be imported into the current release"),
+            "{refused}"
+        );
+        assert_eq!(crd_annotation(CRD_NAMES[0], "helm.sh/resource-policy"), "");
+
+        // With it, the CRDs become the release's, kept on uninstall, equal to crds/.
+        helm_install(&[&upgrade[..], &["--take-ownership"]].concat());
+        for crd in CRD_NAMES {
+            assert_eq!(
+                crd_annotation(crd, "helm.sh/resource-policy"),
+                "keep",
+                "{crd}"
+            );
+            assert_eq!(
+                crd_annotation(crd, "meta.helm.sh/release-name"),
+                RELEASE,
+                "{crd}"
+            );
+            let live = kubectl()
+                .args(["get", "crd", crd, "-o", "json"])
+                .output()
+                .expect("kubectl get crd");
+            let live: serde_json::Value = serde_json::from_slice(&live.stdout).expect("CRD JSON");
+            let file = read_crd(&format!("crds/{crd}.yaml"));
+            let expected = serde_json::to_value(&file.spec).expect("spec");
+            // (The API server adds names.listKind.)
+            for key in ["group", "scope"] {
+                assert_eq!(live["spec"][key], expected[key], "{crd}: spec.{key}");
+            }
+            for key in ["kind", "plural", "shortNames", "categories"] {
+                assert_eq!(
+                    live["spec"]["names"][key], expected["names"][key],
+                    "{crd}: spec.names.{key}"
+                );
+            }
+            assert_eq!(
+                numbers_as_floats(&live["spec"]["versions"][0]["schema"]),
+                numbers_as_floats(&expected["versions"][0]["schema"]),
+                "{crd}: the schema of this chart"
+            );
+        }
+        assert_eq!(live_printer_columns(), columns_before);
+        assert_eq!(
+            sessions.token_of(name).await.as_deref(),
+            Some(token.as_str())
+        );
+
+        // The next version changes the CRD: helm upgrade brings the change.
+        helm_install(
+            &[
+                &["upgrade", RELEASE, next.to_str().expect("utf-8")][..],
+                &common,
+                &["--reset-then-reuse-values"],
+            ]
+            .concat(),
+        );
+        let columns = live_printer_columns();
+        assert!(columns.iter().any(|c| c == "Upgraded"), "{columns:?}");
+        let ts = sessions
+            .sessions()
+            .get(name)
+            .await
+            .expect("the session survives");
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_eq!(
+            sessions.token_of(name).await.as_deref(),
+            Some(token.as_str())
+        );
+
+        // The operator ends the session; helm uninstall leaves the CRDs.
+        sessions.delete(name).await;
+        wait_for_within(
+            &sessions.sessions(),
+            name,
+            "deleted",
+            Duration::from_secs(60),
+            |ts: Option<&TaskSession>| ts.is_none(),
+        )
+        .await;
+        helm(&[
+            "uninstall",
+            RELEASE,
+            "-n",
+            CHART_NS,
+            "--wait",
+            "--timeout",
+            "2m",
+        ])
+        .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
+        for crd in CRD_NAMES {
+            let out = kubectl()
+                .args(["get", "crd", crd])
+                .output()
+                .expect("kubectl");
+            assert!(out.status.success(), "{crd} is kept after helm uninstall");
+        }
+    };
+    let cleanup = async {
+        let _ = kubectl()
+            .args(["delete", "namespace", &sessions.namespace, "--wait=false"])
+            .output();
+        uninstall();
+        // Later tests expect the CRDs of crds/, not the changed copy's.
+        for crd in CRD_NAMES {
+            let _ = kubectl()
+                .args(["replace", "-f"])
+                .arg(repo_path(&format!("crds/{crd}.yaml")))
+                .output();
+        }
+    };
+    with_cleanup(body, cleanup).await;
 }

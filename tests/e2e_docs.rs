@@ -188,6 +188,41 @@ fn clean_slate() {
         "--wait=true",
         "--timeout=120s",
     ]);
+    // The chart's CRDs are templates: CRDs that other tests applied (or another release kept)
+    // would make the docs' `helm install` refuse to adopt them. Sessions left in any namespace
+    // lose their finalizer first, or deleting the CRDs would wait for an operator.
+    let leftovers = kubectl()
+        .args([
+            "get",
+            "ts",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name}{\"\\n\"}{end}",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for (namespace, name) in leftovers.lines().filter_map(|l| l.split_once(' ')) {
+        quiet(&[
+            "patch",
+            "-n",
+            namespace,
+            "ts",
+            name,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ]);
+    }
+    quiet(&[
+        "delete",
+        "crd",
+        "tasksessions.kandev.dev",
+        "executorrunnings.kandev.dev",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
 }
 
 #[tokio::test]

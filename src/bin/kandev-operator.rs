@@ -40,16 +40,26 @@ enum Command {
         /// Write one file per CRD (<plural>.kandev.dev.yaml) into this directory instead.
         #[arg(long, value_name = "DIR")]
         output_dir: Option<PathBuf>,
+        /// Also write the Helm chart's CRD templates (the same CRDs with the chart's labels and
+        /// helm.sh/resource-policy: keep) into this directory, e.g.
+        /// charts/kandev-operator/templates/crds.
+        #[arg(long, value_name = "DIR")]
+        chart_dir: Option<PathBuf>,
     },
 }
 
+/// The agentctl image of this release, as the chart pins it (`agentctlImage.repository`, tag the
+/// chart's appVersion, which is the crate version): never `latest`.
+const DEFAULT_AGENTCTL_IMAGE: &str = concat!("kandev/agentctl:", env!("CARGO_PKG_VERSION"));
+
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Image of agentctl pods for sessions that do not name one.
+    /// Image of agentctl pods for sessions that do not name one (default: this release's
+    /// agentctl image, the one the chart pins).
     #[arg(
         long,
         env = "KANDEV_AGENTCTL_IMAGE",
-        default_value = "kandev/agentctl:latest"
+        default_value = DEFAULT_AGENTCTL_IMAGE
     )]
     agentctl_image: String,
     /// YAML or JSON file of agent profiles that extend or override the built-in ones.
@@ -233,7 +243,13 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Crd { output_dir } => print_crds(output_dir.as_deref()),
+        Command::Crd {
+            output_dir,
+            chart_dir,
+        } => print_crds(output_dir.as_deref()).and_then(|()| match chart_dir {
+            Some(dir) => write_chart_crds(&dir),
+            None => Ok(()),
+        }),
         Command::Run(args) => run(*args),
     };
     match result {
@@ -258,6 +274,18 @@ fn print_crds(output_dir: Option<&std::path::Path>) -> Result<(), String> {
             }
             None => print!("---\n{}", file.yaml),
         }
+    }
+    Ok(())
+}
+
+fn write_chart_crds(dir: &std::path::Path) -> Result<(), String> {
+    let files = kandev_operator::api::chart_crd_templates().map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for file in files {
+        let path = dir.join(&file.file_name);
+        std::fs::write(&path, &file.yaml)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::api::{SessionState, TaskSession};
+use crate::controller::conditions;
 
 /// Content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -75,6 +76,11 @@ struct OutcomeLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
 }
 
 /// The exemplar of a histogram observation: the trace it belongs to.
@@ -249,8 +255,10 @@ impl Metrics {
     }
 }
 
-/// `kandev_sessions{state}` and `kandev_sessions_needing_resume`, counted from the controller's
-/// TaskSession cache at scrape time; absent on a replica that does not run the controller.
+/// `kandev_sessions{state}`, `kandev_sessions_needing_resume`,
+/// `kandev_sessions_needing_resume_oldest_seconds` and `kandev_sessions_stalled{reason}`, counted
+/// from the controller's TaskSession cache at scrape time; absent on a replica that does not run
+/// the controller.
 #[derive(Clone, Default)]
 struct SessionGauges {
     stores: Arc<Mutex<Vec<Store<TaskSession>>>>,
@@ -262,6 +270,54 @@ impl std::fmt::Debug for SessionGauges {
     }
 }
 
+/// What the session gauges report, counted from a list of sessions at one instant (pure).
+#[derive(Debug, Default, PartialEq)]
+struct SessionSummary {
+    /// Every [`SessionState`], with 0 for the states no session is in.
+    by_state: BTreeMap<&'static str, i64>,
+    needing_resume: i64,
+    /// Age of the oldest `NeedsResume=True` condition (seconds), 0 when none.
+    oldest_needing_resume_seconds: f64,
+    /// Sessions not in a terminal state whose launch stalled (`Stalled=True`), by reason.
+    stalled: BTreeMap<String, i64>,
+}
+
+fn summarize(sessions: &[Arc<TaskSession>], now: jiff::Timestamp) -> SessionSummary {
+    let mut summary = SessionSummary {
+        by_state: SessionState::ALL.iter().map(|s| (s.as_str(), 0)).collect(),
+        ..SessionSummary::default()
+    };
+    for ts in sessions {
+        let Some(status) = ts.status.as_ref() else {
+            *summary
+                .by_state
+                .entry(SessionState::default().as_str())
+                .or_default() += 1;
+            continue;
+        };
+        *summary.by_state.entry(status.state.as_str()).or_default() += 1;
+        if status.needs_resume {
+            summary.needing_resume += 1;
+            if let Some(since) = conditions::find(&status.conditions, conditions::NEEDS_RESUME)
+                .filter(|c| c.status == "True")
+                .map(|c| c.last_transition_time.0)
+            {
+                let age = now.duration_since(since).as_secs_f64().max(0.0);
+                if age > summary.oldest_needing_resume_seconds {
+                    summary.oldest_needing_resume_seconds = age;
+                }
+            }
+        }
+        if !status.state.is_terminal()
+            && let Some(stall) = conditions::find(&status.conditions, conditions::STALLED)
+                .filter(|c| c.status == "True")
+        {
+            *summary.stalled.entry(stall.reason.clone()).or_default() += 1;
+        }
+    }
+    summary
+}
+
 impl prometheus_client::collector::Collector for SessionGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let sessions = match self.stores.lock() {
@@ -270,21 +326,10 @@ impl prometheus_client::collector::Collector for SessionGauges {
             }
             _ => return Ok(()),
         };
-        let mut by_state: BTreeMap<&str, i64> =
-            SessionState::ALL.iter().map(|s| (s.as_str(), 0)).collect();
-        let mut needing_resume = 0;
-        for ts in &sessions {
-            let status = ts.status.clone().unwrap_or_default();
-            *by_state.entry(status.state.as_str()).or_default() += 1;
-            needing_resume += i64::from(status.needs_resume);
-        }
+        let summary = summarize(&sessions, jiff::Timestamp::now());
         let family = Family::<StateLabel, Gauge>::default();
-        for state in SessionState::ALL {
-            family
-                .get_or_create(&StateLabel {
-                    state: state.as_str(),
-                })
-                .set(by_state[state.as_str()]);
+        for (state, count) in &summary.by_state {
+            family.get_or_create(&StateLabel { state }).set(*count);
         }
         family.encode(encoder.encode_descriptor(
             "kandev_sessions",
@@ -293,10 +338,28 @@ impl prometheus_client::collector::Collector for SessionGauges {
             MetricType::Gauge,
         )?)?;
         let needing = Gauge::<i64>::default();
-        needing.set(needing_resume);
+        needing.set(summary.needing_resume);
         needing.encode(encoder.encode_descriptor(
             "kandev_sessions_needing_resume",
             "TaskSessions whose agent is gone and that wait for a resume request",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let oldest = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        oldest.set(summary.oldest_needing_resume_seconds);
+        oldest.encode(encoder.encode_descriptor(
+            "kandev_sessions_needing_resume_oldest_seconds",
+            "How long the session that has needed a resume the longest has waited (NeedsResume's lastTransitionTime), 0 when none does",
+            None,
+            MetricType::Gauge,
+        )?)?;
+        let stalled = Family::<ReasonLabel, Gauge>::default();
+        for (reason, count) in summary.stalled {
+            stalled.get_or_create(&ReasonLabel { reason }).set(count);
+        }
+        stalled.encode(encoder.encode_descriptor(
+            "kandev_sessions_stalled",
+            "Active TaskSessions whose launch stalled (Stalled=True: image pull, scheduling, agentctl unreachable, invalid spec, …), by the condition's reason",
             None,
             MetricType::Gauge,
         )?)
@@ -434,6 +497,159 @@ mod tests {
         );
     }
 
+    /// A session in `state`, with `(type, status, reason, lastTransitionTime)` conditions.
+    fn session_with(
+        name: &str,
+        state: &str,
+        needs_resume: bool,
+        conditions: &[(&str, &str, &str, &str)],
+    ) -> Arc<TaskSession> {
+        let conditions: Vec<serde_json::Value> = conditions
+            .iter()
+            .map(|(type_, status, reason, at)| {
+                serde_json::json!({"type": type_, "status": status, "reason": reason,
+                                   "message": "", "lastTransitionTime": at})
+            })
+            .collect();
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kandev.dev/v1alpha1",
+                "kind": "TaskSession",
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"taskId": "t", "agent": "claude-code", "workspace": {"claimName": "w"}},
+                "status": {"state": state, "needsResume": needs_resume, "conditions": conditions},
+            }))
+            .expect("session"),
+        )
+    }
+
+    #[test]
+    fn summary_of_needing_resume_and_stalled_sessions() {
+        let now: jiff::Timestamp = "2026-01-01T12:00:00Z".parse().expect("time");
+        // (what, sessions, needing resume, oldest seconds, stalled by reason)
+        type Row = (
+            &'static str,
+            Vec<Arc<TaskSession>>,
+            i64,
+            f64,
+            Vec<(&'static str, i64)>,
+        );
+        let rows: Vec<Row> = vec![
+            ("none", vec![], 0, 0.0, vec![]),
+            (
+                "the oldest NeedsResume=True counts, not a False one",
+                vec![
+                    session_with(
+                        "a",
+                        "WAITING_FOR_INPUT",
+                        true,
+                        &[("NeedsResume", "True", "AgentLost", "2026-01-01T11:00:00Z")],
+                    ),
+                    session_with(
+                        "b",
+                        "WAITING_FOR_INPUT",
+                        true,
+                        &[("NeedsResume", "True", "AgentLost", "2026-01-01T09:00:00Z")],
+                    ),
+                    session_with(
+                        "c",
+                        "RUNNING",
+                        false,
+                        &[(
+                            "NeedsResume",
+                            "False",
+                            "AgentRunning",
+                            "2025-01-01T00:00:00Z",
+                        )],
+                    ),
+                ],
+                2,
+                3.0 * 3600.0,
+                vec![],
+            ),
+            (
+                "a condition from the future (clock skew) is age 0",
+                vec![session_with(
+                    "a",
+                    "WAITING_FOR_INPUT",
+                    true,
+                    &[("NeedsResume", "True", "AgentLost", "2026-01-01T12:05:00Z")],
+                )],
+                1,
+                0.0,
+                vec![],
+            ),
+            (
+                "stalled launches by reason; a FAILED session is not a stalled launch",
+                vec![
+                    session_with(
+                        "a",
+                        "STARTING",
+                        true,
+                        &[(
+                            "Stalled",
+                            "True",
+                            "ImagePullBackOff",
+                            "2026-01-01T11:00:00Z",
+                        )],
+                    ),
+                    session_with(
+                        "b",
+                        "CREATED",
+                        false,
+                        &[(
+                            "Stalled",
+                            "True",
+                            "ImagePullBackOff",
+                            "2026-01-01T11:00:00Z",
+                        )],
+                    ),
+                    session_with(
+                        "c",
+                        "CREATED",
+                        false,
+                        &[(
+                            "Stalled",
+                            "True",
+                            "WorkspaceMissing",
+                            "2026-01-01T11:00:00Z",
+                        )],
+                    ),
+                    session_with(
+                        "d",
+                        "FAILED",
+                        false,
+                        &[("Stalled", "True", "LaunchFailed", "2026-01-01T11:00:00Z")],
+                    ),
+                    session_with(
+                        "e",
+                        "RUNNING",
+                        false,
+                        &[("Stalled", "False", "Running", "2026-01-01T11:00:00Z")],
+                    ),
+                ],
+                1,
+                0.0,
+                vec![("ImagePullBackOff", 2), ("WorkspaceMissing", 1)],
+            ),
+        ];
+        for (what, sessions, needing, oldest, stalled) in rows {
+            let summary = summarize(&sessions, now);
+            assert_eq!(summary.needing_resume, needing, "{what}");
+            assert_eq!(summary.oldest_needing_resume_seconds, oldest, "{what}");
+            let stalled: BTreeMap<String, i64> = stalled
+                .into_iter()
+                .map(|(r, n)| (r.to_string(), n))
+                .collect();
+            assert_eq!(summary.stalled, stalled, "{what}");
+            assert_eq!(
+                summary.by_state.values().sum::<i64>(),
+                sessions.len() as i64,
+                "{what}: every session has one state"
+            );
+        }
+    }
+
     #[test]
     fn counts_sessions_by_state_from_the_cache() {
         let metrics = Metrics::new();
@@ -464,6 +680,8 @@ mod tests {
             "kandev_sessions{state=\"WAITING_FOR_INPUT\"} 2",
             "kandev_sessions{state=\"FAILED\"} 0",
             "kandev_sessions_needing_resume 1",
+            "# TYPE kandev_sessions_needing_resume_oldest_seconds gauge",
+            "# TYPE kandev_sessions_stalled gauge",
         ] {
             assert!(has_line(&text, expected), "missing {expected:?} in\n{text}");
         }

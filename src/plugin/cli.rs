@@ -149,7 +149,8 @@ pub struct ResumeArgs {
     /// session was restored or started, 1 if the resume failed.
     #[arg(long)]
     pub wait: bool,
-    /// How long --wait waits (e.g. 90s, 2m, 1m30s).
+    /// How long --wait waits: 90s, 2m, 1m30s, 1h 30m, 500ms, 2 minutes, PT1M30S (ISO 8601) or
+    /// a bare number of seconds.
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Start a fresh agent session instead of restoring the saved one: also sets
@@ -169,8 +170,9 @@ pub struct PromptArgs {
     pub session: String,
     /// The prompt; `-` reads it from stdin.
     pub text: String,
-    /// How long to wait for the session to be ready (resume included), e.g. 90s, 2m. The turn
-    /// itself has no time limit.
+    /// How long to wait for the session to be ready (resume included): 90s, 2m, 1m30s, 1h 30m,
+    /// 500ms, 2 minutes, PT1M30S (ISO 8601) or a bare number of seconds. The turn itself has no
+    /// time limit.
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
     pub timeout: Duration,
 }
@@ -182,8 +184,8 @@ pub struct EndArgs {
     /// Wait until the session has ended.
     #[arg(long)]
     pub wait: bool,
-    /// How long --wait waits (e.g. 90s, 15m); a Completed session may wait for its running
-    /// prompt.
+    /// How long --wait waits (90s, 15m, 1h 30m, PT15M or a bare number of seconds); a Completed
+    /// session may wait for its running prompt.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
     pub timeout: Duration,
 }

@@ -142,8 +142,9 @@ pub fn format_duration(duration: Duration) -> String {
     out
 }
 
-/// Parses `--timeout`: one or more `<integer><unit>` with unit `ms`, `s`, `m` or `h`
-/// (`1m30s`), or a bare integer of seconds. Zero is refused: it could never be met.
+/// Parses `--timeout` with jiff's duration syntax: its "friendly" format (`90s`, `2m`, `1m30s`,
+/// `1h 30m`, `500ms`, `1.5s`, `2 minutes`) or ISO 8601 (`PT1M30S`), plus a bare integer of
+/// seconds. Negative and zero durations are refused: they could never be met.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text.is_empty() {
@@ -152,36 +153,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if let Ok(secs) = text.parse::<u64>() {
         return nonzero(Duration::from_secs(secs), text);
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.chars().take_while(char::is_ascii_digit).count();
-        if digits == 0 {
-            return Err(format!(
-                "invalid duration {text:?}: expected e.g. 90s, 2m, 1m30s, 500ms"
-            ));
-        }
-        let value: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.chars().take_while(|c| c.is_ascii_alphabetic()).count();
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let part = match unit {
-            "ms" => Duration::from_millis(value),
-            "s" => Duration::from_secs(value),
-            "m" => Duration::from_secs(value.saturating_mul(60)),
-            "h" => Duration::from_secs(value.saturating_mul(3600)),
-            _ => {
-                return Err(format!(
-                    "invalid duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"
-                ));
-            }
-        };
-        total = total.saturating_add(part);
-    }
-    nonzero(total, text)
+    let signed: jiff::SignedDuration = text.parse().map_err(|err| {
+        format!("invalid duration {text:?}: expected e.g. 90s, 2m, 1m30s, 500ms ({err})")
+    })?;
+    let duration = Duration::try_from(signed)
+        .map_err(|_| format!("invalid duration {text:?}: must not be negative"))?;
+    nonzero(duration, text)
 }
 
 fn nonzero(duration: Duration, text: &str) -> Result<Duration, String> {
@@ -208,6 +185,10 @@ mod tests {
             ("1h", 3_600_000),
             ("1h2m3s", 3_723_000),
             (" 5s ", 5_000),
+            ("1h 30m", 5_400_000),
+            ("1.5s", 1_500),
+            ("2 minutes", 120_000),
+            ("PT1M30S", 90_000),
         ];
         for (text, millis) in ok {
             assert_eq!(
@@ -216,7 +197,7 @@ mod tests {
                 "{text}"
             );
         }
-        for bad in ["", "0", "0s", "s", "5x", "1.5s", "-3s", "5 s", "m5"] {
+        for bad in ["", "0", "0s", "s", "5x", "-3s", "3s ago", "m5", "1d", "P1D"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
         }
     }

@@ -48,12 +48,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* repository@digest when a digest is set, else repository:tag (default: the appVersion). */}}
+{{- define "kandev-operator.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .appVersion .image.tag) }}
+{{- end }}
+{{- end }}
+
 {{- define "kandev-operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "kandev-operator.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) }}
 {{- end }}
 
 {{- define "kandev-operator.agentctlImage" -}}
-{{- printf "%s:%s" .Values.agentctlImage.repository (default .Chart.AppVersion .Values.agentctlImage.tag) }}
+{{- include "kandev-operator.imageRef" (dict "image" .Values.agentctlImage "appVersion" .Chart.AppVersion) }}
 {{- end }}
 
 {{- define "kandev-operator.profilesConfigMap" -}}
