@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit chart protocol agents-smoke e2e bench bench-smoke bench-idle fuzz bins agents crds cluster-up cluster-down help
+.PHONY: demo test lint unit chart protocol agents-smoke e2e bench bench-smoke bench-idle fuzz bins agents crds dist cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
@@ -20,6 +20,7 @@ help:
 	@echo "make bins          build the control-plane binaries into ~/.cache/kandev-operator"
 	@echo "make crds          regenerate crds/ and the chart's CRD templates from the Rust types"
 	@echo "make manifests     regenerate deploy/install.yaml from the chart"
+	@echo "make dist          the kubectl plugin's release archives (target/dist) and krew manifest (plugins/kandev.yaml)"
 	@echo "make cluster-up    start a local cluster and keep it (make cluster-down stops it)"
 
 # KEEP=1 leaves the demo cluster running and prints its KUBECONFIG.
@@ -104,6 +105,12 @@ crds:
 # deploy/install.yaml: the chart rendered for installs without Helm (`make chart` checks drift).
 manifests:
 	bash deploy/render.sh > deploy/install.yaml.tmp && mv deploy/install.yaml.tmp deploy/install.yaml
+
+# The kubectl plugin's release archives for krew (linux/darwin × amd64/arm64, those this machine
+# can build; the others are named with the reason), SHA256SUMS, plugins/kandev.yaml with their
+# sha256, checked by krew's validator, a krew install of the archive and tests/krew_manifest.rs.
+dist:
+	bash plugins/dist.sh
 
 cluster-up:
 	$(CARGO) build --bins

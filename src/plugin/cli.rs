@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::error::{EXIT_CODES_HELP, parse_duration};
+use super::error::{EXIT_CODES_HELP, parse_duration, parse_request_timeout};
+use super::output::OutputFormat;
 
 /// kubectl kandev — inspect, resume and talk to kandev TaskSessions (AI coding-agent sessions).
 ///
@@ -15,7 +16,11 @@ use super::error::{EXIT_CODES_HELP, parse_duration};
 /// `prompt` makes sure the agent runs (resuming it when needed) and streams its answer;
 /// `status` and `history` show where a session stands and what was said.
 ///
-/// Install: put the `kubectl-kandev` binary on your PATH; kubectl finds it as `kubectl kandev`.
+/// Install: `kubectl krew install --manifest=kandev.yaml --archive=…` (see docs/install.md), or
+/// put the `kubectl-kandev` binary on your PATH; kubectl finds it as `kubectl kandev`. Shell
+/// completion: link `kubectl-kandev` as `kubectl_complete-kandev` on your PATH, then kubectl's
+/// own completion (`source <(kubectl completion bash)`) completes verbs, flags and TaskSession
+/// names.
 #[derive(Parser, Debug)]
 #[command(
     name = "kubectl-kandev",
@@ -47,6 +52,40 @@ pub struct GlobalArgs {
     /// The kubeconfig context to use [default: the current context].
     #[arg(long, global = true, value_name = "CONTEXT")]
     pub context: Option<String>,
+    /// Username to impersonate for the operation (a user or a service account, e.g.
+    /// system:serviceaccount:team-a:ci).
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// Group to impersonate for the operation; repeat it for several groups. Needs --as.
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_groups: Vec<String>,
+    /// Bearer token for authentication to the API server; it replaces the kubeconfig user's
+    /// credentials (client certificate, token, exec plugin).
+    #[arg(long, global = true, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// How long a single API request may take before giving up (e.g. 1s, 2m; 0 = no limit).
+    /// Watches and exec streams (waits, prompts) are not cut by it; --timeout bounds a wait.
+    #[arg(
+        long,
+        global = true,
+        value_name = "DURATION",
+        default_value = "0",
+        value_parser = parse_request_timeout
+    )]
+    pub request_timeout: Duration,
+}
+
+impl GlobalArgs {
+    /// What clap cannot check across global flags: `--as-group` needs `--as` (as in kubectl).
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.as_groups.is_empty() && self.as_user.is_none() {
+            return Err("--as-group needs --as (the user to impersonate)".into());
+        }
+        if self.token.as_deref() == Some("") {
+            return Err("--token is empty".into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -117,14 +156,6 @@ pub enum Command {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    /// A readable table.
-    Text,
-    /// One JSON document.
-    Json,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum HistoryOutput {
     /// `[USER]: …`, `[ASSISTANT]: …`, `[TOOL CALL: name]`, `[TOOL RESULT: name] …`.
     Text,
@@ -136,9 +167,10 @@ pub enum HistoryOutput {
 pub struct StatusArgs {
     /// Name of the TaskSession.
     pub session: String,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
-    pub output: Output,
+    /// Output format: text, json, yaml or jsonpath=TEMPLATE (kubectl's template syntax, e.g.
+    /// -o jsonpath='{.state}{"\n"}').
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "text", value_parser = parse_output)]
+    pub output: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -159,9 +191,10 @@ pub struct ResumeArgs {
     /// annotation is removed in the same patch.
     #[arg(long)]
     pub fresh: bool,
-    /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
-    pub output: Output,
+    /// Output format: text, json, yaml or jsonpath=TEMPLATE (kubectl's template syntax, e.g.
+    /// -o jsonpath='{.state}{"\n"}').
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "text", value_parser = parse_output)]
+    pub output: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -188,6 +221,14 @@ pub struct EndArgs {
     /// session may wait for its running prompt.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Output format of the TaskSession (after --wait: as it ended): text (one line), json,
+    /// yaml or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "text", value_parser = parse_output)]
+    pub output: OutputFormat,
+}
+
+fn parse_output(text: &str) -> Result<OutputFormat, String> {
+    text.parse()
 }
 
 #[derive(Args, Debug)]
@@ -236,9 +277,70 @@ mod tests {
         assert_eq!(cli.global.kubeconfig, Some(PathBuf::from("/k")));
         match cli.command {
             Command::Status(args) => {
-                assert_eq!((args.session.as_str(), args.output), ("demo", Output::Text))
+                assert_eq!(
+                    (args.session.as_str(), args.output),
+                    ("demo", OutputFormat::Text)
+                )
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn kubectl_identity_and_timeout_flags() {
+        let cli = parse(&["status", "demo"]).expect("parse");
+        assert_eq!(cli.global.as_user, None);
+        assert!(cli.global.as_groups.is_empty());
+        assert_eq!(cli.global.request_timeout, Duration::ZERO);
+        let cli = parse(&[
+            "--as",
+            "alice",
+            "status",
+            "demo",
+            "--as-group",
+            "team-a",
+            "--as-group=readers",
+            "--token",
+            "t0ken",
+            "--request-timeout",
+            "5s",
+        ])
+        .expect("parse");
+        assert_eq!(cli.global.as_user.as_deref(), Some("alice"));
+        assert_eq!(cli.global.as_groups, ["team-a", "readers"]);
+        assert_eq!(cli.global.token.as_deref(), Some("t0ken"));
+        assert_eq!(cli.global.request_timeout, Duration::from_secs(5));
+        assert!(cli.global.validate().is_ok());
+        let err = parse(&["status", "demo", "--request-timeout", "soon"]).expect_err("refused");
+        assert_eq!(err.exit_code(), 2);
+        let cli = parse(&["status", "demo", "--as-group", "g"]).expect("parse");
+        assert_eq!(
+            cli.global.validate(),
+            Err("--as-group needs --as (the user to impersonate)".into())
+        );
+    }
+
+    #[test]
+    fn output_formats_on_every_verb_that_prints_an_object() {
+        for verb in ["status", "resume", "complete", "cancel"] {
+            for (flag, json) in [
+                ("json", true),
+                ("yaml", false),
+                ("jsonpath={.state}", false),
+            ] {
+                let cli = parse(&[verb, "demo", "-o", flag]).expect(verb);
+                let output = match cli.command {
+                    Command::Status(a) => a.output,
+                    Command::Resume(a) => a.output,
+                    Command::Complete(a) | Command::Cancel(a) => a.output,
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(output == OutputFormat::Json, json, "{verb} -o {flag}");
+                assert_ne!(output, OutputFormat::Text, "{verb} -o {flag}");
+            }
+            let err = parse(&[verb, "demo", "-o", "jsonpath={.state"]).expect_err("bad");
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains("unclosed"), "{err}");
         }
     }
 

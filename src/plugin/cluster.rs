@@ -1,5 +1,7 @@
-//! Talking to the API server: loading the kubeconfig, reading a session with its executor and
-//! pods, setting the resume-request annotation, and polling until something happened.
+//! Talking to the API server: loading the kubeconfig (with kubectl's `--as`, `--as-group`,
+//! `--token` and `--request-timeout`), reading a session with its executor and pods, setting the
+//! resume-request annotation, and waiting (by watching: `watch.rs`) until something
+//! happened.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use tokio::time::Instant;
 use super::cli::GlobalArgs;
 use super::error::PluginError;
 use super::view::{Snapshot, request_token};
+use super::watch::SessionWatch;
 use crate::api::{
     ExecutorRunning, MANAGED_LABEL, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL,
     TaskSession,
@@ -23,13 +26,18 @@ use crate::controller::pods;
 /// The field manager of every write the plugin makes. It must not start with `kubectl`: Flux
 /// removes fields owned by `kubectl*` managers.
 pub const FIELD_MANAGER: &str = "kandev-plugin";
-/// How often waits poll the API server (DESIGN: at most every 500 ms).
-pub const POLL: Duration = Duration::from_millis(400);
+/// How long connecting to the API server may take (kubectl's default is 30 s; an unreachable
+/// server should say so sooner).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client plus the namespace every command works in.
 #[derive(Clone)]
 pub struct Cluster {
+    /// For requests: `--request-timeout` applies.
     pub client: Client,
+    /// For watches and exec streams, which stay open for as long as a wait or a prompt lasts:
+    /// `--request-timeout` does not cut them.
+    pub stream_client: Client,
     pub namespace: String,
     /// The API server URL, for error messages.
     pub server: String,
@@ -71,19 +79,25 @@ impl Cluster {
                     reason: e.to_string(),
                 })?,
             };
-        // An unreachable server should say so quickly, not after the 30 s default.
-        config.connect_timeout = Some(Duration::from_secs(10));
+        config.connect_timeout = Some(CONNECT_TIMEOUT);
+        apply_identity(&mut config, global);
         let namespace = global
             .namespace
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
         let server = config.cluster_url.to_string();
-        let client = Client::try_from(config).map_err(|e| PluginError::Kubeconfig {
-            path: None,
-            reason: format!("cannot build a client: {e}"),
-        })?;
+        let build = |config: Config| {
+            Client::try_from(config).map_err(|e| PluginError::Kubeconfig {
+                path: None,
+                reason: format!("cannot build a client: {e}"),
+            })
+        };
+        let stream_client = build(config.clone())?;
+        apply_request_timeout(&mut config, global.request_timeout);
+        let client = build(config)?;
         Ok(Self {
             client,
+            stream_client,
             namespace,
             server,
         })
@@ -95,6 +109,11 @@ impl Cluster {
 
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Pods for `exec` (a stream: `--request-timeout` does not apply).
+    pub fn exec_pods(&self) -> Api<Pod> {
+        Api::namespaced(self.stream_client.clone(), &self.namespace)
     }
 
     /// Wraps a kube error with what was being done.
@@ -165,7 +184,7 @@ impl Cluster {
         &self,
         name: &str,
         end: crate::api::SessionEnd,
-    ) -> Result<(), PluginError> {
+    ) -> Result<TaskSession, PluginError> {
         let patch = json!({"spec": {"end": end}});
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
@@ -176,7 +195,7 @@ impl Cluster {
             .patch(name, &params, &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(session) => Ok(session),
             Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(name)),
             Err(source) => {
                 Err(self.kube_error(format!("setting spec.end of tasksession {name:?}"), source))
@@ -245,28 +264,31 @@ impl Cluster {
         }
     }
 
-    /// Polls the session every [`POLL`] until `done` returns `Some`, or fails with a timeout
-    /// that says what was awaited and where the session stood.
-    pub async fn poll<T>(
+    /// Watches the session (and its executor and pods) until `done` returns `Some`, or fails
+    /// with a timeout that says what was awaited and where the session stood.
+    pub async fn wait_for<T>(
         &self,
         name: &str,
         what: &str,
         deadline: Deadline,
         mut done: impl FnMut(&Snapshot) -> Result<Option<T>, PluginError>,
     ) -> Result<T, PluginError> {
+        let mut snapshot = self.snapshot(name).await?;
+        let mut watch = SessionWatch::start(self, &snapshot);
         loop {
-            let snapshot = self.snapshot(name).await?;
             if let Some(value) = done(&snapshot)? {
                 return Ok(value);
             }
-            if deadline.passed() {
-                return Err(PluginError::Timeout {
-                    what: what.to_string(),
-                    waited: deadline.total,
-                    last_seen: snapshot.last_seen(),
-                });
+            tokio::select! {
+                next = watch.changed() => snapshot = next?,
+                () = tokio::time::sleep_until(deadline.at) => {
+                    return Err(PluginError::Timeout {
+                        what: what.to_string(),
+                        waited: deadline.total,
+                        last_seen: snapshot.last_seen(),
+                    });
+                }
             }
-            tokio::time::sleep(POLL.min(deadline.remaining())).await;
         }
     }
 
@@ -279,7 +301,7 @@ impl Cluster {
     ) -> Result<Snapshot, PluginError> {
         let what =
             format!("the operator to handle resume request {token:?} of tasksession {name:?}");
-        self.poll(name, &what, deadline, |snapshot| {
+        self.wait_for(name, &what, deadline, |snapshot| {
             let status = snapshot.status();
             let handled = status.active_resume_request.as_deref() != Some(token)
                 && (status.last_handled_resume_request.as_deref() == Some(token)
@@ -340,6 +362,43 @@ impl Deadline {
     }
 }
 
+/// kubectl's identity flags: `--token` replaces whatever the kubeconfig authenticates with
+/// (client certificate, basic auth, exec or auth-provider plugins, token file), `--as` and
+/// `--as-group` impersonate.
+pub fn apply_identity(config: &mut Config, global: &GlobalArgs) {
+    let auth = &mut config.auth_info;
+    if let Some(token) = &global.token {
+        auth.token = Some(token.clone().into());
+        auth.token_file = None;
+        auth.client_certificate = None;
+        auth.client_certificate_data = None;
+        auth.client_key = None;
+        auth.client_key_data = None;
+        auth.username = None;
+        auth.password = None;
+        auth.exec = None;
+        auth.auth_provider = None;
+    }
+    if let Some(user) = &global.as_user {
+        auth.impersonate = Some(user.clone());
+    }
+    if !global.as_groups.is_empty() {
+        auth.impersonate_groups = Some(global.as_groups.clone());
+    }
+}
+
+/// `--request-timeout`: how long one request may wait for the API server's answer (zero: no
+/// limit). The timeout counts from the request, not from when its pooled connection went idle.
+pub fn apply_request_timeout(config: &mut Config, timeout: Duration) {
+    if timeout.is_zero() {
+        return;
+    }
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    config.reset_reader_on_write = true;
+    config.connect_timeout = Some(timeout.min(CONNECT_TIMEOUT));
+}
+
 /// The merge patch of a resume request.
 pub fn resume_patch(token: &str, fresh: bool, current_fresh: Option<&str>) -> Value {
     let mut annotations = BTreeMap::new();
@@ -396,6 +455,63 @@ mod tests {
         let b = new_token();
         assert_ne!(a, b);
         assert!(a.starts_with("kandev-"), "{a}");
+    }
+
+    fn config_with_certificate() -> Config {
+        let mut config = Config::new("https://127.0.0.1:6443".parse().expect("url"));
+        config.auth_info.client_certificate_data = Some("cert".into());
+        config.auth_info.client_key_data = Some("key".to_string().into());
+        config.auth_info.token_file = Some("/token".into());
+        config
+    }
+
+    #[test]
+    fn identity_flags_apply_to_the_client_config() {
+        use secrecy::ExposeSecret;
+        let mut config = config_with_certificate();
+        apply_identity(&mut config, &GlobalArgs::default());
+        assert!(config.auth_info.client_certificate_data.is_some());
+        assert_eq!(config.auth_info.impersonate, None);
+
+        let mut config = config_with_certificate();
+        let global = GlobalArgs {
+            token: Some("t0ken".into()),
+            as_user: Some("alice".into()),
+            as_groups: vec!["team-a".into(), "readers".into()],
+            ..GlobalArgs::default()
+        };
+        apply_identity(&mut config, &global);
+        let auth = &config.auth_info;
+        assert_eq!(
+            auth.token.as_ref().map(|t| t.expose_secret().to_string()),
+            Some("t0ken".to_string())
+        );
+        // The token is the identity: nothing else from the kubeconfig is presented.
+        assert!(auth.client_certificate_data.is_none() && auth.client_key_data.is_none());
+        assert!(auth.token_file.is_none());
+        assert_eq!(auth.impersonate.as_deref(), Some("alice"));
+        assert_eq!(
+            auth.impersonate_groups,
+            Some(vec!["team-a".to_string(), "readers".to_string()])
+        );
+    }
+
+    #[test]
+    fn request_timeout_bounds_each_request_and_zero_means_none() {
+        let mut config = config_with_certificate();
+        let before = (config.read_timeout, config.write_timeout);
+        apply_request_timeout(&mut config, Duration::ZERO);
+        assert_eq!((config.read_timeout, config.write_timeout), before);
+        assert_eq!(config.read_timeout, None);
+        let mut config = config_with_certificate();
+        apply_request_timeout(&mut config, Duration::from_secs(3));
+        assert_eq!(config.read_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(config.write_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(config.connect_timeout, Some(Duration::from_secs(3)));
+        assert!(config.reset_reader_on_write);
+        let mut config = config_with_certificate();
+        apply_request_timeout(&mut config, Duration::from_secs(60));
+        assert_eq!(config.connect_timeout, Some(CONNECT_TIMEOUT));
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub enum PluginError {
         waited: Duration,
         last_seen: String,
     },
-    #[error("{action} (API server {server}): {source}")]
+    #[error("{action} (API server {server}): {}", error_chain(source.as_ref()))]
     Kube {
         action: String,
         server: String,
@@ -97,6 +97,22 @@ pub enum PluginError {
     },
     #[error("interrupted; {0}")]
     Interrupted(String),
+}
+
+/// An error and its causes, `a: b: c`, each said once: a client error alone ("client error
+/// (SendRequest)") does not tell that the connection timed out or was refused.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
 }
 
 impl PluginError {
@@ -159,6 +175,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let duration = Duration::try_from(signed)
         .map_err(|_| format!("invalid duration {text:?}: must not be negative"))?;
     nonzero(duration, text)
+}
+
+/// Parses `--request-timeout` like kubectl: a duration, or `0` for no limit.
+pub fn parse_request_timeout(text: &str) -> Result<Duration, String> {
+    match text.trim() {
+        "0" | "0s" => Ok(Duration::ZERO),
+        _ => parse_duration(text),
+    }
 }
 
 fn nonzero(duration: Duration, text: &str) -> Result<Duration, String> {

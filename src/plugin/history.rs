@@ -112,7 +112,7 @@ async fn cat(
         .stdout(true)
         .stderr(true);
     let mut process = cluster
-        .pods()
+        .exec_pods()
         .exec(pod, ["cat", &history_path(session)], &params)
         .await
         .map_err(CatError::Kube)?;

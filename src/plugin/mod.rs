@@ -5,7 +5,10 @@
 //!   do, what a handled request's outcome means, when a prompt may be sent or retried, history
 //!   rendering, request tokens (table-tested);
 //! - [`cluster`]: the API server — kubeconfig, reading a session with its executor and pods,
-//!   setting the resume annotation (field manager `kandev-plugin`), waiting;
+//!   setting the resume annotation (field manager `kandev-plugin`), kubectl's identity flags;
+//! - `watch`: waits follow the session, its executor and its pods with watches;
+//! - [`output`]: `-o text|json|yaml|jsonpath=…`;
+//! - [`complete`]: shell completion (`kubectl_complete-kandev`, kubectl's plugin protocol);
 //! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `cat` for
 //!   the history file).
 //!
@@ -14,10 +17,13 @@
 
 pub mod cli;
 pub mod cluster;
+pub mod complete;
 mod error;
 mod history;
+pub mod output;
 mod prompt;
 pub mod view;
+mod watch;
 
 use std::io::Write;
 use std::time::Duration;
@@ -29,14 +35,29 @@ pub use error::{EXIT_CODES_HELP, ExitCode, PluginError, format_duration, parse_d
 
 use crate::api::SessionEnd;
 use crate::api::conditions;
-use cli::{Cli, Command, EndArgs, Output, ResumeArgs, StatusArgs};
+use cli::{Cli, Command, EndArgs, ResumeArgs, StatusArgs};
 use cluster::{Cluster, Deadline};
+use output::OutputFormat;
 use view::{OutcomeKind, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
 
 /// Parses the command line, runs the command and returns the exit code (the binary exits with
 /// it). Errors are printed on stderr as one `error: …` line.
 pub fn run_cli() -> i32 {
-    let cli = match Cli::try_parse() {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // kubectl's plugin completion runs `kubectl_complete-kandev ARGS… WORD`: the binary linked
+    // under that name, or `kubectl-kandev __complete ARGS… WORD`.
+    let invoked_as = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if invoked_as.starts_with(complete::COMPLETION_BINARY) {
+        return complete::run(args.split_off(1));
+    }
+    if args.get(1).is_some_and(|a| a == complete::COMPLETE_ARG) {
+        return complete::run(args.split_off(2));
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(error) => {
             // --help and --version exit 0, real usage errors 2.
@@ -44,6 +65,10 @@ pub fn run_cli() -> i32 {
             return error.exit_code();
         }
     };
+    if let Err(message) = cli.global.validate() {
+        eprintln!("error: {message}");
+        return ExitCode::Usage.code();
+    }
     init_tracing();
     let prompt_text = match &cli.command {
         Command::Prompt(args) => match prompt_text(&args.text) {
@@ -126,23 +151,27 @@ async fn end(cluster: &Cluster, args: EndArgs, end: SessionEnd) -> Result<ExitCo
         SessionEnd::Completed => crate::api::SessionState::Completed,
         SessionEnd::Cancelled => crate::api::SessionState::Cancelled,
     };
-    if snapshot.session.spec.end != Some(end) {
-        cluster.set_end(&name, end).await?;
+    let mut session = snapshot.session;
+    if session.spec.end != Some(end) {
+        session = cluster.set_end(&name, end).await?;
     }
     eprintln!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
-    if !args.wait {
-        return Ok(ExitCode::Ok);
+    if args.wait {
+        let what = format!("tasksession {name:?} to be {wanted}");
+        let done = cluster
+            .wait_for(&name, &what, Deadline::after(args.timeout), |s| {
+                Ok((s.status().state == wanted).then(|| s.clone()))
+            })
+            .await?;
+        let message = conditions::find(&done.status().conditions, conditions::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        print_object(&shown(done.session), &args.output, || {
+            format!("tasksession {name:?} is {wanted}: {message}\n")
+        })?;
+    } else if args.output != OutputFormat::Text {
+        print_object(&shown(session), &args.output, String::new)?;
     }
-    let what = format!("tasksession {name:?} to be {wanted}");
-    let done = cluster
-        .poll(&name, &what, Deadline::after(args.timeout), |s| {
-            Ok((s.status().state == wanted).then(|| s.clone()))
-        })
-        .await?;
-    let message = conditions::find(&done.status().conditions, conditions::READY)
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    write_stdout(&format!("tasksession {name:?} is {wanted}: {message}\n"))?;
     Ok(ExitCode::Ok)
 }
 
@@ -162,22 +191,33 @@ pub(crate) fn write_stdout_bytes(bytes: &[u8]) -> Result<(), PluginError> {
     }
 }
 
-fn json_line(value: &impl serde::Serialize) -> Result<String, PluginError> {
-    serde_json::to_string_pretty(value)
-        .map(|s| s + "\n")
-        .map_err(|e| PluginError::Io {
-            context: "encoding the JSON output".into(),
-            source: std::io::Error::other(e),
-        })
+/// An object as kubectl prints it: without `metadata.managedFields`.
+fn shown(mut session: crate::api::TaskSession) -> crate::api::TaskSession {
+    session.metadata.managed_fields = None;
+    session
+}
+
+/// Prints `value` in the `-o` format, or `text()` for the default text output.
+fn print_object(
+    value: &impl serde::Serialize,
+    format: &OutputFormat,
+    text: impl FnOnce() -> String,
+) -> Result<(), PluginError> {
+    let failed = |reason: String| PluginError::Exec {
+        action: "printing the output (-o)".into(),
+        reason,
+    };
+    let value = serde_json::to_value(value).map_err(|e| failed(e.to_string()))?;
+    match output::render(&value, format).map_err(failed)? {
+        Some(rendered) => write_stdout(&rendered),
+        None => write_stdout(&text()),
+    }
 }
 
 async fn status(cluster: &Cluster, args: StatusArgs) -> Result<ExitCode, PluginError> {
     let snapshot = cluster.snapshot(&args.session).await?;
     let view = StatusView::new(&snapshot);
-    match args.output {
-        Output::Text => write_stdout(&view.table())?,
-        Output::Json => write_stdout(&json_line(&view)?)?,
-    }
+    print_object(&view, &args.output, || view.table())?;
     Ok(ExitCode::Ok)
 }
 
@@ -243,10 +283,9 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
                 )
             };
             report.message = Some(message.clone());
-            match args.output {
-                Output::Json => write_stdout(&json_line(&report)?)?,
-                Output::Text => write_stdout(&format!("tasksession {name:?}: {message}\n"))?,
-            }
+            print_object(&report, &args.output, || {
+                format!("tasksession {name:?}: {message}\n")
+            })?;
             return Ok(ExitCode::Ok);
         }
         ResumePlan::AwaitActive(token) => {
@@ -264,14 +303,11 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
     };
     report.request = Some(request.clone());
     if !args.wait {
-        match args.output {
-            Output::Json => write_stdout(&json_line(&report)?)?,
-            Output::Text => {
-                // The token alone on stdout (for scripts), the explanation on stderr.
-                eprint!("{}", report.text());
-                write_stdout(&format!("{request}\n"))?;
-            }
-        }
+        print_object(&report, &args.output, || {
+            // The token alone on stdout (for scripts), the explanation on stderr.
+            eprint!("{}", report.text());
+            format!("{request}\n")
+        })?;
         return Ok(ExitCode::Ok);
     }
     let handled = cluster
@@ -287,10 +323,7 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
     report.token_after = handled.resume_token().map(String::from);
     report.reason = Some(outcome.reason.clone()).filter(|r| !r.is_empty());
     report.message = Some(outcome.message.clone()).filter(|m| !m.is_empty());
-    match args.output {
-        Output::Json => write_stdout(&json_line(&report)?)?,
-        Output::Text => write_stdout(&report.text())?,
-    }
+    print_object(&report, &args.output, || report.text())?;
     match outcome.kind {
         kind if kind.succeeded() => Ok(ExitCode::Ok),
         OutcomeKind::Refused => Err(PluginError::NotResumable {

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::cluster::{Cluster, Deadline, POLL};
+use super::cluster::{Cluster, Deadline};
 use super::error::{ExitCode, PluginError};
 use super::view::{
     AfterFailure, AttemptStage, Readiness, Snapshot, after_failure, interpret_outcome,
     prompt_readiness, stop_reason_succeeded,
 };
+use super::watch::SessionWatch;
 use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
 use crate::controller::pods::CONTAINER;
@@ -125,9 +126,10 @@ async fn ensure_ready(
 ) -> Result<Ready, PluginError> {
     let mut requests: Vec<String> = Vec::new();
     let mut reported: Option<String> = None;
+    let mut snapshot = cluster.snapshot(name).await?;
+    let mut watch = SessionWatch::start(cluster, &snapshot);
     loop {
         let waiting_for: String;
-        let snapshot = cluster.snapshot(name).await?;
         let status = snapshot.status();
         // Our latest request is handled: a failure ends here.
         if let Some(token) = requests.last()
@@ -196,23 +198,26 @@ async fn ensure_ready(
                 }
             }
         }
+        let timeout = || PluginError::Timeout {
+            what: format!("tasksession {name:?} to be ready for a prompt ({waiting_for})"),
+            waited: deadline.total,
+            last_seen: snapshot.last_seen(),
+        };
         if deadline.passed() {
-            return Err(PluginError::Timeout {
-                what: format!("tasksession {name:?} to be ready for a prompt ({waiting_for})"),
-                waited: deadline.total,
-                last_seen: snapshot.last_seen(),
-            });
+            return Err(timeout());
         }
         // Once a prompt attempt listened for Ctrl-C, SIGINT no longer ends the process: listen
         // here too.
-        tokio::select! {
-            _ = tokio::time::sleep(POLL.min(deadline.remaining())) => {}
+        let next = tokio::select! {
+            next = watch.changed() => next?,
+            () = tokio::time::sleep_until(deadline.at) => return Err(timeout()),
             _ = tokio::signal::ctrl_c() => {
                 return Err(PluginError::Interrupted(format!(
                     "stopped waiting for tasksession {name:?}; a requested resume still goes ahead"
                 )));
             }
-        }
+        };
+        snapshot = next;
     }
 }
 
@@ -238,16 +243,17 @@ async fn attempt(
     text: &str,
     printer: &mut Printer,
 ) -> Attempt {
-    let mut connection = match PodConnection::open(&cluster.pods(), &ready.pod, CONTAINER).await {
-        Ok(connection) => connection,
-        Err(error) => {
-            return Attempt::Failed(Failure {
-                stage: AttemptStage::Connect,
-                stream_lost: true,
-                reason: error.to_string(),
-            });
-        }
-    };
+    let mut connection =
+        match PodConnection::open(&cluster.exec_pods(), &ready.pod, CONTAINER).await {
+            Ok(connection) => connection,
+            Err(error) => {
+                return Attempt::Failed(Failure {
+                    stage: AttemptStage::Connect,
+                    stream_lost: true,
+                    reason: error.to_string(),
+                });
+            }
+        };
     connection.client.set_timeouts(AcpTimeouts {
         initialize: CONNECT_TIMEOUT,
         session: CONNECT_TIMEOUT,
@@ -319,8 +325,9 @@ async fn pod_lost_within(
     grace: Duration,
 ) -> Result<bool, PluginError> {
     let until = Instant::now() + grace;
+    let mut snapshot = cluster.snapshot(name).await?;
+    let mut watch = SessionWatch::start(cluster, &snapshot);
     loop {
-        let snapshot = cluster.snapshot(name).await?;
         let pod = snapshot.pods.iter().find(|p| {
             p.metadata.name.as_deref() == Some(ready.pod.as_str())
                 && (ready.pod_uid.is_none() || p.metadata.uid == ready.pod_uid)
@@ -328,10 +335,10 @@ async fn pod_lost_within(
         if pod_liveness(pod).is_lost() {
             return Ok(true);
         }
-        if Instant::now() >= until {
-            return Ok(false);
+        tokio::select! {
+            next = watch.changed() => snapshot = next?,
+            () = tokio::time::sleep_until(until) => return Ok(false),
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 

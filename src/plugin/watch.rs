@@ -1,0 +1,252 @@
+//! Waiting by watching: one TaskSession, its ExecutorRunning and its agentctl pods, each
+//! followed by a `kube::runtime` watcher into a reflector store. Every change yields a fresh
+//! [`Snapshot`] built from the stores, so a wait reacts as soon as the API server reports
+//! something, and asks it nothing while nothing happens.
+
+use std::sync::Arc;
+
+use futures::stream::{BoxStream, SelectAll, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+
+use super::cluster::Cluster;
+use super::error::PluginError;
+use super::view::Snapshot;
+use crate::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
+use crate::controller::pods;
+
+/// Which of the three watches an event came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Session,
+    Executor,
+    Pods,
+}
+
+impl Source {
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Self::Session => "the tasksession",
+            Self::Executor => "its executorrunning",
+            Self::Pods => "its agentctl pods",
+        }
+    }
+}
+
+/// What one watcher event means for the wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// The initial list (or a relist) is complete: the store holds the whole state.
+    Synced,
+    /// An object changed after the initial list.
+    Changed,
+    /// Part of a (re)list: wait for its end.
+    Listing,
+}
+
+type Tick = Result<(Source, Step), watcher::Error>;
+
+/// The three watches of one session, and the stores they fill.
+pub struct SessionWatch {
+    cluster: Cluster,
+    name: String,
+    session: Store<TaskSession>,
+    executor: Store<ExecutorRunning>,
+    pods: Store<Pod>,
+    events: SelectAll<BoxStream<'static, Tick>>,
+    synced: [bool; 3],
+}
+
+impl SessionWatch {
+    /// Starts watching the session of `snapshot` (its name fixes the executor's name and the
+    /// pods' label selector). Nothing is requested until [`Self::changed`] is awaited.
+    pub fn start(cluster: &Cluster, snapshot: &Snapshot) -> Self {
+        let name = snapshot.name();
+        let client = cluster.stream_client.clone();
+        let ns = cluster.namespace.as_str();
+        let (session, session_writer) = reflector::store();
+        let (executor, executor_writer) = reflector::store();
+        let (pods, pods_writer) = reflector::store();
+        let by_name =
+            |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let selector = format!(
+            "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
+            pods::session_label_value(&name)
+        );
+        let mut events = SelectAll::new();
+        events.push(ticks(
+            Source::Session,
+            reflector::reflector(
+                session_writer,
+                watcher(
+                    Api::<TaskSession>::namespaced(client.clone(), ns),
+                    by_name(&name),
+                ),
+            ),
+        ));
+        events.push(ticks(
+            Source::Executor,
+            reflector::reflector(
+                executor_writer,
+                watcher(
+                    Api::<ExecutorRunning>::namespaced(client.clone(), ns),
+                    by_name(&pods::executor_name(&snapshot.session)),
+                ),
+            ),
+        ));
+        events.push(ticks(
+            Source::Pods,
+            reflector::reflector(
+                pods_writer,
+                watcher(
+                    Api::<Pod>::namespaced(client, ns),
+                    watcher::Config::default().labels(&selector),
+                ),
+            ),
+        ));
+        Self {
+            cluster: cluster.clone(),
+            name,
+            session,
+            executor,
+            pods,
+            events,
+            synced: [false; 3],
+        }
+    }
+
+    /// Waits for the next change and returns the state after it. The first call returns once
+    /// all three watches have listed. A session deleted meanwhile is [`PluginError::NotFound`];
+    /// a watch the API server refuses is an error; an expired watch is resumed silently.
+    pub async fn changed(&mut self) -> Result<Snapshot, PluginError> {
+        loop {
+            let Some(tick) = self.events.next().await else {
+                return Err(PluginError::Exec {
+                    action: format!("watching tasksession {:?}", self.name),
+                    reason: "the watch ended".into(),
+                });
+            };
+            let (source, step) = match tick {
+                Ok(tick) => tick,
+                Err(error) => match self.fatal(error) {
+                    Some(error) => return Err(error),
+                    None => continue,
+                },
+            };
+            if step == Step::Listing {
+                continue;
+            }
+            if step == Step::Synced {
+                self.synced[source.index()] = true;
+            }
+            if self.synced.iter().all(|s| *s) {
+                return self.snapshot();
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Result<Snapshot, PluginError> {
+        let Some(session) = self.session.state().into_iter().next() else {
+            return Err(PluginError::NotFound {
+                name: self.name.clone(),
+                namespace: self.cluster.namespace.clone(),
+            });
+        };
+        let session = Arc::unwrap_or_clone(session);
+        let executor = self
+            .executor
+            .state()
+            .into_iter()
+            .next()
+            .map(Arc::unwrap_or_clone);
+        let mut pods: Vec<Pod> = self
+            .pods
+            .state()
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .filter(|pod| pods::controlled_by(pod, &session))
+            .collect();
+        // The store is a map: keep the order of a list (by name) for stable output.
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(Snapshot {
+            namespace: self.cluster.namespace.clone(),
+            session,
+            executor,
+            pods,
+        })
+    }
+
+    /// `Some` for an error that ends the wait; `None` for one the watcher recovers from by
+    /// itself (an expired resource version, a watch connection that broke: it relists).
+    fn fatal(&self, error: watcher::Error) -> Option<PluginError> {
+        let source = match error {
+            watcher::Error::WatchError(status) if status.code == 410 => return None,
+            watcher::Error::WatchFailed(error) => {
+                tracing::debug!(%error, "watch connection broke; resuming");
+                return None;
+            }
+            watcher::Error::InitialListFailed(error) | watcher::Error::WatchStartFailed(error) => {
+                error
+            }
+            watcher::Error::WatchError(status) => kube::Error::Api(status),
+            watcher::Error::NoResourceVersion => {
+                return Some(PluginError::Exec {
+                    action: format!("watching tasksession {:?}", self.name),
+                    reason: "the API server sent no resourceVersion".into(),
+                });
+            }
+        };
+        Some(self.cluster.kube_error(
+            format!("watching tasksession {:?} and its pods", self.name),
+            source,
+        ))
+    }
+}
+
+fn ticks<K>(
+    source: Source,
+    stream: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+) -> BoxStream<'static, Tick> {
+    stream
+        .map(move |event| {
+            event.map(|event| {
+                let step = step(&event);
+                tracing::trace!(what = source.what(), ?step, "watch event");
+                (source, step)
+            })
+        })
+        .boxed()
+}
+
+fn step<K>(event: &watcher::Event<K>) -> Step {
+    match event {
+        watcher::Event::InitDone => Step::Synced,
+        watcher::Event::Init | watcher::Event::InitApply(_) => Step::Listing,
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) => Step::Changed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_complete_lists_and_later_changes_count() {
+        let pod = Pod::default;
+        for (event, want) in [
+            (watcher::Event::Init, Step::Listing),
+            (watcher::Event::InitApply(pod()), Step::Listing),
+            (watcher::Event::InitDone, Step::Synced),
+            (watcher::Event::Apply(pod()), Step::Changed),
+            (watcher::Event::Delete(pod()), Step::Changed),
+        ] {
+            assert_eq!(step(&event), want, "{event:?}");
+        }
+    }
+}

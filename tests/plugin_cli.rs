@@ -1,0 +1,151 @@
+//! `kubectl-kandev` as a subprocess, without a cluster: usage errors of the kubectl flags and
+//! `-o`, `--request-timeout` against an API server that never answers, and the completion
+//! executable's answers that need no cluster. The cluster side (session names, `--as`,
+//! `--token`, `-o` on real objects, completion through the real kubectl) is in
+//! `tests/e2e_plugin.rs`.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
+
+/// Runs the plugin; a run longer than `limit` is killed and fails the test (a hang).
+fn run_within(program: &std::path::Path, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kubectl-kandev");
+    let started = std::time::Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!(
+                "kubectl-kandev {args:?} still ran after {limit:?} (killed): {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    run_within(std::path::Path::new(PLUGIN), args, Duration::from_secs(60))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A kubeconfig whose server accepts connections and never answers (the listener's backlog
+/// completes the TCP handshake; nothing reads the request).
+fn silent_server() -> (std::net::TcpListener, tempfile::NamedTempFile) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let mut kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    write!(
+        kubeconfig,
+        r#"apiVersion: v1
+kind: Config
+clusters:
+- name: silent
+  cluster: {{server: "http://127.0.0.1:{port}"}}
+users:
+- name: someone
+  user: {{token: not-checked}}
+contexts:
+- name: silent
+  context: {{cluster: silent, user: someone, namespace: team}}
+current-context: silent
+"#
+    )
+    .expect("write kubeconfig");
+    (listener, kubeconfig)
+}
+
+#[test]
+fn request_timeout_ends_a_request_the_server_never_answers() {
+    let (_listener, kubeconfig) = silent_server();
+    let path = kubeconfig.path().to_str().expect("utf-8 path");
+    let output = run(&[
+        "--kubeconfig",
+        path,
+        "status",
+        "demo",
+        "--request-timeout",
+        "1s",
+    ]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("timed out"), "{stderr}");
+    assert!(stderr.contains("reading tasksession \"demo\""), "{stderr}");
+}
+
+#[test]
+fn kubectl_flag_and_output_usage_errors() {
+    for (args, says) in [
+        (
+            &["status", "demo", "--as-group", "team-a"][..],
+            "--as-group needs --as",
+        ),
+        (
+            &["status", "demo", "--request-timeout", "soon"],
+            "invalid duration",
+        ),
+        (&["status", "demo", "-o", "wide"], "unknown output format"),
+        (
+            &["resume", "demo", "-o", "jsonpath={.state"],
+            "bad jsonpath template",
+        ),
+        (
+            &["complete", "demo", "-o", "jsonpath={end}"],
+            "{end} without {range}",
+        ),
+    ] {
+        let output = run(args);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn the_completion_executable_answers_without_a_cluster() {
+    // kubectl runs `kubectl_complete-kandev ARGS… WORD`: the plugin linked under that name.
+    let dir = tempfile::tempdir().expect("dir");
+    let link = dir.path().join("kubectl_complete-kandev");
+    std::os::unix::fs::symlink(PLUGIN, &link).expect("link");
+    let output = run_within(&link, &["re"], Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        text(&output.stdout),
+        "resume\tAsk the operator to resume a session whose agent is gone\n:4\n"
+    );
+    let output = run(&["__complete", "status", "demo", "-o", "j"]);
+    assert_eq!(
+        text(&output.stdout),
+        "json\tthe object as JSON\njsonpath=\tfields picked with a kubectl JSONPath template\n:6\n"
+    );
+    // No cluster to ask for session names: nothing, and no error in the command line.
+    let (_listener, kubeconfig) = silent_server();
+    let path = kubeconfig.path().to_str().expect("utf-8 path");
+    let output = run(&[
+        "__complete",
+        "--kubeconfig",
+        path,
+        "--request-timeout",
+        "1s",
+        "status",
+        "",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), ":4\n");
+}
