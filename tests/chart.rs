@@ -361,7 +361,10 @@ fn rbac_grants_exactly_the_required_permissions() {
             serde_json::json!([{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}])
         );
     }
-    assert_eq!(kinds(&docs, "ClusterRoleBinding"), [RELEASE]);
+    let nodes = format!("{RELEASE}-nodes");
+    let mut bindings = kinds(&docs, "ClusterRoleBinding");
+    bindings.sort();
+    assert_eq!(bindings, [RELEASE.to_string(), nodes.clone()]);
     assert_eq!(kinds(&docs, "RoleBinding"), [RELEASE]);
 
     // The aggregated user roles touch only kandev.dev resources; view reads, edit writes sessions.
@@ -372,6 +375,7 @@ fn rbac_grants_exactly_the_required_permissions() {
         [
             RELEASE.to_string(),
             format!("{RELEASE}-edit"),
+            nodes.clone(),
             format!("{RELEASE}-view")
         ]
     );
@@ -408,7 +412,18 @@ fn rbac_grants_exactly_the_required_permissions() {
 
     // Toggles.
     let docs = render(&["--set", "rbac.aggregateToDefaultRoles=false"]);
+    let mut cluster_roles = kinds(&docs, "ClusterRole");
+    cluster_roles.sort();
+    assert_eq!(cluster_roles, [RELEASE.to_string(), nodes.clone()]);
+    let docs = render(&[
+        "--set",
+        "rbac.aggregateToDefaultRoles=false",
+        "--set",
+        "controller.nodeLostSeconds=0",
+    ]);
     assert_eq!(kinds(&docs, "ClusterRole"), [RELEASE]);
+    assert_eq!(kinds(&docs, "ClusterRoleBinding"), [RELEASE]);
+    assert!(operator_args(&docs).contains(&"--node-lost-seconds=0".to_string()));
     let docs = render(&["--set", "rbac.create=false"]);
     for kind in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
         assert!(
@@ -422,12 +437,33 @@ fn rbac_grants_exactly_the_required_permissions() {
 #[ignore = "chart: needs helm (make chart)"]
 fn namespaced_mode_grants_the_same_in_each_watched_namespace_only() {
     let docs = render(&["--set", "watchNamespaces={team-a,team-b}"]);
+    let nodes = format!("{RELEASE}-nodes");
+    let mut cluster_roles = kinds(&docs, "ClusterRole");
+    cluster_roles.sort();
     assert_eq!(
-        kinds(&docs, "ClusterRole"),
-        [format!("{RELEASE}-view"), format!("{RELEASE}-edit")],
-        "no ClusterRole of the operator's own"
+        cluster_roles,
+        [
+            format!("{RELEASE}-edit"),
+            nodes.clone(),
+            format!("{RELEASE}-view")
+        ],
+        "no ClusterRole of the operator's own, besides the nodes one"
     );
-    assert!(kinds(&docs, "ClusterRoleBinding").is_empty());
+    assert_eq!(kinds(&docs, "ClusterRoleBinding"), [nodes.as_str()]);
+    // Nodes are cluster-scoped: list and watch them, exactly Scope::Nodes, in either mode.
+    for docs in [&docs, &render(&[])] {
+        assert_same_grants(
+            "ClusterRole -nodes",
+            find(docs, "ClusterRole", &nodes),
+            Scope::Nodes,
+        );
+        let binding = find(docs, "ClusterRoleBinding", &nodes);
+        assert_eq!(binding["roleRef"]["name"], nodes.as_str());
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}])
+        );
+    }
     let sessions = format!("{RELEASE}-sessions");
     for ns in ["team-a", "team-b"] {
         let in_ns = |kind: &str| {

@@ -89,7 +89,7 @@ pub async fn connect(
         }
     });
 
-    let pump = pump_socket_to_stdout(read, tokio::io::stdout(), true, replay_line_limit);
+    let pump = pump_socket_to_stdout(read, tokio::io::stdout(), true, replay_line_limit, None);
     tokio::pin!(pump);
     tokio::select! {
         pumped = &mut pump => {
@@ -118,7 +118,12 @@ pub async fn connect(
     }
 }
 
-/// `agentctl events`: copies event lines to stdout until serve closes the socket.
+/// `agentctl events` gives up when serve sends nothing for this long: serve answers the hello
+/// at once and sends a heartbeat every [`super::serve::HEARTBEAT`] while the stream is open.
+pub const EVENTS_SILENCE_LIMIT: Duration = Duration::from_secs(30);
+
+/// `agentctl events`: copies event lines to stdout until serve closes the socket; fails when
+/// serve sends nothing for [`EVENTS_SILENCE_LIMIT`] (a serve that stopped answering).
 pub async fn events(
     socket_path: &Path,
     since: Option<u64>,
@@ -137,7 +142,14 @@ pub async fn events(
         .write_all(hello.line().as_bytes())
         .await
         .map_err(AgentctlError::io("cannot send the hello line"))?;
-    let pumped = pump_socket_to_stdout(read, tokio::io::stdout(), false, LINE_LIMIT).await;
+    let pumped = pump_socket_to_stdout(
+        read,
+        tokio::io::stdout(),
+        false,
+        LINE_LIMIT,
+        Some(EVENTS_SILENCE_LIMIT),
+    )
+    .await;
     drop(write);
     pumped.map_err(|end| end.into_error(socket_path))
 }
@@ -148,6 +160,8 @@ enum PumpEnd {
     Busy,
     /// serve sent a line longer than the limit (dropped, never buffered).
     TooLong { limit: usize },
+    /// serve sent nothing for this long.
+    Silent(Duration),
 }
 
 impl PumpEnd {
@@ -160,6 +174,10 @@ impl PumpEnd {
                 what: "agentctl serve",
                 limit,
             },
+            Self::Silent(limit) => AgentctlError::Silent {
+                path: path.to_owned(),
+                seconds: limit.as_secs(),
+            },
         }
     }
 }
@@ -167,16 +185,28 @@ impl PumpEnd {
 /// Copies lines of at most `limit` bytes from serve to `out` (flushed per line) until the
 /// socket closes. With `detect_busy`, a first line that is agentctl's busy error is still
 /// copied (a JSON-RPC client sees a protocol error) and then reported as [`PumpEnd::Busy`].
+/// With `silence`, serve sending nothing for that long is [`PumpEnd::Silent`].
 async fn pump_socket_to_stdout(
     read: OwnedReadHalf,
     mut out: impl AsyncWrite + Unpin,
     detect_busy: bool,
     limit: usize,
+    silence: Option<Duration>,
 ) -> Result<(), PumpEnd> {
     let mut reader = LineReader::new(BufReader::new(read), limit);
     let mut first = true;
     loop {
-        match reader.next_line().await {
+        let next = match silence {
+            Some(silence) => match tokio::time::timeout(silence, reader.next_line()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    tracing::error!(?silence, "agentctl serve sent nothing; giving up");
+                    return Err(PumpEnd::Silent(silence));
+                }
+            },
+            None => reader.next_line().await,
+        };
+        match next {
             Ok(Frame::Eof) | Err(_) => return Ok(()),
             Ok(Frame::TooLong { len }) => {
                 tracing::error!(len, limit, "over-long line from agentctl serve; closing");

@@ -84,6 +84,11 @@ pub enum AgentctlError {
          retry later, or use --takeover to replace it)"
     )]
     Busy { path: PathBuf },
+    #[error(
+        "agentctl on {path} sent nothing for {seconds} s (not even a heartbeat): `agentctl \
+         serve` does not answer"
+    )]
+    Silent { path: PathBuf, seconds: u64 },
     #[error(transparent)]
     Profiles(#[from] crate::agents::AgentRegistryError),
     #[error("unknown agent profile {name:?}; known profiles: {known}")]

@@ -357,6 +357,9 @@ async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mps
     let _ = inputs.send(Input::ClientClosed { conn }).await;
 }
 
+/// How often serve sends a heartbeat line to the live events subscribers.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
+
 /// How long an events subscriber follows the live feed after its snapshot.
 #[derive(Clone, Copy, Debug)]
 enum Follow {
@@ -419,8 +422,12 @@ impl Driver {
         let stop_deadline = tokio::time::sleep(Duration::from_secs(100 * 365 * 86_400));
         tokio::pin!(stop_deadline);
         let mut stopping = false;
+        // Heartbeats come from this loop, so they stop when serve stops serving.
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = heartbeat.tick() => self.heartbeat(),
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => self.accept(stream),
                     Err(error) => {
@@ -462,6 +469,18 @@ impl Driver {
                     }
                 }
             }
+        }
+    }
+
+    /// `{"event":"heartbeat","timestamp":…}` to the live subscribers (not
+    /// journaled): a follower holding a stream while a prompt runs tells a quiet agent from a
+    /// serve that stopped answering.
+    fn heartbeat(&self) {
+        if let Some(events) = &self.events
+            && events.receiver_count() > 0
+        {
+            let line = json!({"event": "heartbeat", "timestamp": now_rfc3339()});
+            let _ = events.send(line.to_string());
         }
     }
 

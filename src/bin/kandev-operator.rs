@@ -165,6 +165,19 @@ struct RunArgs {
     /// prompt is cancelled and the agent stopped.
     #[arg(long, default_value_t = 600)]
     end_grace_seconds: u64,
+    /// Seconds a Running agent pod's agentctl may leave the operator's contacts (reading its
+    /// event journal over exec) unanswered before the pod counts as lost: its status says
+    /// AgentUnreachable, then the pod is deleted, and once it is gone the session needs a
+    /// resume. An idle session's agentctl is contacted at least this often (at most every
+    /// 600 s). 0: never.
+    #[arg(long, default_value_t = 300)]
+    agent_unreachable_seconds: u64,
+    /// Seconds a Running agent pod's node may be gone or not Ready before the pod counts as
+    /// lost: its status says NodeLost, then the pod is force-deleted (grace period 0: the node
+    /// cannot confirm anything), and the session needs a resume. Needs list and watch on nodes
+    /// (cluster-scoped). 0: nodes are not watched.
+    #[arg(long, default_value_t = 300)]
+    node_lost_seconds: u64,
     /// Do not elect a leader (only for a single replica, e.g. local development).
     #[arg(long)]
     no_leader_election: bool,
@@ -513,6 +526,10 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
         end_grace: Duration::from_secs(args.end_grace_seconds),
+        agent_unreachable_after: (args.agent_unreachable_seconds > 0)
+            .then(|| Duration::from_secs(args.agent_unreachable_seconds)),
+        node_lost_after: (args.node_lost_seconds > 0)
+            .then(|| Duration::from_secs(args.node_lost_seconds)),
     };
     runtime.block_on(async move {
         // The endpoints come first: liveness holds while the startup checks and the wait for the
@@ -539,7 +556,7 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
             tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
         } else {
             let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
-            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, &settings.watch_namespaces, metrics_auth == MetricsAuth::Kubernetes, user.as_deref()))
+            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, &settings.watch_namespaces, (metrics_auth == MetricsAuth::Kubernetes, settings.node_lost_after.is_some()), user.as_deref()))
                 .await
                 .map_err(|_| format!("RBAC self-check: the API server did not answer within {}s (--startup-timeout-seconds)", timeout.as_secs()))??;
             tracing::info!("RBAC self-check passed");

@@ -16,7 +16,7 @@
 //! (an older launch's, or one applied already) changes nothing.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -35,8 +35,60 @@ pub use crate::api::PROMPTED_ANNOTATION;
 use crate::api::{AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus};
 
 /// An idle session's journal is read at least this often, for prompts from clients that do not
-/// nudge the operator.
+/// nudge the operator (more often when `--agent-unreachable-seconds` is shorter: each read is
+/// also a contact that agentctl answers or not).
 pub const CATCH_UP_EVERY: Duration = Duration::from_secs(600);
+
+/// While a prompt runs, serve sends a heartbeat every 10 s on the open stream: a stream silent
+/// for this long is dropped and opened again, which tells a quiet agent from a serve that does
+/// not answer.
+pub const LIVE_SILENCE_LIMIT: Duration = Duration::from_secs(35);
+
+/// How followers contact agentctl.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// An idle session's journal is read at least this often.
+    pub catch_up_every: Duration,
+    /// agentctl answers a new `agentctl events` stream (its replay and snapshot) within this,
+    /// or the contact counts as unanswered.
+    pub answer_within: Duration,
+}
+
+impl Default for Probe {
+    fn default() -> Self {
+        Self {
+            catch_up_every: CATCH_UP_EVERY,
+            answer_within: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Since when each pod's agentctl has failed every contact, by pod UID (`None`: it answered
+/// the last one).
+type Contacts = Arc<Mutex<HashMap<String, Option<Timestamp>>>>;
+
+/// One pod's entry in [`Contacts`].
+#[derive(Clone)]
+struct Contact {
+    contacts: Contacts,
+    uid: String,
+}
+
+impl Contact {
+    fn answered(&self) {
+        if let Ok(mut contacts) = self.contacts.lock() {
+            contacts.insert(self.uid.clone(), None);
+        }
+    }
+
+    /// A contact got no answer: the silence started now, unless it had started already.
+    fn unanswered(&self, now: Timestamp) {
+        if let Ok(mut contacts) = self.contacts.lock() {
+            let since = contacts.entry(self.uid.clone()).or_insert(None);
+            since.get_or_insert(now);
+        }
+    }
+}
 
 /// One line of `agentctl events`: its journal sequence number (none on lines from an agentctl
 /// without a journal) and the event.
@@ -173,22 +225,33 @@ pub fn status_patch_for(
     Some((json!({ "status": status }), next))
 }
 
-/// The followers, by pod UID: the running ones, and when each pod's journal was last read.
+/// The followers, by pod UID: the running ones, when each pod's journal was last read, and
+/// whether its agentctl answered.
 pub struct Followers {
     running: Mutex<HashMap<String, JoinHandle<()>>>,
     /// When a follower last started for the pod, and the nudge it started for.
     started: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    contacts: Contacts,
     /// The operator's pod cache: a follower stops when its pod is gone from it.
     pods: Store<Pod>,
+    probe: Probe,
 }
 
 impl Followers {
-    pub fn new(pods: Store<Pod>) -> Self {
+    pub fn new(pods: Store<Pod>, probe: Probe) -> Self {
         Self {
             running: Mutex::default(),
             started: Mutex::default(),
+            contacts: Arc::default(),
             pods,
+            probe,
         }
+    }
+
+    /// Since when the agentctl of the pod with `uid` has answered none of the followers'
+    /// contacts; `None` when it answered the last one, or none was tried in this operator run.
+    pub fn unanswered_since(&self, uid: &str) -> Option<Timestamp> {
+        self.contacts.lock().ok()?.get(uid).copied().flatten()
     }
 
     /// Reads the pod's journal, and follows it while the agent works, unless a follower runs
@@ -216,9 +279,10 @@ impl Followers {
         if running.contains_key(&uid) {
             return;
         }
+        let every = self.probe.catch_up_every;
         let recent = started
             .get(&uid)
-            .is_some_and(|(at, seen)| seen.as_deref() == nudge && at.elapsed() < CATCH_UP_EVERY);
+            .is_some_and(|(at, seen)| seen.as_deref() == nudge && at.elapsed() < every);
         if recent {
             return;
         }
@@ -227,12 +291,17 @@ impl Followers {
         // reconcile, and a child would keep the reconcile's span (and its trace) open.
         let span = info_span!(parent: None, "agentctl.events", pod = %name, namespace = %ns);
         span.follows_from(tracing::Span::current());
+        let contact = Contact {
+            contacts: self.contacts.clone(),
+            uid: uid.clone(),
+        };
         let task = follow(
             client.clone(),
             self.pods.clone(),
             ObjectRef::from_obj(pod),
             executor.to_string(),
             Known::from_status(status),
+            (contact, self.probe.answer_within),
         )
         .instrument(span);
         running.insert(uid, tokio::spawn(task));
@@ -252,6 +321,9 @@ impl Followers {
         if let Ok(mut started) = self.started.lock() {
             started.retain(|uid, _| keep(uid));
         }
+        if let Ok(mut contacts) = self.contacts.lock() {
+            contacts.retain(|uid, _| keep(uid));
+        }
     }
 }
 
@@ -265,13 +337,16 @@ enum StreamEnd {
 
 /// Catches up with the pod's journal and follows it while the agent works; ends when the agent
 /// is idle, or when the pod is gone from the cache or stops running. A dropped stream reconnects
-/// with exponential backoff (1 s … 30 s), from the cursor.
+/// with exponential backoff (1 s … 30 s), from the cursor. Every line agentctl sends is an
+/// answer; an attempt without one (the exec fails, nothing within `answer_within`) is a contact
+/// it did not answer.
 async fn follow(
     client: Client,
     cache: Store<Pod>,
     pod: ObjectRef<Pod>,
     executor: String,
     mut known: Known,
+    (contact, answer_within): (Contact, Duration),
 ) {
     let ns = pod.namespace.clone().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -286,12 +361,23 @@ async fn follow(
             info!("pod is gone or not running; stopping the event follower");
             return;
         }
-        match stream_events(&pods, &pod.name, &executors, &executor, &mut known).await {
+        let mut answered = false;
+        let streamed = stream_events(
+            (&pods, &pod.name),
+            (&executors, &executor),
+            &mut known,
+            (&contact, answer_within, &mut answered),
+        )
+        .await;
+        if !answered {
+            contact.unanswered(Timestamp::now());
+        }
+        match streamed {
             Ok(StreamEnd::Idle) => {
                 debug!(cursor = known.cursor, "agent idle; journal caught up");
                 return;
             }
-            Ok(StreamEnd::Dropped) => debug!("event stream ended"),
+            Ok(StreamEnd::Dropped) => debug!(answered, "event stream ended"),
             Err(err) => warn!(error = %err, "event stream failed"),
         }
         tokio::time::sleep(backoff).await;
@@ -300,11 +386,10 @@ async fn follow(
 }
 
 async fn stream_events(
-    pods: &Api<Pod>,
-    pod: &str,
-    executors: &Api<ExecutorRunning>,
-    executor: &str,
+    (pods, pod): (&Api<Pod>, &str),
+    (executors, executor): (&Api<ExecutorRunning>, &str),
     known: &mut Known,
+    (contact, answer_within, answered): (&Contact, Duration, &mut bool),
 ) -> Result<StreamEnd, kube::Error> {
     let params = AttachParams::default()
         .stdin(false)
@@ -330,8 +415,22 @@ async fn stream_events(
     let mut caught_up = false;
     debug!(since = known.cursor, "reading agentctl events");
     loop {
-        match lines.next_line().await {
-            Ok(Frame::Line) => {}
+        // The replay and snapshot come at once; then lines, or at least heartbeats, while the
+        // agent works.
+        let limit = if *answered {
+            LIVE_SILENCE_LIMIT
+        } else {
+            answer_within
+        };
+        let Ok(next) = tokio::time::timeout(limit, lines.next_line()).await else {
+            warn!(?limit, "agentctl sent nothing; dropping the event stream");
+            return Ok(StreamEnd::Dropped);
+        };
+        match next {
+            Ok(Frame::Line) => {
+                *answered = true;
+                contact.answered();
+            }
             Ok(Frame::TooLong { len }) => {
                 warn!(
                     len,

@@ -29,6 +29,9 @@ pub enum Scope {
     /// Cluster-scoped reviews, only when `/metrics` is served to authenticated scrapers
     /// (`--metrics-auth=kubernetes`): a ClusterRole in either install mode.
     MetricsAuth,
+    /// Nodes (cluster-scoped), only when lost nodes are looked for (`--node-lost-seconds`
+    /// above 0): a ClusterRole in either install mode.
+    Nodes,
 }
 
 /// One resource (or subresource) and the verbs the operator uses on it.
@@ -142,6 +145,14 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         why: "leader election on the Lease (read, created once, renewed with a compare-and-swap update)",
     },
     Permission {
+        group: "",
+        resource: "nodes",
+        subresource: "",
+        verbs: &["list", "watch"],
+        scope: Scope::Nodes,
+        why: "--node-lost-seconds: a cache of the nodes (without their image lists) tells a Running agent pod on a node that is gone or not Ready",
+    },
+    Permission {
         group: "authentication.k8s.io",
         resource: "tokenreviews",
         subresource: "",
@@ -209,7 +220,7 @@ impl AccessCheck {
             format!("{resource}/{}", p.subresource)
         };
         let place = match (&self.namespace, p.scope) {
-            (_, Scope::MetricsAuth) => "cluster-scoped".to_string(),
+            (_, Scope::MetricsAuth | Scope::Nodes) => "cluster-scoped".to_string(),
             (None, _) => "all namespaces".to_string(),
             (Some(ns), _) => format!("namespace {ns}"),
         };
@@ -219,11 +230,13 @@ impl AccessCheck {
 
 /// The checks to run: every verb of [`REQUIRED_PERMISSIONS`], in all namespaces or (when
 /// `watch_namespaces` is not empty) in each watched namespace; the Lease ones only with leader
-/// election (`lease_namespace`), the metrics reviews only with `metrics_auth`.
+/// election (`lease_namespace`), the metrics reviews only with `metrics_auth`, nodes only with
+/// `nodes`.
 pub fn access_checks(
     lease_namespace: Option<&str>,
     watch_namespaces: &[String],
     metrics_auth: bool,
+    nodes: bool,
 ) -> Vec<AccessCheck> {
     let all = [None];
     let watched: Vec<Option<String>> = watch_namespaces.iter().cloned().map(Some).collect();
@@ -237,6 +250,8 @@ pub fn access_checks(
             Scope::LeaseNamespace => &lease,
             Scope::MetricsAuth if !metrics_auth => continue,
             Scope::MetricsAuth => &all,
+            Scope::Nodes if !nodes => continue,
+            Scope::Nodes => &all,
         };
         for namespace in namespaces {
             for verb in permission.verbs {
@@ -284,10 +299,10 @@ pub async fn verify(
     client: &Client,
     lease_namespace: Option<&str>,
     watch_namespaces: &[String],
-    metrics_auth: bool,
+    (metrics_auth, nodes): (bool, bool),
     user: Option<&str>,
 ) -> Result<(), String> {
-    let checks = access_checks(lease_namespace, watch_namespaces, metrics_auth);
+    let checks = access_checks(lease_namespace, watch_namespaces, metrics_auth, nodes);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let answers = join_all(checks.iter().map(|check| {
         let api = api.clone();
@@ -333,7 +348,7 @@ mod tests {
 
     #[test]
     fn every_verb_becomes_one_review() {
-        let checks = access_checks(Some("kandev-system"), &[], true);
+        let checks = access_checks(Some("kandev-system"), &[], true, true);
         let verbs: usize = REQUIRED_PERMISSIONS.iter().map(|p| p.verbs.len()).sum();
         assert_eq!(checks.len(), verbs);
 
@@ -370,7 +385,7 @@ mod tests {
 
     #[test]
     fn no_leader_election_needs_no_lease_permissions() {
-        let checks = access_checks(None, &[], false);
+        let checks = access_checks(None, &[], false, false);
         assert!(checks.iter().all(|c| c.permission.resource != "leases"));
         assert!(checks.iter().all(|c| c.namespace.is_none()));
     }
@@ -378,7 +393,7 @@ mod tests {
     #[test]
     fn watched_namespaces_are_checked_one_by_one() {
         let watched = ["team-a".to_string(), "team-b".to_string()];
-        let checks = access_checks(Some("kandev-system"), &watched, false);
+        let checks = access_checks(Some("kandev-system"), &watched, false, false);
         let per_namespace: usize = REQUIRED_PERMISSIONS
             .iter()
             .filter(|p| p.scope == Scope::Watched)
@@ -415,8 +430,8 @@ mod tests {
     fn metrics_auth_adds_the_two_reviews_cluster_wide_in_either_mode() {
         let watched = ["team-a".to_string()];
         for namespaces in [&[][..], &watched[..]] {
-            let without = access_checks(Some("kandev-system"), namespaces, false);
-            let with = access_checks(Some("kandev-system"), namespaces, true);
+            let without = access_checks(Some("kandev-system"), namespaces, false, false);
+            let with = access_checks(Some("kandev-system"), namespaces, true, false);
             assert!(
                 without
                     .iter()
@@ -432,6 +447,27 @@ mod tests {
                 [
                     "create tokenreviews.authentication.k8s.io (cluster-scoped)",
                     "create subjectaccessreviews.authorization.k8s.io (cluster-scoped)",
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn lost_nodes_add_list_and_watch_on_nodes_cluster_wide_in_either_mode() {
+        let watched = ["team-a".to_string()];
+        for namespaces in [&[][..], &watched[..]] {
+            let without = access_checks(None, namespaces, false, false);
+            let with = access_checks(None, namespaces, false, true);
+            let added: Vec<String> = with
+                .iter()
+                .filter(|c| !without.contains(c))
+                .map(AccessCheck::describe)
+                .collect();
+            assert_eq!(
+                added,
+                [
+                    "list nodes (cluster-scoped)",
+                    "watch nodes (cluster-scoped)"
                 ]
             );
         }
@@ -465,6 +501,9 @@ mod tests {
             if p.scope == Scope::MetricsAuth {
                 assert_eq!(p.verbs, ["create"], "{p:?}");
             }
+            if p.scope == Scope::Nodes {
+                assert_eq!(p.verbs, ["list", "watch"], "{p:?}");
+            }
             assert_eq!(
                 p.scope == Scope::LeaseNamespace,
                 p.resource == "leases",
@@ -475,7 +514,7 @@ mod tests {
 
     #[test]
     fn missing_permissions_are_listed_in_one_message() {
-        let checks = access_checks(Some("kandev-system"), &[], false);
+        let checks = access_checks(Some("kandev-system"), &[], false, false);
         let pick = |verb: &str, resource: &str| {
             checks
                 .iter()

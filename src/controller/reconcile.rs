@@ -4,11 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, PartialObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -20,7 +23,7 @@ use tracing::{info, warn};
 
 use super::conditions::{self, Want};
 use super::expectations::Expectations;
-use super::follower::Followers;
+use super::follower::{self, Followers, Probe};
 use super::metrics::{self, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
@@ -34,10 +37,11 @@ use crate::api::{
     TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention, WorktreeStatus,
 };
 use crate::resume::{
-    EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, PodLiveness, RequestAnswer,
-    Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts, SessionObjects, Transition,
-    answer_request, build_resume_request, checkout_stall, end_step, is_new_resume_request,
-    launch_stall, observe, pod_liveness as liveness, remember_handled,
+    EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, NodeHealth, PodLiveness,
+    ReachFacts, RequestAnswer, Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts,
+    SessionObjects, Transition, answer_request, build_resume_request, checkout_stall, end_step,
+    is_new_resume_request, launch_stall, node_health, observe, pod_liveness as liveness,
+    remember_handled,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -147,6 +151,28 @@ pub struct OperatorSettings {
     pub launch_deadline: Duration,
     /// How long a session that ends `Completed` lets a running prompt finish.
     pub end_grace: Duration,
+    /// A running pod whose agentctl answers none of the operator's contacts for this long
+    /// counts as lost (`AgentUnreachable`); `None`: never.
+    pub agent_unreachable_after: Option<Duration>,
+    /// A running pod whose node is gone or not Ready for this long counts as lost
+    /// (`NodeLost`); `None`: nodes are not watched.
+    pub node_lost_after: Option<Duration>,
+}
+
+impl OperatorSettings {
+    /// How the event followers contact agentctl: an idle session's journal is read at least
+    /// every `--agent-unreachable-seconds` (at most every [`follower::CATCH_UP_EVERY`]), and
+    /// agentctl answers within the ACP timeout.
+    pub fn probe(&self) -> Probe {
+        Probe {
+            catch_up_every: self
+                .agent_unreachable_after
+                .map_or(follower::CATCH_UP_EVERY, |after| {
+                    after.min(follower::CATCH_UP_EVERY)
+                }),
+            answer_within: self.acp_timeout,
+        }
+    }
 }
 
 /// The operator's two API clients, built from one configuration.
@@ -178,6 +204,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     /// Which PVCs exist (metadata only), for the workspace check before a launch.
     pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
+    /// The nodes (without their image lists), when lost nodes are looked for.
+    pub nodes: Option<Store<Node>>,
     /// Writes not yet seen in the caches, and retry backoff, per session.
     pub expectations: Expectations,
 }
@@ -275,22 +303,43 @@ async fn run_scope(
     })
     .reflect(claims_writer)
     .applied_objects();
+    // Nodes only fill their cache (a lost node is found on the sessions' own passes); their
+    // image lists, the bulk of a Node, are dropped before caching.
+    let (nodes, node_events) = if settings.node_lost_after.is_some() {
+        let (nodes, nodes_writer) = reflector::store();
+        let events = watcher(Api::<Node>::all(client.clone()), Default::default())
+            .default_backoff()
+            .modify(|node| {
+                node.managed_fields_mut().clear();
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                }
+            })
+            .reflect(nodes_writer)
+            .applied_objects()
+            .boxed();
+        (Some(nodes), events)
+    } else {
+        (None, futures::stream::empty().boxed())
+    };
     let (sessions, sessions_writer) = reflector::store();
     let session_events = watcher(scoped::<TaskSession>(&client, ns), Default::default())
         .default_backoff()
         .modify(|ts| ts.managed_fields_mut().clear())
         .reflect(sessions_writer)
         .applied_objects();
+    let probe = settings.probe();
     let ctx = Arc::new(Context {
         recorder: Recorder::new(clients.calls.clone(), reporter),
         client: clients.calls,
         streams: clients.streams,
         agents,
         settings,
-        followers: Followers::new(pods.clone()),
+        followers: Followers::new(pods.clone(), probe),
         executors,
         pods,
         claims,
+        nodes,
         expectations: Expectations::default(),
     });
     metrics::global().track_sessions(sessions.clone());
@@ -299,6 +348,7 @@ async fn run_scope(
         .owns_stream(pod_events)
         // Claims only fill their cache; they trigger nothing.
         .watches_stream(claim_events, |_| std::iter::empty())
+        .watches_stream(node_events, |_| std::iter::empty())
         .with_config(controller::Config::default().concurrency(concurrency))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
@@ -1546,6 +1596,64 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Deletes a running `pod` that counts as lost (after the status that says why is
+    /// written); `force`: with grace period 0, for a lost node whose kubelet never confirms.
+    async fn lost_pod_deletion(&self, pod: &Pod, force: bool) {
+        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let params = DeleteParams {
+            grace_period_seconds: force.then_some(0),
+            preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match pods.delete(&pod.name_any(), &params).await {
+            Ok(_) => {
+                info!(pod = %pod.name_any(), force, "deleted an agentctl pod that counts as lost")
+            }
+            Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => {}
+            Err(err) => {
+                warn!(%err, pod = %pod.name_any(), "could not delete an agentctl pod that counts as lost")
+            }
+        }
+    }
+
+    /// What the operator knows about the reachability of the session's running pod: agentctl's
+    /// answers to its event followers, and the pod's node from the node cache.
+    fn reach_facts(&self) -> Option<ReachFacts> {
+        let pod = self.objects.running_pod()?;
+        let settings = &self.ctx.settings;
+        let node_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let node = match &self.ctx.nodes {
+            Some(nodes) if !node_name.is_empty() => {
+                let listed = nodes
+                    .wait_until_ready()
+                    .now_or_never()
+                    .is_some_and(|r| r.is_ok());
+                let cached = nodes.get(&ObjectRef::new(&node_name));
+                node_health(pod, cached.as_deref(), listed)
+            }
+            _ => NodeHealth::Unknown,
+        };
+        Some(ReachFacts {
+            pod: pod.name_any(),
+            node_name,
+            unanswered_since: pod
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|uid| self.ctx.followers.unanswered_since(uid)),
+            unreachable_after: settings.agent_unreachable_after,
+            node,
+            node_lost_after: settings.node_lost_after,
+        })
+    }
+
     /// Deletes `pod` when awaited: after the status that explains why is written.
     fn pod_deletion(&self, pod: &Pod) -> impl Future<Output = ()> + 'static {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
@@ -1633,7 +1741,8 @@ impl<'a> Session<'a> {
 
     /// The steady state: the pure [`observe`] decides, this applies its transition.
     async fn observe(self) -> Result<Action, Error> {
-        let transition = observe(&self.objects, Timestamp::now());
+        let reach = self.reach_facts();
+        let transition = observe(&self.objects, reach.as_ref(), Timestamp::now());
         self.apply_transition(transition).await
     }
 
@@ -1666,6 +1775,11 @@ impl<'a> Session<'a> {
             Some(NextAction::DeletePod { pod }) => {
                 if let Some(pod) = self.pod_named(pod).cloned() {
                     self.pod_deletion(&pod).await;
+                }
+            }
+            Some(NextAction::DeleteLostPod { pod, force }) => {
+                if let Some(pod) = self.pod_named(pod).cloned() {
+                    self.lost_pod_deletion(&pod, *force).await;
                 }
             }
             Some(NextAction::MarkExecutorLost { .. }) | None => {}

@@ -11,6 +11,7 @@ mod handshake;
 mod objects;
 mod observe;
 mod prompt;
+mod reach;
 mod request;
 mod restore;
 mod stall;
@@ -30,6 +31,7 @@ pub use handshake::{
 pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
+pub use reach::{LossCause, NodeHealth, Reach, ReachFacts, judge, node_health};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,

@@ -202,6 +202,7 @@ pub(crate) mod fixtures {
         Some(pod)
     }
 
+    #[derive(Clone, Copy)]
     pub struct Given {
         pub state: SessionState,
         pub needs_resume: bool,

@@ -7,6 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::{self, Want};
 use crate::api::{AgentActivity, RESUME_ANNOTATION, SessionState, TaskState};
 
+use super::reach::{LossCause, Reach, ReachFacts, judge};
 use super::transition::{Metric, NextAction, Note, Requeue, Transition};
 use super::{PodLiveness, SessionObjects, evaluate_resume_eligibility, pod_liveness};
 
@@ -19,11 +20,25 @@ use super::{PodLiveness, SessionObjects, evaluate_resume_eligibility, pod_livene
 ///   `resumeReason` and the conditions `AgentRunning`, `NeedsResume`, `Ready`, `Reconciling`.
 /// - A loss seen for the first time marks the ExecutorRunning `Lost`, counts it, and says so
 ///   in a Warning Event; nothing is relaunched (lazy recovery).
-pub fn observe(objects: &SessionObjects, now: Timestamp) -> Transition {
+/// - A running pod is also judged by `reach` (what the operator knows of agentctl's answers
+///   and of the pod's node, see [`judge`]): one that counts as lost gets `AgentRunning=False`
+///   with the cause as reason (`AgentUnreachable`, `NodeLost`) and a Warning Event, written
+///   before the pod is deleted. The loss itself is declared once the pod is gone, with the
+///   same cause as the `NeedsResume` reason (the `AgentRunning` condition carries it).
+pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timestamp) -> Transition {
     let loaded = objects.status();
     let mut status = loaded.clone();
     let pod = objects.current_pod();
     let running = pod_liveness(pod) == PodLiveness::Running;
+    let verdict = match reach.filter(|_| running) {
+        Some(facts) => judge(facts, now),
+        None => Reach::Reachable,
+    };
+    // The cause of a loss, carried by AgentRunning from the pass that deleted the pod.
+    let carried = conditions::find(&loaded.conditions, conditions::AGENT_RUNNING)
+        .filter(|c| c.status == "False")
+        .and_then(|c| LossCause::from_reason(&c.reason).map(|cause| (cause, c.message.clone())))
+        .filter(|_| !running);
     if running
         && matches!(
             status.state,
@@ -48,12 +63,13 @@ pub fn observe(objects: &SessionObjects, now: Timestamp) -> Transition {
     status.is_resumable = eval.is_resumable || eval.needs_resume;
     status.resume_reason = Some(eval.reason);
     let (ready_reason, needs_message) = if eval.needs_resume {
+        let why = match &carried {
+            Some((cause, _)) => format!("{}, {}", eval.reason, cause.reason()),
+            None => eval.reason.to_string(),
+        };
         (
             "NeedsResume".to_string(),
-            format!(
-                "agent not running ({}); annotate {RESUME_ANNOTATION} to resume",
-                eval.reason
-            ),
+            format!("agent not running ({why}); annotate {RESUME_ANNOTATION} to resume"),
         )
     } else {
         (
@@ -61,32 +77,41 @@ pub fn observe(objects: &SessionObjects, now: Timestamp) -> Transition {
             String::new(),
         )
     };
+    let lost_running = match &verdict {
+        Reach::Lost { cause, message } => Some((*cause, message.clone())),
+        Reach::Reachable | Reach::Suspect { .. } => None,
+    };
+    let agent_running = match (&lost_running, &carried) {
+        (Some((cause, message)), _) | (None, Some((cause, message))) => {
+            Want::new(conditions::AGENT_RUNNING, false, cause.reason(), message)
+        }
+        (None, None) if running => Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
+        (None, None) => Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
+    };
+    let needs_reason = match &carried {
+        Some((cause, _)) if eval.needs_resume => cause.reason().to_string(),
+        _ => conditions::camel(eval.reason.as_str()),
+    };
+    let (ready, ready_reason, ready_message) = match &lost_running {
+        Some((cause, message)) => (false, cause.reason().to_string(), message.clone()),
+        None => (
+            running && !status.state.is_terminal(),
+            ready_reason,
+            needs_message.clone(),
+        ),
+    };
     let generation = objects.session.metadata.generation;
     status.conditions = conditions::merge(
         &status.conditions,
         &[
-            Want::new(
-                conditions::AGENT_RUNNING,
-                running,
-                if running {
-                    "PodRunning"
-                } else {
-                    "PodNotRunning"
-                },
-                "",
-            ),
+            agent_running,
             Want::new(
                 conditions::NEEDS_RESUME,
                 eval.needs_resume,
-                conditions::camel(eval.reason.as_str()),
+                needs_reason,
                 &needs_message,
             ),
-            Want::new(
-                conditions::READY,
-                running && !status.state.is_terminal(),
-                ready_reason,
-                &needs_message,
-            ),
+            Want::new(conditions::READY, ready, ready_reason, &ready_message),
             Want::new(conditions::RECONCILING, false, "Idle", ""),
         ],
         generation,
@@ -103,10 +128,29 @@ pub fn observe(objects: &SessionObjects, now: Timestamp) -> Transition {
         metric: None,
         requeue: Requeue::Resync,
     };
-    if let Some(pod) = pod.filter(|_| running) {
+    if let (Some((cause, message)), Some(pod)) = (&lost_running, pod) {
+        let pod = pod.metadata.name.clone().unwrap_or_default();
+        // Once per pod: the pass that first says so (a later pass only deletes again).
+        let said = conditions::find(&loaded.conditions, conditions::AGENT_RUNNING)
+            .is_some_and(|c| c.reason == cause.reason() && c.message == *message);
+        if !said {
+            transition.event = Some(Note::warning(
+                cause.reason(),
+                "Observe",
+                format!("{message}; the session can be resumed once the pod is gone"),
+            ));
+        }
+        transition.action = Some(NextAction::DeleteLostPod {
+            pod,
+            force: cause.force_delete(),
+        });
+    } else if let Some(pod) = pod.filter(|_| running) {
         transition.action = Some(NextAction::Follow {
             pod: pod.metadata.name.clone().unwrap_or_default(),
         });
+        if let Reach::Suspect { recheck } = verdict {
+            transition.requeue = Requeue::After(recheck);
+        }
     } else if newly_lost {
         let pod_name = pod
             .and_then(|p| p.metadata.name.clone())
@@ -120,10 +164,17 @@ pub fn observe(objects: &SessionObjects, now: Timestamp) -> Transition {
             warning: true,
             reason: "AgentLost",
             action: "Observe",
-            message: format!(
-                "agentctl pod {pod_name} is gone ({}); nothing relaunched until a resume is requested",
-                eval.reason
-            ),
+            message: match &carried {
+                Some((cause, _)) => format!(
+                    "agentctl pod {pod_name} is gone ({}, {}); nothing relaunched until a resume is requested",
+                    eval.reason,
+                    cause.reason()
+                ),
+                None => format!(
+                    "agentctl pod {pod_name} is gone ({}); nothing relaunched until a resume is requested",
+                    eval.reason
+                ),
+            },
         });
     }
     transition
@@ -133,6 +184,9 @@ pub fn observe(objects: &SessionObjects, now: Timestamp) -> Transition {
 mod tests {
     use super::*;
     use crate::api::ResumeReason;
+    use std::time::Duration;
+
+    use crate::resume::NodeHealth;
     use crate::resume::objects::fixtures::{Given, P, at, objects};
 
     /// (given, state after, needsResume, reason, action, AgentLost event)
@@ -186,7 +240,7 @@ mod tests {
                 S::Failed, false, ResumeReason::FailedSessionResumable, None, false),
         ];
         for (given, state, needs_resume, reason, action, event) in table {
-            let t = observe(&objects(given), at(10));
+            let t = observe(&objects(given), None, at(10));
             let row = format!("{:?}/{:?}/{:?}", given.state, given.pod, given.activity);
             assert_eq!(t.status.state, *state, "{row}");
             assert_eq!(t.status.needs_resume, *needs_resume, "{row}");
@@ -203,6 +257,128 @@ mod tests {
         }
     }
 
+    fn reach(unanswered_since: Option<i64>, node: NodeHealth) -> ReachFacts {
+        ReachFacts {
+            pod: "s-agent-1".into(),
+            node_name: "n1".into(),
+            unanswered_since: unanswered_since.map(at),
+            unreachable_after: Some(Duration::from_secs(60)),
+            node,
+            node_lost_after: Some(Duration::from_secs(30)),
+        }
+    }
+
+    /// (reach, action, AgentRunning reason, event reason, requeue)
+    type ReachRow = (
+        ReachFacts,
+        Option<NextAction>,
+        &'static str,
+        Option<&'static str>,
+        Requeue,
+    );
+
+    /// A running pod that counts as lost: the status says why, then the pod is deleted; the
+    /// loss is declared once it is gone, with that cause as the NeedsResume reason.
+    #[test]
+    fn unreachable_agents_and_lost_nodes_table() {
+        use SessionState as S;
+        let running = Given {
+            state: S::WaitingForInput,
+            needs_resume: false,
+            token: Some("t"),
+            activity: Some(AgentActivity::Idle),
+            pod: P::Running,
+        };
+        let missing_node = NodeHealth::Missing {
+            scheduled: Some(at(0)),
+        };
+        // (reach at 100, action, AgentRunning reason, event reason, requeue)
+        #[rustfmt::skip]
+        let table: &[ReachRow] = &[
+            (reach(None, NodeHealth::Ready),
+                Some(NextAction::Follow { pod: "s-agent-1".into() }), "PodRunning", None, Requeue::Resync),
+            (reach(Some(90), NodeHealth::Ready),
+                Some(NextAction::Follow { pod: "s-agent-1".into() }), "PodRunning", None,
+                Requeue::After(Duration::from_secs(50))),
+            (reach(Some(10), NodeHealth::Ready),
+                Some(NextAction::DeleteLostPod { pod: "s-agent-1".into(), force: false }),
+                "AgentUnreachable", Some("AgentUnreachable"), Requeue::Resync),
+            (reach(None, missing_node),
+                Some(NextAction::DeleteLostPod { pod: "s-agent-1".into(), force: true }),
+                "NodeLost", Some("NodeLost"), Requeue::Resync),
+        ];
+        for (facts, action, reason, event, requeue) in table {
+            let t = observe(&objects(&running), Some(facts), at(100));
+            let row = format!("{facts:?}");
+            assert_eq!(&t.action, action, "{row}");
+            let agent = conditions::find(&t.status.conditions, conditions::AGENT_RUNNING)
+                .expect("AgentRunning");
+            assert_eq!(agent.reason, *reason, "{row}");
+            assert_eq!(t.event.as_ref().map(|e| e.reason), *event, "{row}");
+            assert_eq!(t.requeue, *requeue, "{row}");
+            assert!(
+                !t.status.needs_resume,
+                "not lost while the pod exists: {row}"
+            );
+            if event.is_some() {
+                assert!(!conditions::is_true(
+                    &t.status.conditions,
+                    conditions::READY
+                ));
+                // The same pass again (the deletion not seen yet): deleted again, said once.
+                let mut again = objects(&running);
+                again.session.status = Some(t.status.clone());
+                let t2 = observe(&again, Some(facts), at(101));
+                assert_eq!(&t2.action, action, "{row}");
+                assert!(t2.event.is_none(), "{row}: {:?}", t2.event);
+                assert!(!t2.write, "{row}");
+
+                // Terminating: not lost yet, the cause stays.
+                let mut stopping = objects(&Given {
+                    pod: P::Terminating,
+                    ..running
+                });
+                stopping.session.status = Some(t.status.clone());
+                let t3 = observe(&stopping, Some(facts), at(102));
+                assert!(!t3.status.needs_resume, "{row}");
+                assert_eq!(
+                    conditions::find(&t3.status.conditions, conditions::AGENT_RUNNING)
+                        .map(|c| c.reason.as_str()),
+                    Some(*reason)
+                );
+                // Gone: lost, with the cause as the NeedsResume reason, once.
+                let mut gone = objects(&Given {
+                    pod: P::None,
+                    ..running
+                });
+                gone.session.status = Some(t3.status.clone());
+                let t4 = observe(&gone, Some(facts), at(103));
+                assert!(t4.status.needs_resume, "{row}");
+                let needs = conditions::find(&t4.status.conditions, conditions::NEEDS_RESUME)
+                    .expect("NeedsResume");
+                assert_eq!(
+                    (needs.status.as_str(), needs.reason.as_str()),
+                    ("True", *reason)
+                );
+                assert_eq!(
+                    t4.action,
+                    Some(NextAction::MarkExecutorLost { resumable: true })
+                );
+                let note = t4.event.expect("AgentLost");
+                assert_eq!(note.reason, "AgentLost");
+                assert!(note.message.contains(reason), "{}", note.message);
+                let mut settled = objects(&Given {
+                    pod: P::None,
+                    needs_resume: true,
+                    ..running
+                });
+                settled.session.status = Some(t4.status.clone());
+                let t5 = observe(&settled, None, at(104));
+                assert!(!t5.write, "{row}: {:?}", t5.status);
+            }
+        }
+    }
+
     #[test]
     fn the_lost_event_names_the_recorded_pod_when_the_pod_is_gone() {
         let t = observe(
@@ -213,6 +389,7 @@ mod tests {
                 activity: None,
                 pod: P::None,
             }),
+            None,
             at(10),
         );
         let note = t.event.expect("an AgentLost event");
@@ -229,11 +406,11 @@ mod tests {
             activity: Some(AgentActivity::Idle),
             pod: P::Running,
         };
-        let first = observe(&objects(&given), at(10));
+        let first = observe(&objects(&given), None, at(10));
         assert!(first.write, "the first pass writes the conditions");
         let mut again = objects(&given);
         again.session.status = Some(first.status.clone());
-        let second = observe(&again, at(20));
+        let second = observe(&again, None, at(20));
         assert!(!second.write, "{:?}", second.status);
         assert_eq!(
             second.status, first.status,
@@ -250,11 +427,11 @@ mod tests {
             activity: None,
             pod: P::None,
         };
-        let settled = observe(&objects(&given), at(10)).status;
+        let settled = observe(&objects(&given), None, at(10)).status;
         let mut bumped = objects(&given);
         bumped.session.status = Some(settled);
         bumped.session.metadata.generation = Some(2);
-        let t = observe(&bumped, at(20));
+        let t = observe(&bumped, None, at(20));
         assert!(t.write);
         assert_eq!(t.status.observed_generation, Some(2));
     }

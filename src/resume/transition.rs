@@ -31,6 +31,9 @@ pub enum NextAction {
     /// Delete this pod (an attempt that a newer request replaced), after the status that
     /// explains it is written.
     DeletePod { pod: String },
+    /// Delete this running pod that counts as lost ([`super::LossCause`]), after the status
+    /// that explains it is written; `force`: with grace period 0.
+    DeleteLostPod { pod: String, force: bool },
 }
 
 /// A Kubernetes Event about the session.
