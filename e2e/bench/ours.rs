@@ -51,6 +51,16 @@ pub struct OperatorProcess {
 
 impl OperatorProcess {
     pub async fn start(bench: &Bench, name: &str, kubeconfig: &Path) -> Result<Self, BoxError> {
+        Self::start_with(bench, name, kubeconfig, &[]).await
+    }
+
+    /// [`Self::start`] with `extra` operator flags.
+    pub async fn start_with(
+        bench: &Bench,
+        name: &str,
+        kubeconfig: &Path,
+        extra: &[&str],
+    ) -> Result<Self, BoxError> {
         let profiles = bench.work.join("bench-profiles.yaml");
         std::fs::write(&profiles, profiles_yaml())?;
         let port = free_port()?;
@@ -62,6 +72,7 @@ impl OperatorProcess {
             .args(["--agentctl-image", "kandev.dev/agentctl:bench"])
             .arg("--agent-profiles")
             .arg(&profiles)
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env_remove("KANDEV_FAULT_EXIT_AFTER")
             .stdin(std::process::Stdio::null())
