@@ -170,6 +170,15 @@ impl Drop for Frozen {
     }
 }
 
+/// AgentRunning=False with `reason`.
+fn agent_running_false(reason: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
+    move |ts: Option<&TaskSession>| {
+        ts.and_then(|t| t.status.as_ref())
+            .and_then(|s| conditions::find(&s.conditions, conditions::AGENT_RUNNING))
+            .is_some_and(|c| c.status == "False" && c.reason == reason)
+    }
+}
+
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
@@ -209,23 +218,12 @@ async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
     // its grace period (a frozen serve needs the SIGKILL): a real kubelet keeps the pod until
     // the container is dead. Wait for the process too, so that the next serve finds the
     // workspace's socket free.
-    assert_lost_then_resumed_after(&sessions, &name, &uid, "AgentUnreachable", &frozen).await;
-    sessions.delete(&name).await;
-}
-
-async fn assert_lost_then_resumed_after(
-    sessions: &Sessions,
-    name: &str,
-    uid: &str,
-    reason: &str,
-    frozen: &Frozen,
-) {
     wait_for_within(
         &sessions.sessions(),
-        name,
-        reason,
+        &name,
+        "AgentUnreachable",
         Duration::from_secs(120),
-        lost_because(reason),
+        lost_because("AgentUnreachable"),
     )
     .await
     .expect("session");
@@ -237,7 +235,101 @@ async fn assert_lost_then_resumed_after(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_lost_then_resumed(sessions, name, uid, reason).await;
+    assert_lost_then_resumed(&sessions, &name, &uid, "AgentUnreachable").await;
+    sessions.delete(&name).await;
+}
+
+/// DESIGN §3 case 1 is "running and reachable": a resume request on a running pod whose
+/// agentctl does not answer is not "already running". agentctl is contacted first; the request
+/// stays unhandled while it does not answer, and once the pod counts as lost and is gone the
+/// same request resumes the session.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone() {
+    let client = client_with_crds().await;
+    let sessions = Sessions::new(&client, NS);
+    sessions.ensure_namespace().await;
+    let _operator = operator().start();
+    let name = unique("frozen-request");
+    let pod = running_session(&sessions, &name).await;
+    let pid: i32 = pod
+        .annotations()
+        .get(PID_ANNOTATION)
+        .and_then(|p| p.parse().ok())
+        .expect("the harness's pid annotation");
+
+    // Healthy: a request is acknowledged as already running, after agentctl answered.
+    sessions.annotate(&name, "r-healthy").await;
+    let ts = wait_for(&sessions.sessions(), &name, "handled", handled("r-healthy"))
+        .await
+        .expect("session");
+    let resumed = ts
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, conditions::RESUMED))
+        .expect("Resumed")
+        .clone();
+    assert_eq!(resumed.reason, "AlreadyRunning", "{resumed:?}");
+
+    let frozen = Frozen::new(pid);
+    sessions.annotate(&name, "r-frozen").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let status = sessions
+        .sessions()
+        .get(&name)
+        .await
+        .expect("session")
+        .status
+        .expect("status");
+    assert_eq!(
+        status.last_handled_resume_request.as_deref(),
+        Some("r-healthy"),
+        "a frozen agentctl is not 'already running': {status:#?}"
+    );
+    // The operator writes why before it deletes the pod. Stop the frozen process at once, as
+    // the kubelet would at the end of the grace period (kwok removes the pod's object at once,
+    // a kubelet only once the container is dead), so that the next serve finds the socket free.
+    wait_for_within(
+        &sessions.sessions(),
+        &name,
+        "AgentUnreachable",
+        Duration::from_secs(120),
+        agent_running_false("AgentUnreachable"),
+    )
+    .await
+    .expect("session");
+    drop(frozen);
+    let ts = wait_for_within(
+        &sessions.sessions(),
+        &name,
+        "handled r-frozen",
+        Duration::from_secs(120),
+        handled("r-frozen"),
+    )
+    .await
+    .expect("session");
+    let status = ts.status.expect("status");
+    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+    assert_eq!(
+        (resumed.status.as_str(), resumed.reason.as_str()),
+        ("True", "Restored"),
+        "{status:#?}"
+    );
+    assert_eq!(sessions.token_of(&name).await.as_deref(), Some("s-reach"));
+    let events = sessions.event_reasons(&name).await;
+    let at = |reason: &str| {
+        events
+            .iter()
+            .rposition(|r| r == reason)
+            .unwrap_or_else(|| panic!("no {reason} in {events:?}"))
+    };
+    assert!(
+        at("AgentUnreachable") < at("AgentLost")
+            && at("AgentLost") < at("ResumeRequested")
+            && at("ResumeRequested") < at("Resumed"),
+        "{events:?}"
+    );
+    sessions.delete(&name).await;
 }
 
 /// The cluster's node, deleted by the test and created again from its labels and annotations

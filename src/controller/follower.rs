@@ -63,9 +63,17 @@ impl Default for Probe {
     }
 }
 
-/// Since when each pod's agentctl has failed every contact, by pod UID (`None`: it answered
-/// the last one).
-type Contacts = Arc<Mutex<HashMap<String, Option<Timestamp>>>>;
+/// What the followers know about a pod's agentctl.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContactState {
+    /// When it last answered (sent any line).
+    pub answered_at: Option<Timestamp>,
+    /// Since when it has answered none of the contacts (`None`: it answered the last one).
+    pub unanswered_since: Option<Timestamp>,
+}
+
+/// By pod UID.
+type Contacts = Arc<Mutex<HashMap<String, ContactState>>>;
 
 /// One pod's entry in [`Contacts`].
 #[derive(Clone)]
@@ -75,17 +83,23 @@ struct Contact {
 }
 
 impl Contact {
-    fn answered(&self) {
+    fn answered(&self, now: Timestamp) {
         if let Ok(mut contacts) = self.contacts.lock() {
-            contacts.insert(self.uid.clone(), None);
+            contacts.insert(
+                self.uid.clone(),
+                ContactState {
+                    answered_at: Some(now),
+                    unanswered_since: None,
+                },
+            );
         }
     }
 
     /// A contact got no answer: the silence started now, unless it had started already.
     fn unanswered(&self, now: Timestamp) {
         if let Ok(mut contacts) = self.contacts.lock() {
-            let since = contacts.entry(self.uid.clone()).or_insert(None);
-            since.get_or_insert(now);
+            let state = contacts.entry(self.uid.clone()).or_default();
+            state.unanswered_since.get_or_insert(now);
         }
     }
 }
@@ -248,10 +262,14 @@ impl Followers {
         }
     }
 
-    /// Since when the agentctl of the pod with `uid` has answered none of the followers'
-    /// contacts; `None` when it answered the last one, or none was tried in this operator run.
-    pub fn unanswered_since(&self, uid: &str) -> Option<Timestamp> {
-        self.contacts.lock().ok()?.get(uid).copied().flatten()
+    /// What this operator run knows about the answers of the pod's agentctl (nothing before
+    /// its first contact).
+    pub fn contact(&self, uid: &str) -> ContactState {
+        self.contacts
+            .lock()
+            .ok()
+            .and_then(|c| c.get(uid).copied())
+            .unwrap_or_default()
     }
 
     /// Reads the pod's journal, and follows it while the agent works, unless a follower runs
@@ -429,7 +447,7 @@ async fn stream_events(
         match next {
             Ok(Frame::Line) => {
                 *answered = true;
-                contact.answered();
+                contact.answered(Timestamp::now());
             }
             Ok(Frame::TooLong { len }) => {
                 warn!(

@@ -39,9 +39,9 @@ use crate::api::{
 use crate::resume::{
     EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, NodeHealth, PodLiveness,
     ReachFacts, RequestAnswer, Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts,
-    SessionObjects, Transition, answer_request, build_resume_request, checkout_stall, end_step,
-    is_new_resume_request, launch_stall, node_health, observe, pod_liveness as liveness,
-    remember_handled,
+    RunningRequest, SessionObjects, Transition, answer_request, build_resume_request,
+    checkout_stall, end_step, is_new_resume_request, launch_stall, node_health, observe,
+    pod_liveness as liveness, remember_handled, running_request,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -52,6 +52,9 @@ pub const FINALIZER: &str = "kandev.dev/cleanup";
 pub use crate::api::RESUME_FRESH_ANNOTATION;
 /// Launch id of a session's first launch (resumes use their request token).
 const INITIAL_LAUNCH: &str = "initial";
+/// A resume request finds the agent "already running" only when its agentctl answered within
+/// this long; otherwise it is contacted first.
+const RECENT_ANSWER: Duration = Duration::from_secs(30);
 /// Fallback recheck of a launch waiting for its pod: the pod's watch events are what move it on.
 const POD_RECHECK: Duration = Duration::from_secs(10);
 
@@ -641,6 +644,11 @@ impl<'a> Session<'a> {
             return self.end_session(end).await;
         }
         if let Some(token) = self.new_resume_request() {
+            match self.request_on_running_pod(&token) {
+                Some(RunningRequest::Probe) => return Ok(Action::requeue(Duration::from_secs(1))),
+                Some(RunningRequest::Wait) => return self.observe().await,
+                Some(RunningRequest::AlreadyRunning) | None => {}
+            }
             let latched_pod = self.launch_pod().map(ResourceExt::name_any);
             match answer_request(
                 &self.objects,
@@ -664,6 +672,24 @@ impl<'a> Session<'a> {
             return self.launch().await;
         }
         self.observe().await
+    }
+
+    /// A new resume request while the session's pod runs and no request is latched: "already
+    /// running" only when agentctl answered lately ([`running_request`]). Otherwise the request
+    /// stays unhandled: agentctl is contacted now and the request looked at again in a second,
+    /// or, when it does not answer (or its node is in doubt), the steady state goes on (it
+    /// deletes a pod that counts as lost) until the pod is gone and the request resumes it.
+    fn request_on_running_pod(&self, token: &str) -> Option<RunningRequest> {
+        if self.status.active_resume_request.is_some() || self.status.state.is_terminal() {
+            return None;
+        }
+        let pod = self.objects.running_pod()?;
+        let facts = self.reach_facts()?;
+        let answer = running_request(&facts, Timestamp::now(), RECENT_ANSWER);
+        if answer == RunningRequest::Probe {
+            self.follow(pod, Some(&format!("resume:{token}")));
+        }
+        Some(answer).filter(|a| *a != RunningRequest::AlreadyRunning)
     }
 
     /// `spec.end`: one step per pass (the pure [`end_step`]) until nothing runs, then the
@@ -1640,14 +1666,17 @@ impl<'a> Session<'a> {
             }
             _ => NodeHealth::Unknown,
         };
+        let contact = pod
+            .metadata
+            .uid
+            .as_deref()
+            .map(|uid| self.ctx.followers.contact(uid))
+            .unwrap_or_default();
         Some(ReachFacts {
             pod: pod.name_any(),
             node_name,
-            unanswered_since: pod
-                .metadata
-                .uid
-                .as_deref()
-                .and_then(|uid| self.ctx.followers.unanswered_since(uid)),
+            unanswered_since: contact.unanswered_since,
+            answered_at: contact.answered_at,
             unreachable_after: settings.agent_unreachable_after,
             node,
             node_lost_after: settings.node_lost_after,

@@ -31,7 +31,9 @@ pub use handshake::{
 pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
-pub use reach::{LossCause, NodeHealth, Reach, ReachFacts, judge, node_health};
+pub use reach::{
+    LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, running_request,
+};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,

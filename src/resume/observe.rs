@@ -262,6 +262,7 @@ mod tests {
             pod: "s-agent-1".into(),
             node_name: "n1".into(),
             unanswered_since: unanswered_since.map(at),
+            answered_at: None,
             unreachable_after: Some(Duration::from_secs(60)),
             node,
             node_lost_after: Some(Duration::from_secs(30)),

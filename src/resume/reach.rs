@@ -76,6 +76,8 @@ pub struct ReachFacts {
     /// Since when agentctl has failed every contact (`None`: its last contact answered, or
     /// none was tried yet).
     pub unanswered_since: Option<Timestamp>,
+    /// When agentctl last answered a contact (`None`: not in this operator run).
+    pub answered_at: Option<Timestamp>,
     /// `None`: unreachable agents are never declared lost.
     pub unreachable_after: Option<Duration>,
     pub node: NodeHealth,
@@ -156,6 +158,39 @@ pub fn judge(facts: &ReachFacts, now: Timestamp) -> Reach {
     }
 }
 
+/// What a new resume request gets while the session's pod runs (DESIGN §3 case 1 is "running
+/// and reachable").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunningRequest {
+    /// agentctl answered within `recent`, or unreachable agents are not looked for: the
+    /// request is handled as "already running".
+    AlreadyRunning,
+    /// agentctl has not answered lately: contact it now and answer the request once it did
+    /// (or did not).
+    Probe,
+    /// The pod is suspect or counts as lost: the request waits, unhandled, until the pod is
+    /// gone (then it resumes) or agentctl answers again.
+    Wait,
+}
+
+/// Decides [`RunningRequest`] from what is known at `now`.
+pub fn running_request(facts: &ReachFacts, now: Timestamp, recent: Duration) -> RunningRequest {
+    match judge(facts, now) {
+        Reach::Lost { .. } | Reach::Suspect { .. } => RunningRequest::Wait,
+        Reach::Reachable if facts.unreachable_after.is_none() => RunningRequest::AlreadyRunning,
+        Reach::Reachable => {
+            let fresh = facts
+                .answered_at
+                .is_some_and(|at| now.duration_since(at).unsigned_abs() <= recent);
+            if fresh {
+                RunningRequest::AlreadyRunning
+            } else {
+                RunningRequest::Probe
+            }
+        }
+    }
+}
+
 /// `12s`, `5m0s`.
 fn secs(d: Duration) -> String {
     let s = d.as_secs();
@@ -217,6 +252,7 @@ mod tests {
             pod: "s-agent-1".into(),
             node_name: "n1".into(),
             unanswered_since: unanswered.map(at),
+            answered_at: None,
             unreachable_after: Some(Duration::from_secs(60)),
             node,
             node_lost_after: Some(Duration::from_secs(30)),
@@ -273,6 +309,50 @@ mod tests {
                 (Err(d), Reach::Suspect { recheck }) => assert_eq!(recheck, d, "{row}"),
                 _ => panic!("{row}: got {got:?}, want {expected:?}"),
             }
+        }
+    }
+
+    /// (answered at, unanswered since, node, unreachable limit on, now, answer)
+    type RequestRow = (
+        Option<i64>,
+        Option<i64>,
+        NodeHealth,
+        bool,
+        i64,
+        RunningRequest,
+    );
+
+    #[test]
+    fn a_resume_request_on_a_running_pod_table() {
+        use RunningRequest::{AlreadyRunning, Probe, Wait};
+        let recent = Duration::from_secs(30);
+        #[rustfmt::skip]
+        let table: &[RequestRow] = &[
+            // Answered lately: already running.
+            (Some(90), None, NodeHealth::Ready, true, 100, AlreadyRunning),
+            (Some(70), None, NodeHealth::Ready, true, 100, AlreadyRunning),
+            // Not lately, or never in this operator run: ask it first.
+            (Some(69), None, NodeHealth::Ready, true, 100, Probe),
+            (None, None, NodeHealth::Unknown, true, 100, Probe),
+            // It does not answer, or its node is in doubt: wait for the verdict.
+            (Some(10), Some(95), NodeHealth::Ready, true, 100, Wait),
+            (Some(10), Some(20), NodeHealth::Ready, true, 100, Wait),
+            (Some(99), None, NodeHealth::NotReady { since: Some(at(95)) }, true, 100, Wait),
+            // Unreachable agents not looked for: the old answer, unless the node is lost.
+            (None, Some(0), NodeHealth::Ready, false, 100, AlreadyRunning),
+            (None, None, NodeHealth::Missing { scheduled: Some(at(0)) }, false, 100, Wait),
+        ];
+        for (answered, unanswered, node, limit, now, expected) in table {
+            let mut f = facts(*unanswered, *node);
+            f.answered_at = answered.map(at);
+            if !limit {
+                f.unreachable_after = None;
+            }
+            assert_eq!(
+                running_request(&f, at(*now), recent),
+                *expected,
+                "{answered:?} {unanswered:?} {node:?} {limit} at {now}"
+            );
         }
     }
 
