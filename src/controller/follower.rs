@@ -102,6 +102,13 @@ impl Contact {
             state.unanswered_since.get_or_insert(now);
         }
     }
+
+    /// The pod no longer runs: what is known about it stops mattering.
+    fn forget(&self) {
+        if let Ok(mut contacts) = self.contacts.lock() {
+            contacts.remove(&self.uid);
+        }
+    }
 }
 
 /// One line of `agentctl events`: its journal sequence number (none on lines from an agentctl
@@ -377,6 +384,7 @@ async fn follow(
         });
         if !running {
             info!("pod is gone or not running; stopping the event follower");
+            contact.forget();
             return;
         }
         let mut answered = false;
@@ -489,6 +497,38 @@ async fn stream_events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contacts_count_the_silence_from_the_first_unanswered_one() {
+        let at = |s| Timestamp::from_second(s).expect("ts");
+        let contacts = Contacts::default();
+        let contact = Contact {
+            contacts: contacts.clone(),
+            uid: "u1".into(),
+        };
+        let state = || contacts.lock().expect("lock").get("u1").copied();
+        assert_eq!(state(), None, "nothing known before the first contact");
+        contact.unanswered(at(10));
+        contact.unanswered(at(20));
+        assert_eq!(
+            state(),
+            Some(ContactState {
+                answered_at: None,
+                unanswered_since: Some(at(10)),
+            })
+        );
+        contact.answered(at(30));
+        contact.unanswered(at(40));
+        assert_eq!(
+            state(),
+            Some(ContactState {
+                answered_at: Some(at(30)),
+                unanswered_since: Some(at(40)),
+            })
+        );
+        contact.forget();
+        assert_eq!(state(), None);
+    }
 
     fn parse(line: &str) -> EventLine {
         serde_json::from_str(line).expect("event parses")

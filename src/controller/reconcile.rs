@@ -54,7 +54,7 @@ pub use crate::api::RESUME_FRESH_ANNOTATION;
 const INITIAL_LAUNCH: &str = "initial";
 /// A resume request finds the agent "already running" only when its agentctl answered within
 /// this long; otherwise it is contacted first.
-const RECENT_ANSWER: Duration = Duration::from_secs(30);
+const RECENT_ANSWER: Duration = Duration::from_secs(10);
 /// Fallback recheck of a launch waiting for its pod: the pod's watch events are what move it on.
 const POD_RECHECK: Duration = Duration::from_secs(10);
 
@@ -1950,6 +1950,28 @@ fn describe_launch(launch_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_agents_are_contacted_at_least_as_often_as_they_may_stay_silent() {
+        let settings = |unreachable: Option<u64>| OperatorSettings {
+            pod: PodSettings::default(),
+            watch_namespaces: Vec::new(),
+            resync: Duration::from_secs(60),
+            acp_timeout: Duration::from_secs(30),
+            restore_timeout: Duration::from_secs(120),
+            acp_limits: AcpLimits::default(),
+            max_concurrent_reconciles: 1,
+            launch_deadline: Duration::from_secs(120),
+            end_grace: Duration::from_secs(600),
+            agent_unreachable_after: unreachable.map(Duration::from_secs),
+            node_lost_after: None,
+        };
+        for (unreachable, every) in [(Some(300), 300), (Some(3600), 600), (None, 600)] {
+            let probe = settings(unreachable).probe();
+            assert_eq!(probe.catch_up_every, Duration::from_secs(every));
+            assert_eq!(probe.answer_within, Duration::from_secs(30));
+        }
+    }
 
     #[test]
     fn admission_refusals_are_final_rbac_refusals_are_not() {
