@@ -30,11 +30,17 @@ struct Expected {
     created_pod: Option<(String, Instant)>,
     /// Failed reconciles in a row.
     failures: u32,
+    /// A resume request token that found the agent's pod running, and when this operator
+    /// first saw it: it waits for agentctl to answer after that.
+    request_seen: Option<(String, k8s_openapi::jiff::Timestamp)>,
 }
 
 impl Expected {
     fn is_empty(&self) -> bool {
-        self.stale_versions.is_empty() && self.created_pod.is_none() && self.failures == 0
+        self.stale_versions.is_empty()
+            && self.created_pod.is_none()
+            && self.failures == 0
+            && self.request_seen.is_none()
     }
 }
 
@@ -166,6 +172,28 @@ impl Expectations {
     }
 
     /// The session is gone.
+    /// When this operator first saw the resume request `token` of `session` on a running pod
+    /// (`now` the first time).
+    pub fn request_seen(
+        &self,
+        session: &str,
+        token: &str,
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> k8s_openapi::jiff::Timestamp {
+        self.with(session, |e| match &e.request_seen {
+            Some((seen, at)) if seen == token => *at,
+            _ => {
+                e.request_seen = Some((token.to_string(), now));
+                now
+            }
+        })
+    }
+
+    /// The request is being answered: its first sight is not needed any more.
+    pub fn request_answered(&self, session: &str) {
+        self.with(session, |e| e.request_seen = None);
+    }
+
     pub fn forget(&self, session: &str) {
         let mut map = self
             .by_session

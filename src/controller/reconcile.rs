@@ -52,9 +52,6 @@ pub const FINALIZER: &str = "kandev.dev/cleanup";
 pub use crate::api::RESUME_FRESH_ANNOTATION;
 /// Launch id of a session's first launch (resumes use their request token).
 const INITIAL_LAUNCH: &str = "initial";
-/// A resume request finds the agent "already running" only when its agentctl answered within
-/// this long; otherwise it is contacted first.
-const RECENT_ANSWER: Duration = Duration::from_secs(10);
 /// Fallback recheck of a launch waiting for its pod: the pod's watch events are what move it on.
 const POD_RECHECK: Duration = Duration::from_secs(10);
 
@@ -675,19 +672,29 @@ impl<'a> Session<'a> {
     }
 
     /// A new resume request while the session's pod runs and no request is latched: "already
-    /// running" only when agentctl answered lately ([`running_request`]). Otherwise the request
-    /// stays unhandled: agentctl is contacted now and the request looked at again in a second,
-    /// or, when it does not answer (or its node is in doubt), the steady state goes on (it
-    /// deletes a pod that counts as lost) until the pod is gone and the request resumes it.
+    /// running" only when agentctl answered after the request came ([`running_request`]).
+    /// Until then the request stays unhandled: agentctl is contacted now and the request looked
+    /// at again in a second, or, when it does not answer (or its node is in doubt), the steady
+    /// state goes on (it deletes a pod that counts as lost) until the pod is gone and the
+    /// request resumes it.
     fn request_on_running_pod(&self, token: &str) -> Option<RunningRequest> {
-        if self.status.active_resume_request.is_some() || self.status.state.is_terminal() {
+        let on_running_pod = self.status.active_resume_request.is_none()
+            && !self.status.state.is_terminal()
+            && self.objects.running_pod().is_some();
+        let (Some(pod), Some(facts)) = (
+            self.objects.running_pod().filter(|_| on_running_pod),
+            self.reach_facts(),
+        ) else {
+            self.ctx.expectations.request_answered(&self.uid);
             return None;
-        }
-        let pod = self.objects.running_pod()?;
-        let facts = self.reach_facts()?;
-        let answer = running_request(&facts, Timestamp::now(), RECENT_ANSWER);
-        if answer == RunningRequest::Probe {
-            self.follow(pod, Some(&format!("resume:{token}")));
+        };
+        let now = Timestamp::now();
+        let seen = self.ctx.expectations.request_seen(&self.uid, token, now);
+        let answer = running_request(&facts, now, seen);
+        match answer {
+            RunningRequest::Probe => self.follow(pod, Some(&format!("resume:{token}"))),
+            RunningRequest::AlreadyRunning => self.ctx.expectations.request_answered(&self.uid),
+            RunningRequest::Wait => {}
         }
         Some(answer).filter(|a| *a != RunningRequest::AlreadyRunning)
     }

@@ -162,8 +162,8 @@ pub fn judge(facts: &ReachFacts, now: Timestamp) -> Reach {
 /// and reachable").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunningRequest {
-    /// agentctl answered within `recent`, or unreachable agents are not looked for: the
-    /// request is handled as "already running".
+    /// agentctl answered since the request was first seen, or unreachable agents are not
+    /// looked for: the request is handled as "already running".
     AlreadyRunning,
     /// agentctl has not answered lately: contact it now and answer the request once it did
     /// (or did not).
@@ -173,15 +173,13 @@ pub enum RunningRequest {
     Wait,
 }
 
-/// Decides [`RunningRequest`] from what is known at `now`.
-pub fn running_request(facts: &ReachFacts, now: Timestamp, recent: Duration) -> RunningRequest {
+/// Decides [`RunningRequest`] from what is known at `now` about a request first seen at `seen`.
+pub fn running_request(facts: &ReachFacts, now: Timestamp, seen: Timestamp) -> RunningRequest {
     match judge(facts, now) {
         Reach::Lost { .. } | Reach::Suspect { .. } => RunningRequest::Wait,
         Reach::Reachable if facts.unreachable_after.is_none() => RunningRequest::AlreadyRunning,
         Reach::Reachable => {
-            let fresh = facts
-                .answered_at
-                .is_some_and(|at| now.duration_since(at).unsigned_abs() <= recent);
+            let fresh = facts.answered_at.is_some_and(|at| at >= seen);
             if fresh {
                 RunningRequest::AlreadyRunning
             } else {
@@ -312,7 +310,8 @@ mod tests {
         }
     }
 
-    /// (answered at, unanswered since, node, unreachable limit on, now, answer)
+    /// (answered at, unanswered since, node, unreachable limit on, now, answer); the request
+    /// was first seen at 80.
     type RequestRow = (
         Option<i64>,
         Option<i64>,
@@ -325,14 +324,13 @@ mod tests {
     #[test]
     fn a_resume_request_on_a_running_pod_table() {
         use RunningRequest::{AlreadyRunning, Probe, Wait};
-        let recent = Duration::from_secs(30);
         #[rustfmt::skip]
         let table: &[RequestRow] = &[
-            // Answered lately: already running.
+            // Answered since the request came: already running.
             (Some(90), None, NodeHealth::Ready, true, 100, AlreadyRunning),
-            (Some(70), None, NodeHealth::Ready, true, 100, AlreadyRunning),
-            // Not lately, or never in this operator run: ask it first.
-            (Some(69), None, NodeHealth::Ready, true, 100, Probe),
+            (Some(80), None, NodeHealth::Ready, true, 100, AlreadyRunning),
+            // Not since, or never in this operator run: ask it first.
+            (Some(79), None, NodeHealth::Ready, true, 100, Probe),
             (None, None, NodeHealth::Unknown, true, 100, Probe),
             // It does not answer, or its node is in doubt: wait for the verdict.
             (Some(10), Some(95), NodeHealth::Ready, true, 100, Wait),
@@ -349,7 +347,7 @@ mod tests {
                 f.unreachable_after = None;
             }
             assert_eq!(
-                running_request(&f, at(*now), recent),
+                running_request(&f, at(*now), at(80)),
                 *expected,
                 "{answered:?} {unanswered:?} {node:?} {limit} at {now}"
             );
