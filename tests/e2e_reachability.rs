@@ -323,10 +323,10 @@ async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone()
             .rposition(|r| r == reason)
             .unwrap_or_else(|| panic!("no {reason} in {events:?}"))
     };
+    // The waiting request is latched as soon as the pod is gone, usually before a steady
+    // pass could declare the loss (AgentLost), so only the order of these is fixed.
     assert!(
-        at("AgentUnreachable") < at("AgentLost")
-            && at("AgentLost") < at("ResumeRequested")
-            && at("ResumeRequested") < at("Resumed"),
+        at("AgentUnreachable") < at("ResumeRequested") && at("ResumeRequested") < at("Resumed"),
         "{events:?}"
     );
     sessions.delete(&name).await;
