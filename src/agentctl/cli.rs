@@ -94,6 +94,9 @@ pub enum Command {
     /// {"event":"prompt_started","sessionId":…}, {"event":"prompt_finished","sessionId":…,
     /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}. Each
     /// event has a "timestamp", its "seq", the operator's "launch" it happened in and the "pod".
+    /// While following live, serve also sends {"event":"heartbeat","timestamp":…} every 10 s
+    /// (not journaled, no "seq"); events exits 1 when serve sends nothing for 30 s (a serve
+    /// that does not answer).
     Events(EventsArgs),
     /// Debugging: start an agent locally, restore a session the way the operator would, and
     /// print the outcome as one JSON object.

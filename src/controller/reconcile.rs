@@ -1012,6 +1012,8 @@ impl<'a> Session<'a> {
             Want::new(conditions::RECONCILING, true, "Starting", &message),
             Want::new(conditions::READY, false, "Starting", &message),
             Want::new(conditions::STALLED, false, "Starting", ""),
+            // A new launch: the cause of an earlier loss (AgentUnreachable, NodeLost) is over.
+            Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
         ]);
         self.write_status().await?;
         // One Event per launch start: a resume's says which request it handles.
