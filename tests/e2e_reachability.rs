@@ -3,7 +3,7 @@
 //! NeedsResume, with the cause (`AgentUnreachable`, `NodeLost`) as the reason, only after the
 //! operator deleted the pod; then a resume restores the same ACP session. Against the real
 //! control plane (kwok + harness) with the scriptable `kandev-test-agent`. Run by
-//! `bash e2e/test.sh e2e_reachability` (see e2e/README.md).
+//! `bash e2e/test.sh is_lost_ a_resume_request_on_a_frozen` (see e2e/README.md).
 
 mod e2e_support;
 
