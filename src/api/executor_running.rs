@@ -95,7 +95,9 @@ pub struct ExecutorRunningStatus {
     /// agent explicitly said the session is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_token: Option<String>,
-    /// UUID of the last message seen in the agent's transcript.
+    /// ACP `messageId` of the last message the agent streamed in the session `resumeToken`
+    /// names (from agentctl's event journal; absent for agents that send no message ids, and
+    /// after a fresh session until its first message).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -108,9 +110,6 @@ pub struct ExecutorRunningStatus {
     /// UID of the current agentctl pod, to tell a recreated pod of the same name apart.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "podUID")]
     pub pod_uid: Option<String>,
-    /// Port agentctl listens on inside the pod, when it serves TCP in addition to its socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agentctl_port: Option<i32>,
     /// The git worktree the agent works in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree: Option<WorktreeStatus>,
