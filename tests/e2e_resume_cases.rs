@@ -16,7 +16,7 @@
 
 mod e2e_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use e2e_support::git::{GitDaemon, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
 use e2e_support::{client_with_crds, unique, wait_for};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION,
     SessionState, TaskSession, WorktreeStatus,
@@ -38,21 +38,42 @@ const NS: &str = "kandev-e2e-resume-cases";
 const RESYNC: Duration = Duration::from_secs(2);
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
 
-/// The scripted agent's call log, in a directory of this test.
+/// Where the scripted agent logs, relative to its working directory (the workspace): under
+/// `.kandev/`, which agentctl keeps out of git. (An absolute path would not do: the harness maps
+/// paths under the pod's mounts, `/tmp` included, to directories of the pod.)
+const AGENT_LOG: &str = ".kandev/test-agent.log";
+
+/// The scripted agent's call log, read from the session's workspace volume on this machine.
 struct AgentLog {
-    _dir: tempfile::TempDir,
     path: PathBuf,
 }
 
 impl AgentLog {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("agent.log");
-        Self { _dir: dir, path }
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
+    /// The log in the session's workspace: the harness provisions each PVC as a hostPath PV
+    /// on a local directory.
+    async fn of(sessions: &Sessions, name: &str) -> Self {
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(sessions.client.clone(), &sessions.namespace);
+        let claim = claims
+            .get(&format!("{name}-workspace"))
+            .await
+            .expect("workspace PVC");
+        let volume = claim
+            .spec
+            .and_then(|s| s.volume_name)
+            .expect("a bound workspace PVC");
+        let volumes: Api<PersistentVolume> = Api::all(sessions.client.clone());
+        let dir = volumes
+            .get(&volume)
+            .await
+            .expect("workspace PV")
+            .spec
+            .and_then(|s| s.host_path)
+            .map(|h| PathBuf::from(h.path))
+            .expect("a hostPath PV (the harness's)");
+        Self {
+            path: dir.join(AGENT_LOG),
+        }
     }
 
     fn lines(&self) -> Vec<String> {
@@ -108,12 +129,12 @@ impl AgentLog {
 }
 
 /// A test operator whose only extra profile, `name`, runs the scripted agent with `args`, its
-/// call log and prompt texts in `log`, and message ids on its answers.
-fn operator(log: &AgentLog, name: &str, args: &[&str], injection: bool) -> OperatorBuilder {
+/// call log and prompt texts in [`AGENT_LOG`], and message ids on its answers.
+fn operator(name: &str, args: &[&str], injection: bool) -> OperatorBuilder {
     let mut launch = vec![
         "kandev-test-agent".to_string(),
         "--log".into(),
-        log.path().display().to_string(),
+        AGENT_LOG.into(),
         "--log-prompt-text".into(),
         "--message-ids".into(),
     ];
@@ -186,9 +207,7 @@ async fn resumed_condition(sessions: &Sessions, name: &str) -> (String, String, 
 async fn case_c_sends_the_task_description_again_exactly_once() {
     const TASK: &str = "Fix the flaky login test.\nKeep the fix small.";
     let sessions = setup().await;
-    let log = AgentLog::new();
     let _operator = operator(
-        &log,
         "case-c",
         &["--on-prompt", "hang", "--unique-session-ids"],
         false,
@@ -205,6 +224,7 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
     .await
     .expect("session");
     let first_token = sessions.token_of(&name).await.expect("a token");
+    let log = AgentLog::of(&sessions, &name).await;
     let processes = log
         .wait("the first prompt", |p| {
             p.len() == 1 && !AgentLog::prompts(&p[0]).is_empty()
@@ -335,8 +355,7 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
 async fn history_is_injected_once_after_a_fresh_start_resume() {
     const TASK: &str = "Say hello.";
     let sessions = setup().await;
-    let log = AgentLog::new();
-    let _operator = operator(&log, "inject", &["--unique-session-ids"], true).start();
+    let _operator = operator("inject", &["--unique-session-ids"], true).start();
     let name = unique("inject");
     sessions.create_with_task(&name, "inject", Some(TASK)).await;
     wait_for(
@@ -348,6 +367,7 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
     .await
     .expect("session");
     let old_token = sessions.token_of(&name).await.expect("a token");
+    let log = AgentLog::of(&sessions, &name).await;
     last_message_is(&sessions, &name, Some(&format!("{old_token}/m-1"))).await;
 
     sessions.lose_pods(&name).await;
@@ -460,9 +480,7 @@ async fn sh(client: &Client, pod: &Pod, script: &str) -> String {
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_repository_session_is_resumed_with_its_worktree_intact() {
     let sessions = setup().await;
-    let log = AgentLog::new();
     let _operator = operator(
-        &log,
         "repo-agent",
         &[
             "--new-session-id",
@@ -509,6 +527,7 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
         .expect("worktree");
     assert_eq!(first.branch.as_deref(), Some("kandev/resume"));
     assert_eq!(first.commit.as_deref(), Some(upstream.develop.as_str()));
+    let log = AgentLog::of(&sessions, &name).await;
 
     let client = sessions.client.clone();
     let pod = the_pod(&sessions, &name).await;
