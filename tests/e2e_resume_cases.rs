@@ -528,6 +528,19 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
     assert_eq!(first.branch.as_deref(), Some("kandev/resume"));
     assert_eq!(first.commit.as_deref(), Some(upstream.develop.as_str()));
     let log = AgentLog::of(&sessions, &name).await;
+    // Nothing prompted yet: `kubectl kandev history` runs `agentctl history` in the pod, which
+    // exits 3 saying there is no recorded history (kwok's exec status carries no exit code, so
+    // the plugin goes by agentctl's words here); the plugin says so and succeeds.
+    let output = tokio::process::Command::new(PLUGIN)
+        .args(["history", &name, "-n", NS])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run kubectl-kandev history");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    assert!(stderr.contains("has no recorded history yet"), "{stderr}");
 
     let client = sessions.client.clone();
     let pod = the_pod(&sessions, &name).await;

@@ -44,7 +44,8 @@ pub enum ReadOutcome {
 }
 
 /// Classifies the exec's end: the exit code from the exec status when the transport reports it
-/// (`NonZeroExitCode` with an `ExitCode` cause), and agentctl's own words otherwise.
+/// (a kubelet does: `NonZeroExitCode` with an `ExitCode` cause), and agentctl's own words
+/// otherwise (kwok's exec, for one, reports a failure without the code).
 pub fn read_outcome(success: bool, exit_code: Option<i32>, stderr: &str) -> ReadOutcome {
     let stderr = stderr.trim();
     if success {
