@@ -141,7 +141,7 @@ pod_before="$(kubectl get pods -n "$ns" -l "kandev.dev/session=$session" -o json
 note "agent pod: $pod_before"
 note "resume token (the agent's ACP session id): $token_before"
 run kubectl get er -n "$ns" "$session" -o jsonpath='{.status.worktree}{"\n"}'
-note "the agent's workspace (its working directory) holds the clone; some work of its own in it:"
+note "the agent's workspace (its working directory) holds the clone; the demo adds a file, as the agent would:"
 run kubectl exec -n "$ns" "$pod_before" -c agentctl -- git log --oneline --decorate -1
 kubectl exec -n "$ns" "$pod_before" -c agentctl -- sh -c 'echo "redirect to the page the user came from" >NOTES.md'
 run kubectl exec -n "$ns" "$pod_before" -c agentctl -- git status --short
