@@ -64,12 +64,11 @@ pub struct ExecutorRunningSpec {
     pub session_name: String,
 }
 
-/// Status of an executor.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+// No `Pending`: while a launch runs the TaskSession is `STARTING`, and the executor keeps its
+// value until the launch succeeds (earlier schemas listed `Pending`; it was never written).
+/// Status of an executor: Running, Lost or Stopped (absent before the first launch succeeds).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExecutorPhase {
-    /// The agentctl pod is created but not running yet.
-    #[default]
-    Pending,
     /// The agentctl pod is running and agentctl answers.
     Running,
     /// The pod is gone or dead; the session waits for a resume.
@@ -116,7 +115,7 @@ pub struct ExecutorRunningStatus {
     /// Identifier of the current agent execution (changes on every launch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_execution_id: Option<String>,
-    /// Executor status: Pending, Running, Lost, Stopped.
+    /// Executor status: Running, Lost, Stopped (absent before the first launch succeeds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ExecutorPhase>,
     /// Whether the agent is working on a prompt (Working) or waiting for input (Idle), as last
