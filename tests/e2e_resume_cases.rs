@@ -314,6 +314,11 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
         capabilities.agent_name.as_deref(),
         Some("kandev-test-agent")
     );
+    assert_eq!(
+        capabilities.agent_version.as_deref(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "the test agent reports this crate's version"
+    );
     assert!(capabilities.load_session && capabilities.session_resume);
     assert_eq!(capabilities.protocol_version, Some(1));
 
