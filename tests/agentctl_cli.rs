@@ -298,7 +298,14 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
         String::from_utf8_lossy(&output.stderr).contains("no session name"),
         "{output:?}"
     );
-    // --file and a session are two answers to one question.
-    let (code, _, _) = run(&["history", "--file", &file, "--session-name", "ts-1"]);
-    assert_eq!(code, 2, "usage error");
+    // --file wins over a session, also one from the environment (as in a pod).
+    let output = Command::new(AGENTCTL)
+        .args(["history", "--file", &file, "--session-name", "other"])
+        .env("KANDEV_SESSION_NAME", "other")
+        .env("KANDEV_WORKSPACE", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl history");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), recorded);
 }

@@ -162,8 +162,9 @@ pub struct HistoryArgs {
     /// The workspace volume's mount path [default: the working directory].
     #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Print this history file instead of the session's.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["session_name", "workspace"])]
+    /// Print this history file instead of the session's (--session-name and --workspace are
+    /// then ignored, so it works in a pod, where KANDEV_SESSION_NAME is set).
+    #[arg(long, value_name = "PATH")]
     pub file: Option<PathBuf>,
 }
 
