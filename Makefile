@@ -114,7 +114,7 @@ dist:
 
 cluster-up:
 	$(CARGO) build --bins
-	KANDEV_HARNESS_BIN=$(CURDIR)/target/debug/kandev-e2e-harness bash e2e/cluster.sh up
+	KANDEV_HARNESS_BIN=$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/kandev-e2e-harness bash e2e/cluster.sh up
 
 cluster-down:
 	bash e2e/cluster.sh down

@@ -4,7 +4,8 @@
 #   etcd (go.etcd.io/etcd/server/v3), kwok, kwokctl (sigs.k8s.io/kwok), helm (helm.sh/helm/v3),
 #   agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench),
 #   toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs),
-#   and jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs).
+#   jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs),
+#   and kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours).
 # Usage: e2e/bin.sh            build what is missing, print the bin directory on the last line
 #        e2e/bin.sh --print    only print the bin directory
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator). A warm run takes seconds.
@@ -145,6 +146,16 @@ build_jaeger() {
   stamp jaeger-all-in-one "$JAEGER_VERSION"
 }
 
+# Our own HTTP fault proxy (e2e/apiproxy, standard library only): stamped by its source's hash.
+build_apiproxy() {
+  local src="$here/apiproxy" version
+  version="$(cat "$src/go.mod" "$src/main.go" | sha256sum | cut -c1-16)"
+  have kandev-apiproxy "$version" && return 0
+  log "building kandev-apiproxy from e2e/apiproxy"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/kandev-apiproxy" .)
+  stamp kandev-apiproxy "$version"
+}
+
 total=$SECONDS
 build_etcd
 build_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
@@ -154,5 +165,6 @@ build_kubernetes
 build_agent_sandbox
 build_toxiproxy
 build_jaeger
+build_apiproxy
 log "control-plane binaries ready in $((SECONDS - total))s"
 echo "$bin"

@@ -2,7 +2,7 @@
 # The e2e cluster: a real kube-apiserver/controller-manager/scheduler/etcd plus kwok, all local
 # binaries started by `kwokctl --runtime binary` (nothing downloaded, no Docker). See e2e/README.md.
 #
-# Usage: e2e/cluster.sh up|down|env|status
+# Usage: e2e/cluster.sh up|down|env|status|restart-apiserver [SECONDS_DOWN]
 #   up      build missing binaries (e2e/bin.sh), create the cluster if it is not already healthy,
 #           add one Ready kwok node, wait for the default ServiceAccount, start the harness if
 #           KANDEV_HARNESS_BIN is set; prints KUBECONFIG=<path> as its last line.
@@ -10,6 +10,8 @@
 #           cluster directory, remove the directory. Safe when nothing is up.
 #   env     print `export KUBECONFIG=...`
 #   status  print what runs; exit 0 only when the cluster answers and the node is Ready.
+#   restart-apiserver [SECONDS_DOWN]
+#           stop kube-apiserver, wait, start it again as it was (tests/e2e_faults.rs).
 #
 # Environment: KANDEV_CLUSTER (default kandev-e2e), KANDEV_CACHE (default ~/.cache/kandev-operator),
 #   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set),
@@ -266,7 +268,7 @@ cluster_pids() {
     pid="${d#/proc/}"
     [[ "$self_chain" == *" $pid "* ]] && continue
     cwd="$(readlink "$d/cwd" 2>/dev/null || true)"
-    if [[ "$cwd" == "$dir" || "$cwd" == "$dir/"* ]] || tr '\0' ' ' <"$d/cmdline" 2>/dev/null | grep -qF "$dir/"; then
+    if [[ "$cwd" == "$dir" || "$cwd" == "$dir/"* ]] || { tr '\0' ' ' <"$d/cmdline"; } 2>/dev/null | grep -qF "$dir/"; then
       q="$pid" mine=0
       while [[ "$q" -gt 1 ]]; do
         [[ "$q" == "$$" ]] && { mine=1; break; }
@@ -421,10 +423,59 @@ cmd_status() {
   return $ok
 }
 
+# Stops kube-apiserver (SIGTERM, as a rolling restart does), leaves it down for $1 seconds, and
+# starts it again with the same command line, working directory and log, recording the new pid
+# where kwokctl keeps it (so `down` stops it). Returns once /readyz answers and every other
+# component runs: one that exited while the API server was away (kube-scheduler and
+# kube-controller-manager exit when they lose their leader lease) is started again as it was, as
+# the kubelet restarts a static pod.
+alive() { [[ -e "/proc/$1" && "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]]; }
+cmd_restart_apiserver() {
+  local down="${1:-0}" pids="$KWOK_WORKDIR/clusters/$name/pids" logs="$KWOK_WORKDIR/clusters/$name/logs"
+  [[ -f "$pids/kube-apiserver.pid" ]] || die "no kube-apiserver pid file in $pids (is the cluster up?)"
+  # Every component's command line and directory, while they all run.
+  local -A argv_of cwd_of
+  local f component pid i
+  for f in "$pids"/*.pid; do
+    component="$(basename "$f" .pid)"
+    pid="$(cat "$f")"
+    alive "$pid" || die "$component (pid $pid) is not running"
+    argv_of[$component]="$(tr '\0' '\n' <"/proc/$pid/cmdline")"
+    cwd_of[$component]="$(readlink "/proc/$pid/cwd")"
+  done
+  start_component() {
+    local -a argv
+    mapfile -t argv <<<"${argv_of[$1]}"
+    (cd "${cwd_of[$1]}" && exec setsid "${argv[@]}" >>"$logs/$1.log" 2>&1 </dev/null) &
+    echo $! >"$pids/$1.pid"
+  }
+  pid="$(cat "$pids/kube-apiserver.pid")"
+  log "stopping kube-apiserver (pid $pid)"
+  kill -TERM "$pid"
+  for i in $(seq 1 900); do alive "$pid" || break; sleep 0.1; done
+  alive "$pid" && die "kube-apiserver (pid $pid) did not stop within 90s"
+  log "kube-apiserver stopped; starting it again in ${down}s"
+  sleep "$down"
+  start_component kube-apiserver
+  log "started kube-apiserver again (pid $(cat "$pids/kube-apiserver.pid"))"
+  for i in $(seq 1 600); do kctl get --raw /readyz >/dev/null 2>&1 && break; sleep 0.1; done
+  kctl get --raw /readyz >/dev/null 2>&1 || die "kube-apiserver not ready within 60s of its restart (see $logs/kube-apiserver.log)"
+  log "kube-apiserver ready again"
+  # Components that exit a little later (a lease's renew deadline) are caught too.
+  sleep 2
+  for component in "${!argv_of[@]}"; do
+    [[ "$component" == kube-apiserver ]] && continue
+    alive "$(cat "$pids/$component.pid")" && continue
+    start_component "$component"
+    log "$component had exited while the API server was away; started it again (pid $(cat "$pids/$component.pid"))"
+  done
+}
+
 case "${1:-}" in
   up) cmd_up ;;
+  restart-apiserver) cmd_restart_apiserver "${2:-0}" ;;
   down) cmd_down ;;
   env) echo "export KUBECONFIG=$kubeconfig" ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|env|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|env|status|restart-apiserver [SECONDS_DOWN]" >&2; exit 2 ;;
 esac

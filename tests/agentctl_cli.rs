@@ -14,6 +14,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
         .args(args)
         .env_remove("KANDEV_AGENTCTL_SOCKET")
         .env_remove("KANDEV_WORKSPACE")
+        .env_remove("KANDEV_SESSION_NAME")
         .stdin(Stdio::null())
         .output()
         .expect("run agentctl");
@@ -227,4 +228,84 @@ fn restore_prints_one_report_and_exits_by_outcome() {
             .is_some_and(|r| r.contains("/nonexistent/agent")),
         "{report}"
     );
+}
+
+/// `agentctl history` prints the recorded file byte for byte: by session name and workspace, by
+/// KANDEV_SESSION_NAME in the working directory (as in a pod), or by --file; exit 3 and nothing
+/// on stdout when there is no history yet, 1 for a bad or missing session name.
+#[test]
+fn history_prints_the_recorded_file_or_says_there_is_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workspace = dir.path().join("ws");
+    let sessions = workspace.join(".kandev/sessions");
+    std::fs::create_dir_all(&sessions).expect("sessions dir");
+    // Unparseable lines too: history prints what is recorded, it does not judge it.
+    let recorded = concat!(
+        r#"{"type":"user_message","text":"fix the bug","timestamp":"2026-01-01T00:00:00Z"}"#,
+        "\n",
+        "torn line {\n",
+        r#"{"type":"agent_message","text":"done ✓"}"#,
+        "\n",
+    );
+    std::fs::write(sessions.join("ts-1.jsonl"), recorded).expect("history");
+    let ws = path_str(&workspace);
+
+    let (code, stdout, stderr) = run(&["history", "--workspace", &ws, "--session-name", "ts-1"]);
+    assert_eq!((code, stdout.as_str()), (0, recorded), "{stderr}");
+    let (code, stdout, _) = run(&["history", "--workspace", &ws, "--session", "ts-1"]);
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, recorded),
+        "the --session alias"
+    );
+    let file = path_str(&sessions.join("ts-1.jsonl"));
+    let (code, stdout, _) = run(&["history", "--file", &file]);
+    assert_eq!((code, stdout.as_str()), (0, recorded));
+
+    // In a pod: the session from the environment, the workspace is the working directory.
+    let output = Command::new(AGENTCTL)
+        .arg("history")
+        .current_dir(&workspace)
+        .env("KANDEV_SESSION_NAME", "ts-1")
+        .env_remove("KANDEV_WORKSPACE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl history");
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), recorded);
+
+    let (code, stdout, stderr) = run(&["history", "--workspace", &ws, "--session-name", "other"]);
+    assert_eq!((code, stdout.as_str()), (3, ""), "{stderr}");
+    assert!(
+        stderr.contains("no recorded history for session \"other\"")
+            && stderr.contains(".kandev/sessions/other.jsonl"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = run(&["history", "--file", "/nonexistent/h.jsonl"]);
+    assert_eq!((code, stdout.as_str()), (3, ""), "{stderr}");
+
+    let (code, _, stderr) = run(&["history", "--workspace", &ws, "--session-name", "../x"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("invalid --session-name"), "{stderr}");
+    let output = Command::new(AGENTCTL)
+        .args(["history", "--workspace", &ws])
+        .env_remove("KANDEV_SESSION_NAME")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl history");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("no session name"),
+        "{output:?}"
+    );
+    // --file wins over a session, also one from the environment (as in a pod).
+    let output = Command::new(AGENTCTL)
+        .args(["history", "--file", &file, "--session-name", "other"])
+        .env("KANDEV_SESSION_NAME", "other")
+        .env("KANDEV_WORKSPACE", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl history");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), recorded);
 }

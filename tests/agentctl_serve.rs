@@ -195,6 +195,76 @@ fn events_follow_sessions_and_prompts() {
     assert_eq!(snapshot["promptActive"], false);
 }
 
+/// An agent that sends ACP message ids: prompt_finished carries the id of the session's last
+/// message (`lastMessageId`), in the live stream and in the journal; after a `session/load`
+/// replay, the snapshot has the transcript's last one.
+#[test]
+fn the_last_message_id_travels_with_the_events() {
+    let serve = Serve::start(
+        &[],
+        &[
+            "--message-ids",
+            "--known-session",
+            "test-session-1",
+            "--replay",
+            "3",
+        ],
+    );
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.request(json!(1), "initialize", initialize_params());
+    client.request(
+        json!(2),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    client.request(
+        json!(3),
+        "session/prompt",
+        prompt_params("test-session-1", "hi"),
+    );
+    let finished = events.until("prompt_finished");
+    assert_eq!(
+        finished["lastMessageId"], "test-session-1/m-1",
+        "{finished}"
+    );
+    client.request(
+        json!(4),
+        "session/prompt",
+        prompt_params("test-session-1", "again"),
+    );
+    let finished = events.until("prompt_finished");
+    assert_eq!(
+        finished["lastMessageId"], "test-session-1/m-2",
+        "{finished}"
+    );
+    let journal =
+        std::fs::read_to_string(serve.workspace.join(".kandev/journal.jsonl")).expect("journal");
+    let journaled: Vec<Value> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "prompt_finished")
+        .map(|e| e["lastMessageId"].clone())
+        .collect();
+    assert_eq!(
+        journaled,
+        [json!("test-session-1/m-1"), json!("test-session-1/m-2")]
+    );
+
+    // The replayed transcript ends with replay-2; a late subscriber's snapshot says so.
+    client.request(
+        json!(5),
+        "session/load",
+        json!({"sessionId": "test-session-1", "cwd": serve.workspace, "mcpServers": []}),
+    );
+    let snapshot = serve.events().next();
+    assert_eq!(snapshot["event"], "snapshot");
+    assert_eq!(
+        snapshot["lastMessageId"], "test-session-1/replay-2",
+        "{snapshot}"
+    );
+}
+
 #[test]
 fn a_failed_prompt_is_reported_with_its_error() {
     let serve = Serve::start(

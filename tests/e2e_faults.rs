@@ -4,18 +4,18 @@
 //! the resume handled, one agentctl pod, the same token, no in-pod operation repeated (from the
 //! test agent's call log) and at most one replica leading.
 //!
-//! A second proxy sits between the API server and the kubelet (kwok) for the exec partition.
-//! Not covered here, because a TCP proxy cannot produce it without terminating TLS: the API
-//! server answering 503.
+//! A second proxy sits between the API server and the kubelet (kwok) for the exec partition. The
+//! API server answering 503 needs a proxy that terminates TLS: ours (e2e/apiproxy). The real
+//! restart stops and starts kube-apiserver itself (`e2e/cluster.sh restart-apiserver`).
 
 mod e2e_support;
 
 use std::time::Duration;
 
-use e2e_support::faults::FaultProxy;
+use e2e_support::faults::{FaultProxy, HttpFaultProxy};
 use e2e_support::operator::Operator;
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, kubectl, unique, wait_for, wait_for_within};
+use e2e_support::{client_with_crds, kubectl, repo_path, unique, wait_for, wait_for_within};
 use k8s_openapi::api::core::v1::Namespace;
 use kandev_operator::api::{SessionState, TaskSession};
 use kube::ResourceExt;
@@ -36,10 +36,15 @@ const HANDLED_WITHIN: Duration = Duration::from_secs(240);
 
 /// A replica behind the proxy.
 fn replica(proxy: &FaultProxy, lease: &str, ns: &str, identity: &str) -> Operator {
+    replica_with(&proxy.kubeconfig, lease, ns, identity)
+}
+
+/// A replica whose API server is the one in `kubeconfig`.
+fn replica_with(kubeconfig: &std::path::Path, lease: &str, ns: &str, identity: &str) -> Operator {
     Operator::builder()
         .log_prefix(&format!("faults-{identity}"))
         .profiles("faults-profiles.yaml", PROFILES)
-        .kubeconfig(&proxy.kubeconfig)
+        .kubeconfig(kubeconfig)
         .leader_election(lease, ns, identity)
         .start()
 }
@@ -194,6 +199,8 @@ async fn a_resume_survives_a_sick_api_server() {
     a_resume_survives_the_api_black_holed_for_20s().await;
     a_resume_survives_2s_of_latency_on_every_call().await;
     a_resume_survives_the_api_server_going_away_for_15s().await;
+    a_resume_survives_503_for_30s().await;
+    a_resume_survives_a_kube_apiserver_restart().await;
     a_resume_survives_exec_partitioned_for_45s().await;
 }
 
@@ -260,6 +267,61 @@ async fn a_resume_survives_the_api_server_going_away_for_15s() {
     proxy.set_enabled(true).await;
 
     assert_resumed_once(&sessions, &name, "d1", &token).await;
+    assert_one_leader(&mut [&mut a, &mut b]);
+    cleanup(&sessions, &name).await;
+}
+
+/// Every request answered 503 (ServiceUnavailable, a v1 Status) for 30 s in the middle of a
+/// resume, with the open watches ended: lease renewals, reflector re-lists, status writes and
+/// exec opens all fail for a while.
+async fn a_resume_survives_503_for_30s() {
+    let ns = unique("faults-503");
+    let sessions = Sessions::new(&client_with_crds().await, &ns);
+    let proxy = HttpFaultProxy::start().await;
+    let lease = unique("lease");
+    let mut a = replica_with(&proxy.kubeconfig, &lease, &ns, "unavailable-a");
+    let mut b = replica_with(&proxy.kubeconfig, &lease, &ns, "unavailable-b");
+    let name = unique("unavailable");
+    let token = lost_session(&sessions, &name).await;
+
+    sessions.annotate(&name, "u1").await;
+    wait_for(&sessions.sessions(), &name, "latched", latched("u1")).await;
+    proxy.fail(503, 30).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_one_leader(&mut [&mut a, &mut b]);
+    assert!(
+        proxy.refused().await > 0,
+        "the replicas asked nothing while the API answered 503"
+    );
+
+    assert_resumed_once(&sessions, &name, "u1", &token).await;
+    assert_one_leader(&mut [&mut a, &mut b]);
+    cleanup(&sessions, &name).await;
+}
+
+/// kube-apiserver itself stopped (SIGTERM: it ends its watches and drains) in the middle of a
+/// resume, down for 5 s, and started again with the same flags and etcd.
+async fn a_resume_survives_a_kube_apiserver_restart() {
+    let ns = unique("faults-restart");
+    let sessions = Sessions::new(&client_with_crds().await, &ns);
+    let proxy = FaultProxy::start().await;
+    let lease = unique("lease");
+    let mut a = replica(&proxy, &lease, &ns, "restart-a");
+    let mut b = replica(&proxy, &lease, &ns, "restart-b");
+    let name = unique("restart");
+    let token = lost_session(&sessions, &name).await;
+
+    sessions.annotate(&name, "r1").await;
+    wait_for(&sessions.sessions(), &name, "latched", latched("r1")).await;
+    let restarted = std::process::Command::new("bash")
+        .arg(repo_path("e2e/cluster.sh"))
+        .args(["restart-apiserver", "5"])
+        .status()
+        .expect("run e2e/cluster.sh restart-apiserver");
+    assert!(restarted.success(), "kube-apiserver restarted");
+    assert_one_leader(&mut [&mut a, &mut b]);
+
+    assert_resumed_once(&sessions, &name, "r1", &token).await;
     assert_one_leader(&mut [&mut a, &mut b]);
     cleanup(&sessions, &name).await;
 }

@@ -24,6 +24,9 @@
 //! requests to the client and never reads stdin again. `--flood-amount` overrides the size (bytes,
 //! or the number of requests). Writing stops when the client is gone.
 //!
+//! `--message-ids` gives every message chunk an ACP `messageId` (as real agents do), and
+//! `--log-prompt-text` logs each prompt's text, so a test can check what reached the agent.
+//!
 //! Test-only; not shipped in images.
 
 use std::fs::OpenOptions;
@@ -33,7 +36,7 @@ use std::str::FromStr;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    AgentCapabilities, ContentBlock, ContentChunk, Implementation, InitializeResponse,
+    AgentCapabilities, ContentBlock, ContentChunk, Implementation, InitializeResponse, MessageId,
     NewSessionResponse, PromptResponse, SessionCapabilities, SessionNotification,
     SessionResumeCapabilities, SessionUpdate, StopReason,
 };
@@ -149,6 +152,10 @@ struct Args {
     /// The id `session/new` hands out (default: `test-session-<n>`).
     #[arg(long)]
     new_session_id: Option<String>,
+    /// `session/new` hands out `test-session-<pid>-<n>`: unique across agent processes, so a
+    /// fresh session of a new pod never has the id of the one before.
+    #[arg(long, conflicts_with = "new_session_id")]
+    unique_session_ids: bool,
     /// ACP protocol version to answer `initialize` with.
     #[arg(long, default_value_t = 1)]
     protocol_version: u16,
@@ -166,6 +173,14 @@ struct Args {
     /// `response <id> ok|error <detail>` for answers to our own requests.
     #[arg(long)]
     log: Option<PathBuf>,
+    /// Also log each prompt's text, as `prompt-text <JSON string>` right after its
+    /// `session/prompt` line.
+    #[arg(long, requires = "log")]
+    log_prompt_text: bool,
+    /// Give every message chunk an ACP `messageId`: `<session>/m-<n>` for answers (n counts
+    /// across the process), `<session>/replay-<n>` for the replayed transcript.
+    #[arg(long)]
+    message_ids: bool,
 }
 
 struct Agent {
@@ -175,6 +190,8 @@ struct Agent {
     agent_request_ids: usize,
     /// A prompt left hanging, answered `cancelled` on `session/cancel`.
     hanging_prompt: Option<(Value, String)>,
+    /// Messages answered so far (for `--message-ids`).
+    messages_sent: usize,
 }
 
 impl Agent {
@@ -274,6 +291,13 @@ impl Agent {
                     Some(session) => self.log(&format!("{method} {session}")),
                     None => self.log(method),
                 }
+                if method == "session/prompt" && self.args.log_prompt_text {
+                    let text = message
+                        .pointer("/params/prompt/0/text")
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    self.log(&format!("prompt-text {text}"));
+                }
                 match id {
                     Some(id) => self.request(method, &id, session_id.as_deref(), message),
                     None => self.notification(method, session_id.as_deref()),
@@ -345,11 +369,17 @@ impl Agent {
             return;
         }
         self.sessions_created += 1;
-        let session = self
-            .args
-            .new_session_id
-            .clone()
-            .unwrap_or_else(|| format!("test-session-{}", self.sessions_created));
+        let session = self.args.new_session_id.clone().unwrap_or_else(|| {
+            if self.args.unique_session_ids {
+                format!(
+                    "test-session-{}-{}",
+                    std::process::id(),
+                    self.sessions_created
+                )
+            } else {
+                format!("test-session-{}", self.sessions_created)
+            }
+        });
         self.result(id, to_value(&NewSessionResponse::new(session)));
     }
 
@@ -384,7 +414,11 @@ impl Agent {
         }
         if load {
             for n in 0..self.args.replay {
-                let chunk = ContentChunk::new(ContentBlock::from(format!("replayed message {n}")));
+                let mut chunk =
+                    ContentChunk::new(ContentBlock::from(format!("replayed message {n}")));
+                if self.args.message_ids {
+                    chunk = chunk.message_id(MessageId::new(format!("{session}/replay-{n}")));
+                }
                 let update = if n % 2 == 0 {
                     SessionUpdate::UserMessageChunk(chunk)
                 } else {
@@ -455,7 +489,14 @@ impl Agent {
             .pointer("/params/prompt/0/text")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let chunk = ContentChunk::new(ContentBlock::from(format!("echo: {text}")));
+        let mut chunk = ContentChunk::new(ContentBlock::from(format!("echo: {text}")));
+        if self.args.message_ids {
+            self.messages_sent += 1;
+            chunk = chunk.message_id(MessageId::new(format!(
+                "{session}/m-{}",
+                self.messages_sent
+            )));
+        }
         let params = to_value(&SessionNotification::new(
             session,
             SessionUpdate::AgentMessageChunk(chunk),
@@ -478,6 +519,7 @@ fn main() {
         sessions_created: 0,
         agent_request_ids: 0,
         hanging_prompt: None,
+        messages_sent: 0,
     };
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {

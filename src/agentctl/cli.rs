@@ -16,7 +16,7 @@ use super::journal::JOURNAL_FILE;
 use super::launch::plan_launch;
 use super::serve::{ServeOptions, serve};
 use super::socket::resolve_socket_path;
-use super::{AgentctlError, client};
+use super::{AgentctlError, client, history};
 use crate::acp::{AcpTimeouts, RestoreOptions, RestoreReport, SpawnOptions};
 use crate::agents::{AgentProfile, AgentRegistry};
 use crate::history::validate_session_id;
@@ -93,10 +93,11 @@ pub enum Command {
     /// {"event":"session_created","sessionId":…,"method":…},
     /// {"event":"prompt_started","sessionId":…}, {"event":"prompt_finished","sessionId":…,
     /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}. Each
-    /// event has a "timestamp", its "seq", the operator's "launch" it happened in and the "pod".
-    /// While following live, serve also sends {"event":"heartbeat","timestamp":…} every 10 s
-    /// (not journaled, no "seq"); events exits 1 when serve sends nothing for 30 s (a serve
-    /// that does not answer).
+    /// event has a "timestamp", its "seq", the operator's "launch" it happened in and the "pod";
+    /// prompt_finished and the snapshot also carry "lastMessageId", the ACP messageId of the
+    /// session's last message, when the agent sends message ids. While following live, serve
+    /// also sends {"event":"heartbeat","timestamp":…} every 10 s (not journaled, no "seq");
+    /// events exits 1 when serve sends nothing for 30 s (a serve that does not answer).
     Events(EventsArgs),
     /// Debugging: start an agent locally, restore a session the way the operator would, and
     /// print the outcome as one JSON object.
@@ -104,6 +105,15 @@ pub enum Command {
     /// Prints {"method":…,"sessionId":…,"outcome":"restored|fresh|failed","reason":…,
     /// "capabilities":{…}}. Exits 0 when restored or started fresh, 1 when failed.
     Restore(RestoreArgs),
+    /// Print a session's recorded history: the JSONL file serve writes,
+    /// <workspace>/.kandev/sessions/<session-name>.jsonl, byte for byte (one entry per line:
+    /// user_message, agent_message, tool_call, tool_result, each with a timestamp).
+    ///
+    /// In an agentctl pod it needs no flags: the session name comes from KANDEV_SESSION_NAME
+    /// and the workspace is the working directory (`kubectl exec <pod> -c agentctl -- agentctl
+    /// history`). Exits 0 after printing, 3 when the session has no recorded history yet (the
+    /// file does not exist; nothing on stdout), 1 on any other failure.
+    History(HistoryArgs),
 }
 
 /// Where the serve socket is.
@@ -138,6 +148,26 @@ pub struct EventsArgs {
     /// is idle after the snapshot).
     #[arg(long, conflicts_with = "once")]
     pub until_idle: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    /// The session whose history to print (the name serve records under: the TaskSession's
+    /// name in agentctl pods).
+    #[arg(
+        long,
+        visible_alias = "session",
+        env = "KANDEV_SESSION_NAME",
+        value_name = "NAME"
+    )]
+    pub session_name: Option<String>,
+    /// The workspace volume's mount path [default: the working directory].
+    #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Print this history file instead of the session's (--session-name and --workspace are
+    /// then ignored, so it works in a pod, where KANDEV_SESSION_NAME is set).
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -338,12 +368,26 @@ async fn run(command: Command) -> i32 {
             Err(error) => Err(error),
         },
         Command::Restore(args) => return run_restore(args).await,
+        Command::History(args) => {
+            let workspace = args.workspace.unwrap_or_else(|| PathBuf::from("."));
+            let source = match &args.file {
+                Some(file) => history::HistorySource::File(file),
+                None => history::HistorySource::Session {
+                    workspace: &workspace,
+                    session: args.session_name.as_deref().filter(|s| !s.is_empty()),
+                },
+            };
+            history::print_history(&source).await
+        }
     };
     match result {
         Ok(()) => 0,
         Err(error) => {
             eprintln!("agentctl: {error}");
-            1
+            match error {
+                AgentctlError::NoHistory { .. } => history::NO_HISTORY_EXIT_CODE,
+                _ => 1,
+            }
         }
     }
 }

@@ -72,6 +72,9 @@ pub enum Event {
         session_id: Option<String>,
         /// A `session/prompt` is in flight (even one whose client has gone).
         prompt_active: bool,
+        /// The `messageId` of the last message the agent streamed in that session, when it
+        /// sends message ids.
+        last_message_id: Option<String>,
     },
     /// A successful `session/new`, `session/load` or `session/resume`.
     SessionCreated {
@@ -84,6 +87,9 @@ pub enum Event {
     PromptFinished {
         session_id: String,
         outcome: PromptOutcome,
+        /// The `messageId` of the last message chunk of the session so far (its answer, for an
+        /// agent that sends message ids).
+        last_message_id: Option<String>,
     },
     AgentExited {
         code: Option<i32>,
@@ -101,12 +107,33 @@ pub enum PromptOutcome {
 }
 
 impl Event {
-    /// The event as its JSON line object (without the newline).
+    /// The event as its JSON line object (without the newline). `lastMessageId` is there only
+    /// when known.
     pub fn to_json(&self, timestamp: &str) -> Value {
+        let mut event = self.to_json_without_message_id(timestamp);
+        if let (
+            Event::Snapshot {
+                last_message_id: Some(id),
+                ..
+            }
+            | Event::PromptFinished {
+                last_message_id: Some(id),
+                ..
+            },
+            Value::Object(map),
+        ) = (self, &mut event)
+        {
+            map.insert("lastMessageId".into(), json!(id));
+        }
+        event
+    }
+
+    fn to_json_without_message_id(&self, timestamp: &str) -> Value {
         match self {
             Event::Snapshot {
                 session_id,
                 prompt_active,
+                ..
             } => json!({
                 "event": "snapshot", "sessionId": session_id, "promptActive": prompt_active,
                 "timestamp": timestamp,
@@ -121,6 +148,7 @@ impl Event {
             Event::PromptFinished {
                 session_id,
                 outcome: PromptOutcome::Stopped(stop_reason),
+                ..
             } => json!({
                 "event": "prompt_finished", "sessionId": session_id, "stopReason": stop_reason,
                 "timestamp": timestamp,
@@ -128,6 +156,7 @@ impl Event {
             Event::PromptFinished {
                 session_id,
                 outcome: PromptOutcome::Failed { code, message },
+                ..
             } => json!({
                 "event": "prompt_finished", "sessionId": session_id,
                 "error": {"code": code, "message": message}, "timestamp": timestamp,
@@ -228,6 +257,9 @@ struct SessionRecording {
     agent_text: String,
     /// Open `session/load` requests: their replayed updates are history already.
     loading: u32,
+    /// The `messageId` of the last message chunk the agent sent for this session (replayed
+    /// ones included: after a `session/load` it is the transcript's last message).
+    last_message_id: Option<String>,
     tools: HashMap<String, ToolRecord>,
 }
 
@@ -292,6 +324,10 @@ impl Hub {
                 .pending
                 .values()
                 .any(|pending| pending.method == "session/prompt"),
+            last_message_id: self
+                .current_session
+                .as_deref()
+                .and_then(|session| self.last_message_id(session)),
         }
     }
 
@@ -486,6 +522,13 @@ impl Hub {
             out.push(Output::CloseClient(conn));
         }
         out
+    }
+
+    /// The `messageId` of the last message chunk the agent sent for `session_id`.
+    pub fn last_message_id(&self, session_id: &str) -> Option<String> {
+        self.sessions
+            .get(session_id)
+            .and_then(|recording| recording.last_message_id.clone())
     }
 
     fn alloc_id(&mut self) -> u64 {
@@ -775,6 +818,7 @@ impl Hub {
                     out.push(Output::Event(Event::PromptFinished {
                         session_id: session_id.clone(),
                         outcome,
+                        last_message_id: self.last_message_id(session_id),
                     }));
                 }
             }
@@ -888,6 +932,17 @@ impl Hub {
         };
         let history_session = self.history_session(session_id);
         let kind = update.get("sessionUpdate").and_then(Value::as_str);
+        // ACP content chunks (user, agent, thought) carry the id of the message they belong to.
+        if let Some(message_id) = update
+            .get("messageId")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+        {
+            self.sessions
+                .entry(session_id.to_owned())
+                .or_default()
+                .last_message_id = Some(message_id.to_owned());
+        }
         if self
             .sessions
             .get(session_id)
@@ -1541,7 +1596,8 @@ mod tests {
             events(&out),
             vec![Event::PromptFinished {
                 session_id: "s1".into(),
-                outcome: PromptOutcome::Stopped(json!("end_turn"))
+                outcome: PromptOutcome::Stopped(json!("end_turn")),
+                last_message_id: None,
             }]
         );
         assert_eq!(
@@ -1611,6 +1667,65 @@ mod tests {
         assert_eq!(snapshot(&hub)["promptActive"], false);
     }
 
+    /// A chunk of one session/update, with a message id.
+    fn chunk_with_id(session: &str, kind: &str, text: &str, message_id: &str) -> String {
+        line(
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,
+            "update":{"sessionUpdate":kind,"messageId":message_id,"content":{"type":"text","text":text}}}}),
+        )
+    }
+
+    #[test]
+    fn the_last_message_id_is_reported_with_the_prompts_end_and_in_the_snapshot() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        // A replayed transcript (session/load) sets it, though it is not recorded again.
+        hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"s","cwd":"/","mcpServers":[]}})));
+        hub.agent_line(&chunk_with_id(
+            "s",
+            "user_message_chunk",
+            "old question",
+            "m-1",
+        ));
+        hub.agent_line(&chunk_with_id(
+            "s",
+            "agent_message_chunk",
+            "old answer",
+            "m-2",
+        ));
+        hub.agent_line(&line(json!({"jsonrpc":"2.0","id":2,"result":{}})));
+        assert_eq!(hub.last_message_id("s").as_deref(), Some("m-2"));
+        assert_eq!(
+            hub.snapshot().to_json("T"),
+            json!({"event":"snapshot","sessionId":"s","promptActive":false,"lastMessageId":"m-2","timestamp":"T"})
+        );
+        hub.client_line(1, &prompt(2, "s", "next"));
+        hub.agent_line(&chunk_with_id("s", "agent_thought_chunk", "hm", "m-3"));
+        hub.agent_line(&chunk_with_id("s", "agent_message_chunk", "Do", "m-4"));
+        hub.agent_line(&chunk_with_id("s", "agent_message_chunk", "ne.", "m-4"));
+        // Updates without one (a plan, a tool call) or with an empty one change nothing; other
+        // sessions keep their own.
+        hub.agent_line(&line(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"plan","entries":[]}}})));
+        hub.agent_line(&chunk_with_id("s", "agent_message_chunk", "", ""));
+        hub.agent_line(&chunk_with_id("other", "agent_message_chunk", "x", "o-1"));
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":3,"result":{"stopReason":"end_turn"}}),
+        ));
+        assert_eq!(
+            events(&out),
+            vec![Event::PromptFinished {
+                session_id: "s".into(),
+                outcome: PromptOutcome::Stopped(json!("end_turn")),
+                last_message_id: Some("m-4".into()),
+            }]
+        );
+        assert_eq!(
+            events(&out)[0].to_json("T"),
+            json!({"event":"prompt_finished","sessionId":"s","stopReason":"end_turn","lastMessageId":"m-4","timestamp":"T"})
+        );
+        assert_eq!(hub.last_message_id("other").as_deref(), Some("o-1"));
+    }
+
     #[test]
     fn failed_prompt_reports_the_error() {
         let mut hub = ready_hub(HubConfig::default());
@@ -1626,7 +1741,8 @@ mod tests {
                 outcome: PromptOutcome::Failed {
                     code: -32000,
                     message: "auth required".into()
-                }
+                },
+                last_message_id: None,
             }]
         );
         let json = events(&out)[0].to_json("T");

@@ -21,12 +21,13 @@
 //! Layout: [`wire`] (JSON-RPC line classification), [`hub`] (the synchronous bridge state
 //! machine: id rewriting, caching, events, what to record), [`serve`] (processes, sockets,
 //! history I/O around the hub), [`client`] (`connect` and `events`), [`launch`] (which argv
-//! to start), [`socket`] (socket paths and the hello line), [`time`] (timestamps), [`cli`]
-//! (the command line).
+//! to start), [`socket`] (socket paths and the hello line), [`time`] (timestamps), [`history`]
+//! (`agentctl history`: the recorded history file, printed), [`cli`] (the command line).
 
 pub mod checkout;
 pub mod cli;
 pub mod client;
+pub mod history;
 pub mod hub;
 pub mod journal;
 pub mod launch;
@@ -95,6 +96,21 @@ pub enum AgentctlError {
     UnknownProfile { name: String, known: String },
     #[error("invalid --session-name: {0}")]
     InvalidSessionName(#[source] crate::history::HistoryError),
+    #[error(
+        "no session name: pass --session-name NAME (or set KANDEV_SESSION_NAME, as agentctl \
+         pods do), or --file PATH"
+    )]
+    NoSessionName,
+    #[error(
+        "no recorded history{} at {}: the agent has not been prompted yet (or the workspace is \
+         another one)",
+        session.as_ref().map(|s| format!(" for session {s:?}")).unwrap_or_default(),
+        path.display()
+    )]
+    NoHistory {
+        session: Option<String>,
+        path: PathBuf,
+    },
     #[error("no agent command: pass --profile NAME or the command after `--`")]
     NoCommand,
     #[error("cannot start the agent `{program}`: {source}")]

@@ -64,12 +64,11 @@ pub struct ExecutorRunningSpec {
     pub session_name: String,
 }
 
-/// Status of an executor.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+// No `Pending`: while a launch runs the TaskSession is `STARTING`, and the executor keeps its
+// value until the launch succeeds (earlier schemas listed `Pending`; it was never written).
+/// Status of an executor: Running, Lost or Stopped (absent before the first launch succeeds).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExecutorPhase {
-    /// The agentctl pod is created but not running yet.
-    #[default]
-    Pending,
     /// The agentctl pod is running and agentctl answers.
     Running,
     /// The pod is gone or dead; the session waits for a resume.
@@ -95,7 +94,9 @@ pub struct ExecutorRunningStatus {
     /// agent explicitly said the session is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_token: Option<String>,
-    /// UUID of the last message seen in the agent's transcript.
+    /// ACP `messageId` of the last message the agent streamed in the session `resumeToken`
+    /// names (from agentctl's event journal; absent for agents that send no message ids, and
+    /// after a fresh session until its first message).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -108,16 +109,13 @@ pub struct ExecutorRunningStatus {
     /// UID of the current agentctl pod, to tell a recreated pod of the same name apart.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "podUID")]
     pub pod_uid: Option<String>,
-    /// Port agentctl listens on inside the pod, when it serves TCP in addition to its socket.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agentctl_port: Option<i32>,
     /// The git worktree the agent works in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worktree: Option<WorktreeStatus>,
     /// Identifier of the current agent execution (changes on every launch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_execution_id: Option<String>,
-    /// Executor status: Pending, Running, Lost, Stopped.
+    /// Executor status: Running, Lost, Stopped (absent before the first launch succeeds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ExecutorPhase>,
     /// Whether the agent is working on a prompt (Working) or waiting for input (Idle), as last

@@ -1,5 +1,6 @@
 //! Follows `agentctl events` of the running agentctl pods (over exec) and records what the agent
 //! does in ExecutorRunning status: the resume token on session-created and prompt-finished,
+//! the agent's last message id (`lastMessageUUID`, for agents that send ACP `messageId`s),
 //! whether a prompt is in flight, and the journal cursor. The TaskSession reconcile (which
 //! watches ExecutorRunning) turns that into RUNNING ↔ WAITING_FOR_INPUT.
 //!
@@ -132,6 +133,8 @@ pub enum AgentctlEvent {
         session_id: Option<String>,
         #[serde(rename = "promptActive", default)]
         prompt_active: bool,
+        #[serde(rename = "lastMessageId", default)]
+        last_message_id: Option<String>,
     },
     SessionCreated {
         #[serde(rename = "sessionId")]
@@ -144,6 +147,8 @@ pub enum AgentctlEvent {
     PromptFinished {
         #[serde(rename = "sessionId")]
         session_id: Option<String>,
+        #[serde(rename = "lastMessageId", default)]
+        last_message_id: Option<String>,
     },
     AgentExited,
     #[serde(other)]
@@ -155,6 +160,8 @@ pub enum AgentctlEvent {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Known {
     pub resume_token: Option<String>,
+    /// `lastMessageUUID`: the last message id of the session `resume_token` names.
+    pub last_message_id: Option<String>,
     pub activity: Option<AgentActivity>,
     pub running: bool,
     pub cursor: u64,
@@ -164,6 +171,7 @@ impl Known {
     pub fn from_status(status: &ExecutorRunningStatus) -> Self {
         Self {
             resume_token: status.resume_token.clone().filter(|t| !t.is_empty()),
+            last_message_id: status.last_message_uuid.clone().filter(|t| !t.is_empty()),
             activity: status.activity,
             running: status.status == Some(ExecutorPhase::Running),
             cursor: status.journal_cursor.unwrap_or(0),
@@ -171,8 +179,17 @@ impl Known {
     }
 
     fn same_fields(&self, other: &Known) -> bool {
-        (&self.resume_token, self.activity, self.running)
-            == (&other.resume_token, other.activity, other.running)
+        (
+            &self.resume_token,
+            &self.last_message_id,
+            self.activity,
+            self.running,
+        ) == (
+            &other.resume_token,
+            &other.last_message_id,
+            other.activity,
+            other.running,
+        )
     }
 }
 
@@ -202,6 +219,7 @@ pub fn status_patch_for(
         AgentctlEvent::Snapshot {
             session_id,
             prompt_active,
+            ..
         } => {
             next.running = true;
             next.activity = Some(if *prompt_active {
@@ -218,13 +236,27 @@ pub fn status_patch_for(
             next.resume_token = Some(session_id.clone());
         }
         AgentctlEvent::PromptStarted { .. } => next.activity = Some(AgentActivity::Working),
-        AgentctlEvent::PromptFinished { session_id } => {
+        AgentctlEvent::PromptFinished { session_id, .. } => {
             next.activity = Some(AgentActivity::Idle);
             if let Some(id) = session_id {
                 next.resume_token = Some(id.clone());
             }
         }
         AgentctlEvent::AgentExited | AgentctlEvent::Other => return None,
+    }
+    // The last message id belongs to the session the token names: a new session starts without
+    // one, until the agent reports one.
+    match event {
+        AgentctlEvent::Snapshot {
+            last_message_id: Some(id),
+            ..
+        }
+        | AgentctlEvent::PromptFinished {
+            last_message_id: Some(id),
+            ..
+        } if !id.is_empty() => next.last_message_id = Some(id.clone()),
+        _ if next.resume_token != known.resume_token => next.last_message_id = None,
+        _ => {}
     }
     if next.same_fields(known) {
         return None;
@@ -239,6 +271,10 @@ pub fn status_patch_for(
     if next.resume_token != known.resume_token {
         status["resumeToken"] = json!(next.resume_token);
         status["resumable"] = json!(true);
+    }
+    if next.last_message_id != known.last_message_id {
+        // null removes it (a merge patch).
+        status["lastMessageUUID"] = json!(next.last_message_id);
     }
     if next.cursor != known.cursor {
         status["journalCursor"] = json!(next.cursor);
@@ -539,6 +575,7 @@ mod tests {
         let now = Timestamp::from_second(0).expect("ts");
         let running_idle = Known {
             resume_token: Some("s1".into()),
+            last_message_id: None,
             activity: Some(AgentActivity::Idle),
             running: true,
             cursor: 0,
@@ -586,6 +623,45 @@ mod tests {
                 running_idle.clone(),
                 r#"{"event":"agent_exited","code":1}"#,
                 None,
+            ),
+            (running_idle.clone(), r#"{"event":"something_new"}"#, None),
+            // The agent's message ids: the last one of a prompt, or of the snapshot…
+            (
+                running_idle.clone(),
+                r#"{"event":"prompt_finished","sessionId":"s1","stopReason":"end_turn","lastMessageId":"m-2"}"#,
+                Some(json!({"lastMessageUUID":"m-2"})),
+            ),
+            (
+                Known::default(),
+                r#"{"event":"snapshot","sessionId":"s1","promptActive":false,"lastMessageId":"m-2"}"#,
+                Some(
+                    json!({"status":"Running","activity":"Idle","resumeToken":"s1","lastMessageUUID":"m-2"}),
+                ),
+            ),
+            (
+                Known {
+                    last_message_id: Some("m-2".into()),
+                    ..running_idle.clone()
+                },
+                r#"{"event":"snapshot","sessionId":"s1","promptActive":false,"lastMessageId":"m-2"}"#,
+                None,
+            ),
+            // …and a new session's token drops the old session's id.
+            (
+                Known {
+                    last_message_id: Some("m-2".into()),
+                    ..running_idle.clone()
+                },
+                r#"{"event":"session_created","sessionId":"s9","method":"session/new"}"#,
+                Some(json!({"resumeToken":"s9","lastMessageUUID":null})),
+            ),
+            (
+                Known {
+                    last_message_id: Some("m-2".into()),
+                    ..running_idle.clone()
+                },
+                r#"{"event":"prompt_finished","sessionId":"s9","stopReason":"end_turn","lastMessageId":"n-1"}"#,
+                Some(json!({"resumeToken":"s9","lastMessageUUID":"n-1"})),
             ),
             (running_idle, r#"{"event":"something_new"}"#, None),
             // The journal: an entry applied already (or an older launch's) changes nothing…

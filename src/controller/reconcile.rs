@@ -1447,6 +1447,11 @@ impl<'a> Session<'a> {
         if let Some(worktree) = worktree {
             patch["status"]["worktree"] = json!(worktree);
         }
+        // lastMessageUUID belongs to the session the token names: a new session (a fresh start)
+        // has none until agentctl reports one.
+        if token != self.objects.resume_token() {
+            patch["status"]["lastMessageUUID"] = serde_json::Value::Null;
+        }
         let recorded = api
             .patch_status(
                 &pods::executor_name(&self.ts),

@@ -135,8 +135,9 @@ pub enum Command {
     ///
     /// agentctl records the conversation on the workspace volume
     /// (<workspace>/.kandev/sessions/<session>.jsonl); it is read through the running agentctl
-    /// pod with `kubectl exec … cat`. Without a running pod (the session needs a resume), exit
-    /// code 4: resume the session first.
+    /// pod with `kubectl exec … agentctl history` (nothing else is needed in the container).
+    /// Without a running pod (the session needs a resume), exit code 4: resume the session
+    /// first.
     #[command(after_help = EXIT_CODES_HELP)]
     History(HistoryArgs),
     /// End a session as done: sets spec.end to Completed (once; it cannot be undone).

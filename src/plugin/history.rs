@@ -1,5 +1,6 @@
 //! `kubectl kandev history`: the conversation agentctl recorded on the workspace volume, read
-//! through the running agentctl pod.
+//! through the running agentctl pod with `agentctl history` (the container needs nothing else:
+//! no shell, no `cat`).
 
 use std::time::Duration;
 
@@ -11,17 +12,54 @@ use super::cluster::Cluster;
 use super::error::{ExitCode, PluginError};
 use super::view::{liveness_name, render_history};
 use super::{write_stdout, write_stdout_bytes};
+use crate::agentctl::history::NO_HISTORY_EXIT_CODE;
 use crate::controller::pods::CONTAINER;
 use crate::history::{parse_history, validate_session_id};
 
-/// The whole read (exec, `cat`, status) must finish within this.
+/// The whole read (exec, `agentctl history`, status) must finish within this.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The history file relative to the container's working directory, which is the workspace's
-/// mount path (agentctl records `<workspace>/.kandev/sessions/<session>.jsonl`). Relative, so
-/// it works wherever the volume is mounted.
+/// mount path (agentctl records `<workspace>/.kandev/sessions/<session>.jsonl`), for messages.
 pub fn history_path(session: &str) -> String {
     format!(".kandev/sessions/{session}.jsonl")
+}
+
+/// The command exec'd in the agentctl container. The workspace is `agentctl history`'s default,
+/// the working directory (the workspace's mount path), so it works wherever the volume is
+/// mounted.
+pub fn history_command(session: &str) -> [&str; 4] {
+    ["agentctl", "history", "--session-name", session]
+}
+
+/// How the exec'd `agentctl history` ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// Exit 0: stdout is the history.
+    Printed,
+    /// The session has no recorded history yet (exit 3).
+    NoHistory,
+    /// Anything else, with what the container said.
+    Failed(String),
+}
+
+/// Classifies the exec's end: the exit code from the exec status when the transport reports it
+/// (a kubelet does: `NonZeroExitCode` with an `ExitCode` cause), and agentctl's own words
+/// otherwise (kwok's exec, for one, reports a failure without the code).
+pub fn read_outcome(success: bool, exit_code: Option<i32>, stderr: &str) -> ReadOutcome {
+    let stderr = stderr.trim();
+    if success {
+        ReadOutcome::Printed
+    } else if exit_code == Some(NO_HISTORY_EXIT_CODE) || stderr.contains("no recorded history") {
+        ReadOutcome::NoHistory
+    } else if stderr.is_empty() {
+        ReadOutcome::Failed(match exit_code {
+            Some(code) => format!("agentctl history exited with code {code}"),
+            None => "agentctl history failed".to_string(),
+        })
+    } else {
+        ReadOutcome::Failed(stderr.to_string())
+    }
 }
 
 pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, PluginError> {
@@ -44,11 +82,11 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
         });
     };
     let action = format!("reading {} in pod {pod}", history_path(&name));
-    let (stdout, stderr, success) =
-        match tokio::time::timeout(READ_TIMEOUT, cat(cluster, &pod, &name)).await {
+    let (stdout, stderr, success, exit_code) =
+        match tokio::time::timeout(READ_TIMEOUT, read(cluster, &pod, &name)).await {
             Ok(result) => result.map_err(|e| match e {
-                CatError::Kube(source) => cluster.kube_error(action.clone(), source),
-                CatError::Io(source) => PluginError::Io {
+                ReadError::Kube(source) => cluster.kube_error(action.clone(), source),
+                ReadError::Io(source) => PluginError::Io {
                     context: action.clone(),
                     source,
                 },
@@ -61,20 +99,13 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
                 });
             }
         };
-    if !success {
-        let message = String::from_utf8_lossy(&stderr).trim().to_string();
-        if message.contains("No such file") {
+    match read_outcome(success, exit_code, &String::from_utf8_lossy(&stderr)) {
+        ReadOutcome::Printed => {}
+        ReadOutcome::NoHistory => {
             eprintln!("tasksession {name:?} has no recorded history yet");
             return Ok(ExitCode::Ok);
         }
-        return Err(PluginError::Exec {
-            action,
-            reason: if message.is_empty() {
-                "cat failed".to_string()
-            } else {
-                message
-            },
-        });
+        ReadOutcome::Failed(reason) => return Err(PluginError::Exec { action, reason }),
     }
     match args.output {
         HistoryOutput::Jsonl => write_stdout_bytes(&stdout)?,
@@ -95,17 +126,17 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
     Ok(ExitCode::Ok)
 }
 
-enum CatError {
+enum ReadError {
     Kube(kube::Error),
     Io(std::io::Error),
 }
 
-/// Execs `cat <history file>` in the agentctl container: (stdout, stderr, exited with success).
-async fn cat(
-    cluster: &Cluster,
-    pod: &str,
-    session: &str,
-) -> Result<(Vec<u8>, Vec<u8>, bool), CatError> {
+/// What an exec'd command left: stdout, stderr, whether it exited with success, and its exit
+/// code when the transport reported one.
+type Exited = (Vec<u8>, Vec<u8>, bool, Option<i32>);
+
+/// Execs `agentctl history` in the agentctl container.
+async fn read(cluster: &Cluster, pod: &str, session: &str) -> Result<Exited, ReadError> {
     let params = AttachParams::default()
         .container(CONTAINER)
         .stdin(false)
@@ -113,9 +144,9 @@ async fn cat(
         .stderr(true);
     let mut process = cluster
         .exec_pods()
-        .exec(pod, ["cat", &history_path(session)], &params)
+        .exec(pod, history_command(session), &params)
         .await
-        .map_err(CatError::Kube)?;
+        .map_err(ReadError::Kube)?;
     let status = process.take_status();
     let mut stdout = process.stdout();
     let mut stderr = process.stderr();
@@ -133,19 +164,39 @@ async fn cat(
         }
     };
     let (read_out, read_err) = tokio::join!(read_out, read_err);
-    read_out.map_err(CatError::Io)?;
-    read_err.map_err(CatError::Io)?;
-    let success = match status {
-        Some(status) => status
-            .await
-            .is_some_and(|s| s.status.as_deref() == Some("Success")),
-        None => true,
+    read_out.map_err(ReadError::Io)?;
+    read_err.map_err(ReadError::Io)?;
+    let (success, exit_code) = match status {
+        Some(status) => {
+            let status = status.await;
+            let success = status
+                .as_ref()
+                .is_some_and(|s| s.status.as_deref() == Some("Success"));
+            (success, status.as_ref().and_then(exit_code))
+        }
+        None => (true, None),
     };
     process
         .join()
         .await
-        .map_err(|e| CatError::Io(std::io::Error::other(e)))?;
-    Ok((out, err, success))
+        .map_err(|e| ReadError::Io(std::io::Error::other(e)))?;
+    Ok((out, err, success, exit_code))
+}
+
+/// The exit code in an exec's final status (`reason: NonZeroExitCode`, cause `ExitCode`).
+fn exit_code(status: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status) -> Option<i32> {
+    status
+        .details
+        .as_ref()?
+        .causes
+        .as_ref()?
+        .iter()
+        .find(|cause| cause.reason.as_deref() == Some("ExitCode"))?
+        .message
+        .as_deref()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -155,5 +206,39 @@ mod tests {
     #[test]
     fn history_path_is_relative_to_the_workspace() {
         assert_eq!(history_path("demo"), ".kandev/sessions/demo.jsonl");
+        assert_eq!(
+            history_command("demo"),
+            ["agentctl", "history", "--session-name", "demo"]
+        );
+    }
+
+    #[test]
+    fn how_the_read_ended() {
+        let failed = |s: &str| ReadOutcome::Failed(s.to_string());
+        #[rustfmt::skip]
+        let rows = [
+            (true, None, "", ReadOutcome::Printed),
+            (true, Some(0), "noise", ReadOutcome::Printed),
+            (false, Some(3), "", ReadOutcome::NoHistory),
+            (false, None, "agentctl: no recorded history for session \"a\" at …", ReadOutcome::NoHistory),
+            (false, Some(1), "agentctl: invalid --session-name: …\n", failed("agentctl: invalid --session-name: …")),
+            (false, Some(126), "", failed("agentctl history exited with code 126")),
+            (false, None, "  ", failed("agentctl history failed")),
+        ];
+        for (success, code, stderr, expected) in rows {
+            assert_eq!(read_outcome(success, code, stderr), expected, "{stderr:?}");
+        }
+    }
+
+    #[test]
+    fn the_exit_code_is_read_from_the_exec_status() {
+        let status: k8s_openapi::apimachinery::pkg::apis::meta::v1::Status =
+            serde_json::from_value(serde_json::json!({
+                "status": "Failure", "reason": "NonZeroExitCode",
+                "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}
+            }))
+            .expect("status");
+        assert_eq!(exit_code(&status), Some(3));
+        assert_eq!(exit_code(&Default::default()), None);
     }
 }

@@ -9,8 +9,8 @@
 //! - `watch`: waits follow the session, its executor and its pods with watches;
 //! - [`output`]: `-o text|json|yaml|jsonpath=…`;
 //! - [`complete`]: shell completion (`kubectl_complete-kandev`, kubectl's plugin protocol);
-//! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `cat` for
-//!   the history file).
+//! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `agentctl
+//!   history` for the history file).
 //!
 //! Exit codes ([`ExitCode`]): 0 ok, 1 failed, 2 usage, 3 not found, 4 not resumable, 5 timeout,
 //! 6 cluster/API error.

@@ -1,12 +1,17 @@
-//! A real TCP fault injector between an operator under test and the API server: toxiproxy
-//! (`toxiproxy-server`, built from Go modules by e2e/bin.sh), driven through its HTTP API. The
-//! operator gets a kubeconfig whose server is the proxy; TLS passes through untouched (the API
-//! server's certificate is for 127.0.0.1, so only the port changes).
+//! Fault injectors between an operator under test and the API server.
+//!
+//! - [`FaultProxy`]: a real TCP fault injector, toxiproxy (`toxiproxy-server`, built from Go
+//!   modules by e2e/bin.sh), driven through its HTTP API. The operator gets a kubeconfig whose
+//!   server is the proxy; TLS passes through untouched (the API server's certificate is for
+//!   127.0.0.1, so only the port changes).
+//! - [`HttpFaultProxy`]: ours (e2e/apiproxy), which terminates TLS and can answer with an HTTP
+//!   status such as 503.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use base64::Engine;
 use k8s_openapi::api::core::v1::Node;
 use kube::config::Kubeconfig;
 use serde_json::{Value, json};
@@ -221,4 +226,122 @@ async fn request(
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Ok((status, body))
+}
+
+/// Our HTTP fault proxy (`kandev-apiproxy`, e2e/apiproxy, built by e2e/bin.sh) in front of the
+/// API server: it terminates TLS, so it can answer with an HTTP status, which toxiproxy cannot.
+/// Stopped when dropped.
+pub struct HttpFaultProxy {
+    _server: tokio::process::Child,
+    control: String,
+    /// A kubeconfig like $KUBECONFIG whose server is the proxy (its own CA).
+    pub kubeconfig: PathBuf,
+}
+
+impl HttpFaultProxy {
+    pub async fn start() -> Self {
+        let dir = repo_path("target/e2e-logs").join(unique("apiproxy"));
+        std::fs::create_dir_all(&dir).expect("proxy dir");
+        // The API server's address, CA and the test's client certificate, as files.
+        let field = |path: &str| {
+            let out = super::kubectl()
+                .args(["config", "view", "--raw", "--minify", "--flatten", "-o"])
+                .arg(format!("jsonpath={{{path}}}"))
+                .output()
+                .expect("kubectl config view");
+            assert!(out.status.success(), "kubectl config view {path}");
+            String::from_utf8(out.stdout).expect("UTF-8")
+        };
+        let decode = |path: &str, file: &str| {
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(field(path).trim())
+                .unwrap_or_else(|e| panic!("{path} is not base64: {e}"));
+            let file = dir.join(file);
+            std::fs::write(&file, pem).expect("write a PEM file");
+            file
+        };
+        let upstream = field(".clusters[0].cluster.server");
+        let ca = decode(
+            ".clusters[0].cluster.certificate-authority-data",
+            "upstream-ca.crt",
+        );
+        let cert = decode(".users[0].user.client-certificate-data", "client.crt");
+        let key = decode(".users[0].user.client-key-data", "client.key");
+        let log = std::fs::File::create(dir.join("apiproxy.log")).expect("proxy log");
+        let server = tokio::process::Command::new("kandev-apiproxy")
+            .arg("--upstream")
+            .arg(&upstream)
+            .arg("--ca")
+            .arg(&ca)
+            .arg("--cert")
+            .arg(&cert)
+            .arg("--key")
+            .arg(&key)
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start kandev-apiproxy (built by e2e/bin.sh; run the tests with e2e/test.sh)");
+        let addresses = dir.join("addresses.json");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !addresses.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "kandev-apiproxy did not start: see {}",
+                dir.join("apiproxy.log").display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let addresses: Value =
+            serde_json::from_slice(&std::fs::read(&addresses).expect("addresses")).expect("JSON");
+        let api = addresses["api"].as_str().expect("api address");
+        let control = addresses["control"].as_str().expect("control address");
+
+        let path = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+        let first = std::env::split_paths(&path).next().expect("a path");
+        let mut kubeconfig = Kubeconfig::read_from(&first).expect("read KUBECONFIG");
+        let ca_pem = std::fs::read(dir.join("ca.crt")).expect("the proxy's CA");
+        for cluster in kubeconfig
+            .clusters
+            .iter_mut()
+            .filter_map(|c| c.cluster.as_mut())
+        {
+            cluster.server = Some(format!("https://{api}"));
+            cluster.certificate_authority = None;
+            cluster.certificate_authority_data =
+                Some(base64::engine::general_purpose::STANDARD.encode(&ca_pem));
+        }
+        let kubeconfig_path = dir.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig_path,
+            serde_yaml::to_string(&kubeconfig).expect("kubeconfig as YAML"),
+        )
+        .expect("write the proxied kubeconfig");
+        HttpFaultProxy {
+            _server: server,
+            control: control.to_string(),
+            kubeconfig: kubeconfig_path,
+        }
+    }
+
+    /// Every new request is answered with `status` for `seconds`, and the open watches end.
+    pub async fn fail(&self, status: u16, seconds: u64) {
+        let path = format!("/fault?status={status}&seconds={seconds}");
+        let answer = request(&self.control, "POST", &path, None)
+            .await
+            .expect("start the fault");
+        assert!(answer.0 < 300, "start the fault: {answer:?}");
+    }
+
+    /// How many requests were answered with the fault's status.
+    pub async fn refused(&self) -> u64 {
+        let answer = request(&self.control, "GET", "/stats", None)
+            .await
+            .expect("stats");
+        let stats: Value = serde_json::from_str(&answer.1).expect("stats as JSON");
+        stats["refused"].as_u64().expect("refused")
+    }
 }

@@ -110,7 +110,8 @@ async fn wait_listening(addr: SocketAddr) {
     }
 }
 
-/// `git daemon` serving every repository of a directory on `git://127.0.0.1:<port>/`.
+/// `git daemon` serving every repository of a directory on `git://127.0.0.1:<port>/` (the
+/// `git-daemon` program, so that dropping this kills the daemon itself).
 pub struct GitDaemon {
     child: std::process::Child,
     pub port: u16,
@@ -119,8 +120,10 @@ pub struct GitDaemon {
 impl GitDaemon {
     pub async fn start(root: &Path) -> Self {
         let port = free_port();
-        let child = Command::new("git")
-            .arg("daemon")
+        // git-daemon itself, not `git daemon`: the `git` wrapper runs it as a child process, so
+        // killing the wrapper would leave the daemon running.
+        let exec_path = git(root, &["--exec-path"]);
+        let child = Command::new(Path::new(&exec_path).join("git-daemon"))
             .arg("--reuseaddr")
             .arg("--export-all")
             .arg("--listen=127.0.0.1")

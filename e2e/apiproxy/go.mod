@@ -1,0 +1,3 @@
+module kandev.dev/e2e/apiproxy
+
+go 1.24
