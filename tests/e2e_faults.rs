@@ -10,6 +10,7 @@
 
 mod e2e_support;
 
+use std::path::Path;
 use std::time::Duration;
 
 use e2e_support::faults::{FaultProxy, HttpFaultProxy};
@@ -34,19 +35,67 @@ profiles:
 /// Long enough for a resume that waits out a fault.
 const HANDLED_WITHIN: Duration = Duration::from_secs(240);
 
-/// A replica behind the proxy.
-fn replica(proxy: &FaultProxy, lease: &str, ns: &str, identity: &str) -> Operator {
-    replica_with(&proxy.kubeconfig, lease, ns, identity)
-}
-
-/// A replica whose API server is the one in `kubeconfig`.
-fn replica_with(kubeconfig: &std::path::Path, lease: &str, ns: &str, identity: &str) -> Operator {
+/// A replica whose API server is the one in `kubeconfig` (a proxy's).
+fn replica(kubeconfig: &Path, lease: &str, ns: &str, identity: &str) -> Operator {
     Operator::builder()
         .log_prefix(&format!("faults-{identity}"))
         .profiles("faults-profiles.yaml", PROFILES)
         .kubeconfig(kubeconfig)
         .leader_election(lease, ns, identity)
         .start()
+}
+
+/// One scenario: a fresh namespace, two replicas electing a leader behind the proxy of
+/// `kubeconfig`, and a session started and then lost.
+struct Scenario {
+    sessions: Sessions,
+    name: String,
+    /// The lost session's token.
+    token: String,
+    a: Operator,
+    b: Operator,
+}
+
+impl Scenario {
+    async fn start(kind: &str, kubeconfig: &Path) -> Self {
+        let ns = unique(&format!("faults-{kind}"));
+        let sessions = Sessions::new(&client_with_crds().await, &ns);
+        let lease = unique("lease");
+        let a = replica(kubeconfig, &lease, &ns, &format!("{kind}-a"));
+        let b = replica(kubeconfig, &lease, &ns, &format!("{kind}-b"));
+        let name = unique(kind);
+        let token = lost_session(&sessions, &name).await;
+        Scenario {
+            sessions,
+            name,
+            token,
+            a,
+            b,
+        }
+    }
+
+    /// Requests a resume and waits until the operator is in the middle of it.
+    async fn resume_latched(&self, request: &str) {
+        self.sessions.annotate(&self.name, request).await;
+        wait_for(
+            &self.sessions.sessions(),
+            &self.name,
+            "latched",
+            latched(request),
+        )
+        .await;
+    }
+
+    fn assert_one_leader(&mut self) {
+        assert_one_leader(&mut [&mut self.a, &mut self.b]);
+    }
+
+    /// `request` resumed the session once, at most one replica led, and the session is deleted.
+    async fn finish(mut self, request: &str) {
+        assert_resumed_once(&self.sessions, &self.name, request, &self.token).await;
+        self.assert_one_leader();
+        cleanup(&self.sessions, &self.name).await;
+    }
 }
 
 /// The moment to inject a fault: the operator has latched the request (it is in the middle of
@@ -206,145 +255,85 @@ async fn a_resume_survives_a_sick_api_server() {
 
 /// The API black-holed for 20 s in the middle of a resume (connections hang, nothing answers).
 async fn a_resume_survives_the_api_black_holed_for_20s() {
-    let ns = unique("faults-hole");
-    let sessions = Sessions::new(&client_with_crds().await, &ns);
     let proxy = FaultProxy::start().await;
-    let lease = unique("lease");
-    let mut a = replica(&proxy, &lease, &ns, "hole-a");
-    let mut b = replica(&proxy, &lease, &ns, "hole-b");
-    let name = unique("hole");
-    let token = lost_session(&sessions, &name).await;
-
-    sessions.annotate(&name, "h1").await;
-    wait_for(&sessions.sessions(), &name, "latched", latched("h1")).await;
+    let mut scenario = Scenario::start("hole", &proxy.kubeconfig).await;
+    scenario.resume_latched("h1").await;
     proxy.add("hole", "timeout", json!({"timeout": 0})).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
+    scenario.assert_one_leader();
     proxy.remove("hole").await;
-
-    assert_resumed_once(&sessions, &name, "h1", &token).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
-    cleanup(&sessions, &name).await;
+    scenario.finish("h1").await;
 }
 
 /// Every call 2 s slower (1 s each way) for a whole resume.
 async fn a_resume_survives_2s_of_latency_on_every_call() {
-    let ns = unique("faults-slow");
-    let sessions = Sessions::new(&client_with_crds().await, &ns);
     let proxy = FaultProxy::start().await;
-    let lease = unique("lease");
-    let mut a = replica(&proxy, &lease, &ns, "slow-a");
-    let mut b = replica(&proxy, &lease, &ns, "slow-b");
-    let name = unique("slow");
-    let token = lost_session(&sessions, &name).await;
-
+    let scenario = Scenario::start("slow", &proxy.kubeconfig).await;
     proxy
         .add("slow", "latency", json!({"latency": 1000, "jitter": 0}))
         .await;
-    sessions.annotate(&name, "l1").await;
-    assert_resumed_once(&sessions, &name, "l1", &token).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
-    proxy.remove("slow").await;
-    cleanup(&sessions, &name).await;
+    scenario.sessions.annotate(&scenario.name, "l1").await;
+    scenario.finish("l1").await;
 }
 
 /// The API server goes away in the middle of a resume (every connection closed, new ones
 /// refused, as during a restart) and comes back 15 s later.
 async fn a_resume_survives_the_api_server_going_away_for_15s() {
-    let ns = unique("faults-down");
-    let sessions = Sessions::new(&client_with_crds().await, &ns);
     let proxy = FaultProxy::start().await;
-    let lease = unique("lease");
-    let mut a = replica(&proxy, &lease, &ns, "down-a");
-    let mut b = replica(&proxy, &lease, &ns, "down-b");
-    let name = unique("down");
-    let token = lost_session(&sessions, &name).await;
-
-    sessions.annotate(&name, "d1").await;
-    wait_for(&sessions.sessions(), &name, "latched", latched("d1")).await;
+    let scenario = Scenario::start("down", &proxy.kubeconfig).await;
+    scenario.resume_latched("d1").await;
     proxy.set_enabled(false).await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     proxy.set_enabled(true).await;
-
-    assert_resumed_once(&sessions, &name, "d1", &token).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
-    cleanup(&sessions, &name).await;
+    scenario.finish("d1").await;
 }
 
 /// Every request answered 503 (ServiceUnavailable, a v1 Status) for 30 s in the middle of a
 /// resume, with the open watches ended: lease renewals, reflector re-lists, status writes and
 /// exec opens all fail for a while.
 async fn a_resume_survives_503_for_30s() {
-    let ns = unique("faults-503");
-    let sessions = Sessions::new(&client_with_crds().await, &ns);
     let proxy = HttpFaultProxy::start().await;
-    let lease = unique("lease");
-    let mut a = replica_with(&proxy.kubeconfig, &lease, &ns, "unavailable-a");
-    let mut b = replica_with(&proxy.kubeconfig, &lease, &ns, "unavailable-b");
-    let name = unique("unavailable");
-    let token = lost_session(&sessions, &name).await;
-
-    sessions.annotate(&name, "u1").await;
-    wait_for(&sessions.sessions(), &name, "latched", latched("u1")).await;
+    let mut scenario = Scenario::start("unavailable", &proxy.kubeconfig).await;
+    scenario.resume_latched("u1").await;
     proxy.fail(503, 30).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
+    scenario.assert_one_leader();
     assert!(
         proxy.refused().await > 0,
         "the replicas asked nothing while the API answered 503"
     );
-
-    assert_resumed_once(&sessions, &name, "u1", &token).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
-    cleanup(&sessions, &name).await;
+    scenario.finish("u1").await;
 }
 
 /// kube-apiserver itself stopped (SIGTERM: it ends its watches and drains) in the middle of a
 /// resume, down for 5 s, and started again with the same flags and etcd.
 async fn a_resume_survives_a_kube_apiserver_restart() {
-    let ns = unique("faults-restart");
-    let sessions = Sessions::new(&client_with_crds().await, &ns);
     let proxy = FaultProxy::start().await;
-    let lease = unique("lease");
-    let mut a = replica(&proxy, &lease, &ns, "restart-a");
-    let mut b = replica(&proxy, &lease, &ns, "restart-b");
-    let name = unique("restart");
-    let token = lost_session(&sessions, &name).await;
-
-    sessions.annotate(&name, "r1").await;
-    wait_for(&sessions.sessions(), &name, "latched", latched("r1")).await;
+    let mut scenario = Scenario::start("restart", &proxy.kubeconfig).await;
+    scenario.resume_latched("r1").await;
     let restarted = std::process::Command::new("bash")
         .arg(repo_path("e2e/cluster.sh"))
         .args(["restart-apiserver", "5"])
         .status()
         .expect("run e2e/cluster.sh restart-apiserver");
     assert!(restarted.success(), "kube-apiserver restarted");
-    assert_one_leader(&mut [&mut a, &mut b]);
-
-    assert_resumed_once(&sessions, &name, "r1", &token).await;
-    assert_one_leader(&mut [&mut a, &mut b]);
-    cleanup(&sessions, &name).await;
+    scenario.assert_one_leader();
+    scenario.finish("r1").await;
 }
 
 /// Exec alone partitioned for 45 s in the middle of a resume: the API answers, but every exec
 /// (the restore, the event journal) hangs at the kubelet, longer than the operator's exec open
 /// deadline (30 s here), so the restore's first exec times out and is tried again.
 async fn a_resume_survives_exec_partitioned_for_45s() {
-    let ns = unique("faults-exec");
-    let sessions = Sessions::new(&client_with_crds().await, &ns);
     let proxy = FaultProxy::start().await;
-    let lease = unique("lease");
-    let mut a = replica(&proxy, &lease, &ns, "exec-a");
-    let mut b = replica(&proxy, &lease, &ns, "exec-b");
-    let name = unique("exec");
-    let token = lost_session(&sessions, &name).await;
+    let mut scenario = Scenario::start("exec", &proxy.kubeconfig).await;
+    let (sessions, name, token) = (&scenario.sessions, &scenario.name, &scenario.token);
     let node = "kwok-node-0";
     let port = proxy.intercept_kubelet(&sessions.client, node).await;
     // Whatever happens, the node's kubelet endpoint goes back before the proxy goes away.
     let _restore = KubeletRestore { node, port };
 
-    sessions.annotate(&name, "e1").await;
-    wait_for(&sessions.sessions(), &name, "latched", latched("e1")).await;
+    scenario.resume_latched("e1").await;
     proxy
         .add_to_kubelet("partition", "timeout", json!({"timeout": 0}))
         .await;
@@ -353,19 +342,19 @@ async fn a_resume_survives_exec_partitioned_for_45s() {
 
     // The exec stream may break inside the restore: then the request fails loudly with the
     // token kept (transport_closed), and a new token resumes.
-    if resumed(&sessions, &name, "e1").await {
-        assert_resumed_once(&sessions, &name, "e1", &token).await;
+    if resumed(sessions, name, "e1").await {
+        assert_resumed_once(sessions, name, "e1", token).await;
     } else {
         assert_eq!(
-            sessions.token_of(&name).await.as_deref(),
+            sessions.token_of(name).await.as_deref(),
             Some(token.as_str()),
             "token kept"
         );
-        sessions.annotate(&name, "e2").await;
-        assert_resumed(&sessions, &name, "e2", &token, 3).await;
+        sessions.annotate(name, "e2").await;
+        assert_resumed(sessions, name, "e2", token, 3).await;
     }
-    assert_one_leader(&mut [&mut a, &mut b]);
-    cleanup(&sessions, &name).await;
+    scenario.assert_one_leader();
+    cleanup(&scenario.sessions, &scenario.name).await;
 }
 
 /// Points the node's kubelet endpoint back at the kubelet when dropped (also on a panic).
