@@ -158,6 +158,14 @@ pub enum AgentctlEvent {
         session_id: String,
         config: SessionConfigState,
     },
+    /// agentctl could not set a saved value back after a restore (the restore stands).
+    ConfigSetBackFailed {
+        #[serde(rename = "sessionId")]
+        session_id: String,
+        method: String,
+        #[serde(default)]
+        error: serde_json::Value,
+    },
     AgentExited,
     #[serde(other)]
     Other,
@@ -262,7 +270,9 @@ pub fn status_patch_for(
             }
             next.session_config = Some(config.clone());
         }
-        AgentctlEvent::AgentExited | AgentctlEvent::Other => return None,
+        AgentctlEvent::ConfigSetBackFailed { .. }
+        | AgentctlEvent::AgentExited
+        | AgentctlEvent::Other => return None,
     }
     // A new session starts with its own configuration (its `session_config` event follows).
     if next.resume_token != known.resume_token {
@@ -551,6 +561,14 @@ async fn stream_events(
             }
         };
         debug!(?line, "agentctl event");
+        if let AgentctlEvent::ConfigSetBackFailed {
+            session_id,
+            method,
+            error,
+        } = &line.event
+        {
+            warn!(%executor, %session_id, %method, %error, "agentctl could not set the session's saved configuration back after the restore; the restore stands");
+        }
         if let Some((patch, next)) = status_patch_for(&line, known, Timestamp::now()) {
             executors
                 .patch_status(executor, &PatchParams::default(), &Patch::Merge(&patch))
@@ -733,6 +751,11 @@ mod tests {
                 },
                 r#"{"event":"session_created","sessionId":"s9","method":"session/new"}"#,
                 Some(json!({"resumeToken":"s9","sessionConfig":null})),
+            ),
+            (
+                running_idle.clone(),
+                r#"{"event":"config_set_back_failed","sessionId":"s1","method":"session/set_mode","error":{"code":-32603,"message":"no"}}"#,
+                None,
             ),
             (running_idle, r#"{"event":"something_new"}"#, None),
             // The journal: an entry applied already (or an older launch's) changes nothing…
