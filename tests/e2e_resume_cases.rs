@@ -9,7 +9,10 @@
 //!   `lastMessageUUID` follows the agent's message ids across it;
 //! - a repository session resumed with its worktree intact: a commit and an uncommitted change
 //!   made in the workspace before the loss are there after the resume, on the same branch and
-//!   HEAD (a real `git daemon` on loopback, stopped before the resume).
+//!   HEAD (a real `git daemon` on loopback, stopped before the resume);
+//! - the session's mode across a resume: the agent switches to `plan` during the task,
+//!   ExecutorRunning `status.sessionConfig` says so, the restored agent comes back with its
+//!   default mode and agentctl sets `plan` back (and nothing else, the rest being unchanged).
 //!
 //! Run by `bash e2e/test.sh` (see e2e/README.md): `#[ignore]`d for plain `cargo test`, failing
 //! (never skipping) without a cluster.
@@ -26,8 +29,8 @@ use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
 use e2e_support::{client_with_crds, unique, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
-    AgentActivity, ExecutorPhase, ExecutorRunning, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION,
-    SessionState, TaskSession, WorktreeStatus,
+    AgentActivity, ConfigOptionValue, ExecutorPhase, ExecutorRunning, RESUME_ANNOTATION,
+    RESUME_FRESH_ANNOTATION, SessionConfigState, SessionState, TaskSession, WorktreeStatus,
 };
 use kandev_operator::controller::conditions;
 use kube::api::{Api, AttachParams, Patch, PatchParams, PostParams};
@@ -605,5 +608,94 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
         processes[1].contains(&"session/resume repo-session".to_string()),
         "{processes:?}"
     );
+    sessions.delete(&name).await;
+}
+
+/// Waits until the ExecutorRunning's `sessionConfig` is `expected`.
+async fn session_config_is(sessions: &Sessions, name: &str, expected: SessionConfigState) {
+    let what = format!("sessionConfig {expected:?}");
+    wait_for(
+        &sessions.executors(),
+        name,
+        &what,
+        move |er: Option<&ExecutorRunning>| {
+            er.and_then(|e| e.status.as_ref())
+                .is_some_and(|s| s.session_config.as_ref() == Some(&expected))
+        },
+    )
+    .await
+    .expect("ExecutorRunning");
+}
+
+/// Restore keeps config and model state: the mode the agent switched to before the loss is set
+/// back on the restored session, whose agent came back with its default.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_resume_sets_the_sessions_mode_back() {
+    let sessions = setup().await;
+    let _operator = operator(
+        "config-agent",
+        &[
+            "--session-config",
+            "--new-session-id",
+            "config-session",
+            "--known-session",
+            "config-session",
+        ],
+        false,
+    )
+    .start();
+    let name = unique("config");
+    // The scripted agent switches its mode on this prompt (a current_mode_update).
+    sessions
+        .create_with_task(&name, "config-agent", Some("set-mode plan"))
+        .await;
+    wait_for(
+        &sessions.sessions(),
+        &name,
+        "WAITING_FOR_INPUT",
+        state_is(SessionState::WaitingForInput),
+    )
+    .await
+    .expect("session");
+    let planned = SessionConfigState {
+        mode: Some("plan".into()),
+        model: Some("small".into()),
+        config_options: vec![ConfigOptionValue {
+            id: "effort".into(),
+            value: "low".into(),
+        }],
+    };
+    session_config_is(&sessions, &name, planned.clone()).await;
+    let log = AgentLog::of(&sessions, &name).await;
+
+    sessions.lose_pods(&name).await;
+    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+    sessions.annotate(&name, "m1").await;
+    wait_for(&sessions.sessions(), &name, "handled m1", handled("m1")).await;
+    let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+    assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
+    let processes = log
+        .wait("the mode set back", |processes| {
+            processes.len() == 2 && processes[1].iter().any(|l| l.starts_with("set "))
+        })
+        .await;
+    let restored = &processes[1];
+    let resume_at = restored
+        .iter()
+        .position(|l| l == "session/resume config-session")
+        .unwrap_or_else(|| panic!("no resume: {restored:?}"));
+    let set_backs: Vec<&String> = restored.iter().filter(|l| l.starts_with("set ")).collect();
+    assert_eq!(set_backs, vec!["set mode plan"], "{restored:?}");
+    let set_at = restored
+        .iter()
+        .position(|l| l == "set mode plan")
+        .expect("set mode");
+    assert!(set_at > resume_at, "{restored:?}");
+    assert!(
+        AgentLog::prompts(restored).is_empty(),
+        "a restore sends no prompt: {restored:?}"
+    );
+    session_config_is(&sessions, &name, planned).await;
     sessions.delete(&name).await;
 }

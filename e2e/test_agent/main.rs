@@ -27,6 +27,14 @@
 //! `--message-ids` gives every message chunk an ACP `messageId` (as real agents do), and
 //! `--log-prompt-text` logs each prompt's text, so a test can check what reached the agent.
 //!
+//! `--session-config` advertises modes (`default`, `plan`), models (`small`, `large`) and a
+//! select config option `effort` (`low`, `high`) in every session/new, load and resume answer,
+//! always at their defaults (so a restored session comes back with defaults, as a restarted
+//! agent process may), and accepts `session/set_mode`, `session/set_model` and
+//! `session/set_config_option`, logged as `set mode|model|effort <value>`
+//! (`--reject-set` answers them -32603). A prompt `set-mode <id>` switches the mode and reports
+//! it with a `current_mode_update`.
+//!
 //! Test-only; not shipped in images.
 
 use std::fs::OpenOptions;
@@ -181,7 +189,17 @@ struct Args {
     /// across the process), `<session>/replay-<n>` for the replayed transcript.
     #[arg(long)]
     message_ids: bool,
+    /// Advertise modes, models and config options (see the module docs).
+    #[arg(long)]
+    session_config: bool,
+    /// Answer every set call -32603.
+    #[arg(long, requires = "session_config")]
+    reject_set: bool,
 }
+
+const MODES: [&str; 2] = ["default", "plan"];
+const MODELS: [&str; 2] = ["small", "large"];
+const EFFORTS: [&str; 2] = ["low", "high"];
 
 struct Agent {
     args: Args,
@@ -335,8 +353,58 @@ impl Agent {
             "session/resume" => self.restore(id, session_id, false),
             "session/load" => self.restore(id, session_id, true),
             "session/prompt" => self.prompt(id, session_id, message),
+            "session/set_mode" | "session/set_model" | "session/set_config_option"
+                if self.args.session_config =>
+            {
+                self.set(id, method, message)
+            }
             _ => self.error(id, -32601, &format!("Method not found: {method}")),
         }
+    }
+
+    /// The session configuration every session setup answer carries, at its defaults.
+    fn config_fields(&self, result: &mut Value) {
+        if !self.args.session_config {
+            return;
+        }
+        let list = |ids: &[&str], key: &str| -> Vec<Value> {
+            ids.iter().map(|id| json!({key: id, "name": id})).collect()
+        };
+        result["modes"] = json!({"currentModeId": MODES[0], "availableModes": list(&MODES, "id")});
+        result["models"] =
+            json!({"currentModelId": MODELS[0], "availableModels": list(&MODELS, "modelId")});
+        result["configOptions"] = json!([{"id": "effort", "name": "Effort", "type": "select",
+            "currentValue": EFFORTS[0], "options": list(&EFFORTS, "value")}]);
+    }
+
+    fn set(&mut self, id: &Value, method: &str, message: &Value) {
+        let (what, field, allowed): (&str, &str, &[&str]) = match method {
+            "session/set_mode" => ("mode", "modeId", &MODES),
+            "session/set_model" => ("model", "modelId", &MODELS),
+            _ => ("effort", "value", &EFFORTS),
+        };
+        let value = message
+            .pointer(&format!("/params/{field}"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        self.log(&format!("set {what} {value}"));
+        if self.args.reject_set {
+            return self.error(id, -32603, "Internal error");
+        }
+        if !allowed.contains(&value.as_str())
+            || (what == "effort" && message.pointer("/params/configId") != Some(&json!("effort")))
+        {
+            return self.error(id, -32602, "Invalid params");
+        }
+        if what == "effort" {
+            return self.result(
+                id,
+                json!({"configOptions": [{"id": "effort", "name": "Effort", "type": "select",
+                "currentValue": value, "options": EFFORTS.iter().map(|v| json!({"value": v, "name": v})).collect::<Vec<_>>()}]}),
+            );
+        }
+        self.result(id, json!({}));
     }
 
     fn initialize(&mut self, id: &Value) {
@@ -380,7 +448,9 @@ impl Agent {
                 format!("test-session-{}", self.sessions_created)
             }
         });
-        self.result(id, to_value(&NewSessionResponse::new(session)));
+        let mut result = to_value(&NewSessionResponse::new(session));
+        self.config_fields(&mut result);
+        self.result(id, result);
     }
 
     fn restore(&mut self, id: &Value, session_id: Option<&str>, load: bool) {
@@ -428,7 +498,9 @@ impl Agent {
                 self.send(&json!({"jsonrpc": "2.0", "method": "session/update", "params": params}));
             }
         }
-        self.result(id, json!({}));
+        let mut result = json!({});
+        self.config_fields(&mut result);
+        self.result(id, result);
     }
 
     /// Writes the flood through one buffer; an error means the client stopped reading.
@@ -489,6 +561,13 @@ impl Agent {
             .pointer("/params/prompt/0/text")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        if let (true, Some(mode)) = (self.args.session_config, text.strip_prefix("set-mode ")) {
+            self.send(
+                &json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+                "sessionId": session, "update": {"sessionUpdate": "current_mode_update",
+                "currentModeId": mode}}}),
+            );
+        }
         let mut chunk = ContentChunk::new(ContentBlock::from(format!("echo: {text}")));
         if self.args.message_ids {
             self.messages_sent += 1;

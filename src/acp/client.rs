@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::api::NegotiatedCapabilities;
+use crate::api::{NegotiatedCapabilities, SessionConfigState};
 use crate::resume::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreErrorClass,
     RestoreFailure, RestoreMethod, RestorePlan, classify_restore_error, next_step_after_failure,
@@ -25,7 +25,7 @@ use crate::resume::{
 use super::outcome::RestoreOutcome;
 use super::rpc::{Replayed, RpcConnection};
 use super::updates::SessionUpdateEvent;
-use super::{AcpError, DISCONNECT_METHOD, LAUNCH_META};
+use super::{AcpError, DISCONNECT_METHOD, LAUNCH_META, SESSION_CONFIG_META};
 
 /// Per-call deadlines. Every restore step has one because an agent that never answers must not
 /// hold a resume forever (and a timeout keeps the token, so a slow agent loses nothing).
@@ -108,6 +108,8 @@ pub struct AcpClient {
     timeouts: AcpTimeouts,
     /// The launch whose session setup and prompt this client sends ([`LAUNCH_META`]).
     launch: Option<String>,
+    /// The saved session configuration a restore carries ([`SESSION_CONFIG_META`]).
+    saved_config: Option<SessionConfigState>,
 }
 
 impl AcpClient {
@@ -122,6 +124,7 @@ impl AcpClient {
             init: None,
             timeouts: AcpTimeouts::default(),
             launch: None,
+            saved_config: None,
         }
     }
 
@@ -155,6 +158,13 @@ impl AcpClient {
         self.launch = Some(launch.to_owned());
     }
 
+    /// Sends `config` with the `session/load` and `session/resume` that follow
+    /// ([`SESSION_CONFIG_META`]): agentctl sets back what the restored session reports
+    /// differently.
+    pub fn set_saved_config(&mut self, config: Option<SessionConfigState>) {
+        self.saved_config = config;
+    }
+
     /// `params` of `method`, with the launch and the trace context in `_meta` for the methods
     /// agentctl deduplicates and traces.
     fn params<T: Serialize>(
@@ -182,6 +192,11 @@ impl AcpClient {
                 .collect();
         if let Some(launch) = &self.launch {
             meta.insert(LAUNCH_META.to_owned(), serde_json::json!(launch));
+        }
+        if let (Some(config), method::SESSION_LOAD | method::SESSION_RESUME) =
+            (&self.saved_config, method)
+        {
+            meta.insert(SESSION_CONFIG_META.to_owned(), serde_json::json!(config));
         }
         if let (false, Some(object)) = (meta.is_empty(), params.as_object_mut())
             && let Some(existing) = object

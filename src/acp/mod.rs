@@ -41,6 +41,11 @@ pub const DISCONNECT_METHOD: &str = "_kandev/disconnect";
 /// sends at most one prompt per launch: the agent sees each launch's restore once.
 pub const LAUNCH_META: &str = "kandev.dev/launch";
 
+/// Key in the `_meta` of `session/load|resume` requests with the session's saved mode, model
+/// and config options (ExecutorRunning `status.sessionConfig`): agentctl sets back what the
+/// restored session reports differently, then drops the key (the agent never sees it).
+pub const SESSION_CONFIG_META: &str = "kandev.dev/session-config";
+
 /// Everything that can go wrong in this layer.
 #[derive(Debug, thiserror::Error)]
 pub enum AcpError {

@@ -56,7 +56,13 @@ pub enum Command {
     /// closed; `initialize` is answered from the cached response; the client leaves with
     /// {"jsonrpc":"2.0","method":"_kandev/disconnect"} or by closing the socket, and the agent
     /// keeps running), or {"mode":"events"} for a stream of event lines (a snapshot of the current
-    /// state, then session_created, prompt_started, prompt_finished, agent_exited). A
+    /// state, then session_created, session_config, prompt_started, prompt_finished,
+    /// agent_exited). After a session/load or session/resume whose params carry
+    /// "_meta":{"kandev.dev/session-config":{mode,model,configOptions}} (the saved
+    /// configuration), agentctl itself sends session/set_mode, session/set_model and
+    /// session/set_config_option for the saved values the restored session reports
+    /// differently and offers, before the client gets the answer; a refused one is reported as
+    /// config_set_back_failed and the restore stands. A
     /// session/new|load|resume or session/prompt whose params carry
     /// "_meta":{"kandev.dev/launch":<id>} reaches the agent once per launch id, method and
     /// session: a repeat gets the first one's answer. The conversation is recorded under
@@ -91,6 +97,9 @@ pub enum Command {
     /// state, then (unless --once; with --until-idle only while a prompt is active) one object per
     /// line as things happen:
     /// {"event":"session_created","sessionId":…,"method":…},
+    /// {"event":"session_config","sessionId":…,"config":{"mode","model","configOptions":[{id,
+    /// value}]}} (the mode, model and config options the agent reports, on every change),
+    /// {"event":"config_set_back_failed","sessionId":…,"method":…,"error":{code,message}},
     /// {"event":"prompt_started","sessionId":…}, {"event":"prompt_finished","sessionId":…,
     /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}. Each
     /// event has a "timestamp", its "seq", the operator's "launch" it happened in and the "pod";

@@ -26,10 +26,12 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::wire::{self, Message};
-use crate::acp::LAUNCH_META;
+use crate::acp::{LAUNCH_META, SESSION_CONFIG_META};
+use crate::api::SessionConfigState;
 use crate::codec::WarnLimiter;
 use crate::history::{ContextLimits, HistoryEntry, TRUNCATION_MARKER, wrap_prompt_once};
 use crate::resume::AgentLimit;
+use crate::resume::{SetBack, apply_config_update, reported_config, set_back};
 use crate::telemetry;
 
 /// Identifies one socket connection for its lifetime; never reused.
@@ -80,6 +82,19 @@ pub enum Event {
     SessionCreated {
         session_id: String,
         method: String,
+    },
+    /// The session's mode, model and config options changed (a session setup answer, a
+    /// `session/update`, or a value set back after a restore).
+    SessionConfig {
+        session_id: String,
+        config: SessionConfigState,
+    },
+    /// Setting a saved value back after a restore failed (best effort: the restore stands).
+    ConfigSetBackFailed {
+        session_id: String,
+        method: String,
+        code: i64,
+        message: String,
     },
     PromptStarted {
         session_id: String,
@@ -141,6 +156,19 @@ impl Event {
             Event::SessionCreated { session_id, method } => json!({
                 "event": "session_created", "sessionId": session_id, "method": method,
                 "timestamp": timestamp,
+            }),
+            Event::SessionConfig { session_id, config } => json!({
+                "event": "session_config", "sessionId": session_id, "config": config,
+                "timestamp": timestamp,
+            }),
+            Event::ConfigSetBackFailed {
+                session_id,
+                method,
+                code,
+                message,
+            } => json!({
+                "event": "config_set_back_failed", "sessionId": session_id, "method": method,
+                "error": {"code": code, "message": message}, "timestamp": timestamp,
             }),
             Event::PromptStarted { session_id } => json!({
                 "event": "prompt_started", "sessionId": session_id, "timestamp": timestamp,
@@ -218,6 +246,8 @@ struct Pending {
     session_id: Option<String>,
     /// Set for a launch-tagged request: its answer is kept for repeats.
     launch: Option<LaunchKey>,
+    /// The saved configuration a `session/load|resume` carried ([`SESSION_CONFIG_META`]).
+    saved_config: Option<SessionConfigState>,
     /// `agentctl.forward`: open from the request to the agent until its answer.
     span: tracing::Span,
 }
@@ -277,6 +307,10 @@ pub struct Hub {
     pending: HashMap<u64, Pending>,
     agent_requests: HashMap<String, AgentRequest>,
     sessions: HashMap<String, SessionRecording>,
+    /// The mode, model and config options last reported, by session.
+    configs: HashMap<String, SessionConfigState>,
+    /// agentctl's own set-back requests to the agent, by agent-side id: the session and call.
+    set_backs: HashMap<u64, (String, SetBack)>,
     /// The session whose next prompt gets the resume context (set by a fresh `session/new`).
     inject_next_prompt_of: Option<String>,
     /// The last session set up successfully, for [`Hub::snapshot`].
@@ -302,6 +336,8 @@ impl Hub {
             pending: HashMap::new(),
             agent_requests: HashMap::new(),
             sessions: HashMap::new(),
+            configs: HashMap::new(),
+            set_backs: HashMap::new(),
             inject_next_prompt_of: None,
             current_session: None,
             launch_requests: HashMap::new(),
@@ -604,7 +640,7 @@ impl Hub {
             .and_then(|p| p.get("sessionId"))
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let (launch, trace) = take_meta(&mut raw);
+        let (launch, trace, saved_config) = take_meta(&mut raw);
         let launch = launch.map(|launch| (launch, method.clone(), session_id.clone()));
         if let Some(key) = &launch
             && let Some(out) = self.repeated_launch_request(conn, &id, key)
@@ -687,6 +723,7 @@ impl Hub {
                 method,
                 session_id,
                 launch,
+                saved_config,
                 span,
             },
         );
@@ -736,6 +773,9 @@ impl Hub {
             let clients = std::mem::take(clients);
             return self.initialize_answered(&raw, clients);
         }
+        if let Some((session_id, call)) = self.set_backs.remove(&agent_id) {
+            return self.set_back_answered(session_id, call, &raw);
+        }
         let Some(pending) = self.pending.remove(&agent_id) else {
             if let Some(suppressed) = self.warnings.allow() {
                 tracing::warn!(
@@ -772,6 +812,7 @@ impl Hub {
                         session_id: session_id.to_owned(),
                         method: pending.method.clone(),
                     }));
+                    out.extend(self.session_answered(session_id, result, None));
                     // A fresh agent session: the next prompt carries the recorded history.
                     self.inject_next_prompt_of =
                         self.config.history_injection.then(|| session_id.to_owned());
@@ -786,12 +827,17 @@ impl Hub {
                 {
                     recording.loading = recording.loading.saturating_sub(1);
                 }
-                if let (Some(_), Some(session_id)) = (result, &pending.session_id) {
+                if let (Some(result), Some(session_id)) = (result, &pending.session_id) {
                     self.current_session = Some(session_id.clone());
                     out.push(Output::Event(Event::SessionCreated {
                         session_id: session_id.clone(),
                         method: pending.method.clone(),
                     }));
+                    out.extend(self.session_answered(
+                        session_id,
+                        Some(result),
+                        pending.saved_config.as_ref(),
+                    ));
                     // The agent remembers this session itself: nothing to inject.
                     self.inject_next_prompt_of = None;
                 }
@@ -831,6 +877,78 @@ impl Hub {
             tracing::debug!(method = %pending.method, "response for a departed client dropped");
         }
         out
+    }
+
+    /// A session setup succeeded: its configuration is recorded, and after a restore the saved
+    /// values it reports differently are set back. The set-back requests go to the agent before
+    /// the client gets the answer, so they reach the agent before anything the client sends next.
+    fn session_answered(
+        &mut self,
+        session_id: &str,
+        result: Option<&Value>,
+        saved: Option<&SessionConfigState>,
+    ) -> Vec<Output> {
+        let reported = result.map(reported_config).unwrap_or_default();
+        let mut out = Vec::new();
+        if reported.state != SessionConfigState::default() {
+            out.push(Output::Event(Event::SessionConfig {
+                session_id: session_id.to_owned(),
+                config: reported.state.clone(),
+            }));
+        }
+        let calls = saved
+            .map(|saved| set_back(saved, &reported))
+            .unwrap_or_default();
+        self.configs.insert(session_id.to_owned(), reported.state);
+        for call in calls {
+            let agent_id = self.alloc_id();
+            tracing::info!(
+                session_id,
+                method = call.method(),
+                "setting a saved value back after the restore"
+            );
+            out.push(Output::ToAgent(json!({
+                "jsonrpc": "2.0", "id": agent_id, "method": call.method(),
+                "params": call.params(session_id),
+            })));
+            self.set_backs
+                .insert(agent_id, (session_id.to_owned(), call));
+        }
+        out
+    }
+
+    /// The agent's answer to a set-back: the value is recorded, or the failure reported.
+    fn set_back_answered(
+        &mut self,
+        session_id: String,
+        call: SetBack,
+        raw: &Map<String, Value>,
+    ) -> Vec<Output> {
+        if raw.get("result").is_some() {
+            let config = self.configs.entry(session_id.clone()).or_default();
+            call.apply(config);
+            return vec![Output::Event(Event::SessionConfig {
+                session_id,
+                config: config.clone(),
+            })];
+        }
+        let error = raw.get("error");
+        let code = error
+            .and_then(|e| e.get("code"))
+            .and_then(Value::as_i64)
+            .unwrap_or(wire::INTERNAL_ERROR);
+        let message = error
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        tracing::warn!(%session_id, method = call.method(), code, %message, "setting a saved value back failed; the restore stands");
+        vec![Output::Event(Event::ConfigSetBackFailed {
+            session_id,
+            method: call.method().to_owned(),
+            code,
+            message,
+        })]
     }
 
     fn initialize_answered(
@@ -930,6 +1048,14 @@ impl Hub {
         ) else {
             return Vec::new();
         };
+        let mut out = Vec::new();
+        let config = self.configs.entry(session_id.to_owned()).or_default();
+        if apply_config_update(config, update) {
+            out.push(Output::Event(Event::SessionConfig {
+                session_id: session_id.to_owned(),
+                config: config.clone(),
+            }));
+        }
         let history_session = self.history_session(session_id);
         let kind = update.get("sessionUpdate").and_then(Value::as_str);
         // ACP content chunks (user, agent, thought) carry the id of the message they belong to.
@@ -948,9 +1074,8 @@ impl Hub {
             .get(session_id)
             .is_some_and(|recording| recording.loading > 0)
         {
-            return Vec::new();
+            return out;
         }
-        let mut out = Vec::new();
         match kind {
             Some("agent_message_chunk") => {
                 if update.pointer("/content/type").and_then(Value::as_str) == Some("text")
@@ -1164,17 +1289,26 @@ const TRACE_META: [&str; 2] = ["traceparent", "tracestate"];
 /// Removes [`LAUNCH_META`] and the trace context from the request's `_meta` (the agent has no
 /// use for the launch, and gets agentctl's own trace context; `_meta` goes when nothing else is
 /// in it) and returns them.
-fn take_meta(raw: &mut Map<String, Value>) -> (Option<String>, HashMap<String, String>) {
+fn take_meta(
+    raw: &mut Map<String, Value>,
+) -> (
+    Option<String>,
+    HashMap<String, String>,
+    Option<SessionConfigState>,
+) {
     let mut trace = HashMap::new();
     let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut) else {
-        return (None, trace);
+        return (None, trace, None);
     };
     let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) else {
-        return (None, trace);
+        return (None, trace, None);
     };
     let launch = meta
         .remove(LAUNCH_META)
         .and_then(|launch| launch.as_str().map(str::to_owned));
+    let saved_config = meta
+        .remove(SESSION_CONFIG_META)
+        .and_then(|config| serde_json::from_value(config).ok());
     for key in TRACE_META {
         if let Some(Value::String(value)) = meta.remove(key) {
             trace.insert(key.to_owned(), value);
@@ -1183,7 +1317,7 @@ fn take_meta(raw: &mut Map<String, Value>) -> (Option<String>, HashMap<String, S
     if meta.is_empty() {
         params.remove("_meta");
     }
-    (launch, trace)
+    (launch, trace, saved_config)
 }
 
 /// Puts `context` (from [`telemetry::inject`]; empty without an exporter) into `_meta`.
@@ -1750,6 +1884,103 @@ mod tests {
             json,
             json!({"event":"prompt_finished","sessionId":"s","error":{"code":-32000,"message":"auth required"},"timestamp":"T"})
         );
+    }
+
+    fn config(mode: &str, effort: &str) -> SessionConfigState {
+        SessionConfigState {
+            mode: Some(mode.into()),
+            model: None,
+            config_options: vec![crate::api::ConfigOptionValue {
+                id: "effort".into(),
+                value: effort.into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_restore_sets_the_saved_configuration_back_before_answering() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        let out = hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":7,"method":"session/resume","params":{"sessionId":"s","cwd":"/","_meta":{SESSION_CONFIG_META: config("plan", "high")}}})));
+        assert_eq!(
+            to_agent(&out)[0]["params"].get("_meta"),
+            None,
+            "the saved configuration is agentctl's, not the agent's"
+        );
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":2,"result":{
+            "modes":{"currentModeId":"default","availableModes":[{"id":"default","name":"D"},{"id":"plan","name":"P"}]},
+            "configOptions":[{"id":"effort","name":"E","type":"select","currentValue":"low","options":[{"value":"low","name":"L"},{"value":"high","name":"H"}]}]}})));
+        assert_eq!(
+            events(&out),
+            vec![
+                Event::SessionCreated {
+                    session_id: "s".into(),
+                    method: "session/resume".into()
+                },
+                Event::SessionConfig {
+                    session_id: "s".into(),
+                    config: config("default", "low")
+                },
+            ]
+        );
+        assert_eq!(
+            to_agent(&out),
+            vec![
+                json!({"jsonrpc":"2.0","id":3,"method":"session/set_mode","params":{"sessionId":"s","modeId":"plan"}}),
+                json!({"jsonrpc":"2.0","id":4,"method":"session/set_config_option","params":{"sessionId":"s","configId":"effort","value":"high"}}),
+            ]
+        );
+        assert!(
+            matches!(out.last(), Some(Output::ToClient(1, answer)) if answer["id"] == 7),
+            "the set-backs go out before the client's answer: {out:?}"
+        );
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":3,"result":{}})));
+        assert_eq!(
+            out,
+            vec![Output::Event(Event::SessionConfig {
+                session_id: "s".into(),
+                config: config("plan", "low")
+            })],
+            "a set-back's answer is agentctl's own: the client never sees it"
+        );
+        let out = hub.agent_line(&line(
+            json!({"jsonrpc":"2.0","id":4,"error":{"code":-32602,"message":"no"}}),
+        ));
+        assert_eq!(
+            out,
+            vec![Output::Event(Event::ConfigSetBackFailed {
+                session_id: "s".into(),
+                method: "session/set_config_option".into(),
+                code: -32602,
+                message: "no".into()
+            })]
+        );
+        // Changes the agent reports later are followed too.
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"current_mode_update","currentModeId":"default"}}})));
+        assert_eq!(
+            events(&out),
+            vec![Event::SessionConfig {
+                session_id: "s".into(),
+                config: config("default", "low")
+            }]
+        );
+    }
+
+    #[test]
+    fn a_new_session_records_its_configuration_and_sets_nothing() {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[],"_meta":{SESSION_CONFIG_META: config("plan", "high")}}})));
+        let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":"n",
+            "modes":{"currentModeId":"default","availableModes":[{"id":"default","name":"D"},{"id":"plan","name":"P"}]}}})));
+        assert!(to_agent(&out).is_empty());
+        assert!(events(&out).contains(&Event::SessionConfig {
+            session_id: "n".into(),
+            config: SessionConfigState {
+                mode: Some("default".into()),
+                ..SessionConfigState::default()
+            }
+        }));
     }
 
     #[test]

@@ -135,6 +135,37 @@ pub struct ExecutorRunningStatus {
     /// ACP capabilities negotiated at the last `initialize`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<NegotiatedCapabilities>,
+    /// The agent session's mode, model and config options as the agent last reported them (in
+    /// the `session/new`, `session/load` or `session/resume` answer and its `session/update`s).
+    /// A resume sets them back where the restored session reports something else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_config: Option<SessionConfigState>,
+}
+
+/// The mode, model and config options of an agent session (ACP `modes.currentModeId`,
+/// `models.currentModelId`, `configOptions[].currentValue`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionConfigState {
+    /// The current session mode id (e.g. `plan`, `code`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// The current model id (ACP `models`, unstable in the protocol).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The current value of each config option, by option id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_options: Vec<ConfigOptionValue>,
+}
+
+/// One config option's current value.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigOptionValue {
+    /// The option's id (`configId`).
+    pub id: String,
+    /// Its current value id.
+    pub value: String,
 }
 
 /// The git worktree of an executor.

@@ -33,7 +33,9 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use crate::api::PROMPTED_ANNOTATION;
-use crate::api::{AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus};
+use crate::api::{
+    AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
+};
 
 /// An idle session's journal is read at least this often, for prompts from clients that do not
 /// nudge the operator (more often when `--agent-unreachable-seconds` is shorter: each read is
@@ -150,6 +152,20 @@ pub enum AgentctlEvent {
         #[serde(rename = "lastMessageId", default)]
         last_message_id: Option<String>,
     },
+    /// The session's mode, model and config options (see [`SessionConfigState`]).
+    SessionConfig {
+        #[serde(rename = "sessionId")]
+        session_id: String,
+        config: SessionConfigState,
+    },
+    /// agentctl could not set a saved value back after a restore (the restore stands).
+    ConfigSetBackFailed {
+        #[serde(rename = "sessionId")]
+        session_id: String,
+        method: String,
+        #[serde(default)]
+        error: serde_json::Value,
+    },
     AgentExited,
     #[serde(other)]
     Other,
@@ -165,6 +181,8 @@ pub struct Known {
     pub activity: Option<AgentActivity>,
     pub running: bool,
     pub cursor: u64,
+    /// `sessionConfig`: the configuration of the session `resume_token` names.
+    pub session_config: Option<SessionConfigState>,
 }
 
 impl Known {
@@ -175,6 +193,7 @@ impl Known {
             activity: status.activity,
             running: status.status == Some(ExecutorPhase::Running),
             cursor: status.journal_cursor.unwrap_or(0),
+            session_config: status.session_config.clone(),
         }
     }
 
@@ -184,11 +203,13 @@ impl Known {
             &self.last_message_id,
             self.activity,
             self.running,
+            &self.session_config,
         ) == (
             &other.resume_token,
             &other.last_message_id,
             other.activity,
             other.running,
+            &other.session_config,
         )
     }
 }
@@ -242,7 +263,20 @@ pub fn status_patch_for(
                 next.resume_token = Some(id.clone());
             }
         }
-        AgentctlEvent::AgentExited | AgentctlEvent::Other => return None,
+        AgentctlEvent::SessionConfig { session_id, config } => {
+            // Only the configuration of the session the token names is kept.
+            if next.resume_token.as_ref() != Some(session_id) {
+                return None;
+            }
+            next.session_config = Some(config.clone());
+        }
+        AgentctlEvent::ConfigSetBackFailed { .. }
+        | AgentctlEvent::AgentExited
+        | AgentctlEvent::Other => return None,
+    }
+    // A new session starts with its own configuration (its `session_config` event follows).
+    if next.resume_token != known.resume_token {
+        next.session_config = None;
     }
     // The last message id belongs to the session the token names: a new session starts without
     // one, until the agent reports one.
@@ -275,6 +309,16 @@ pub fn status_patch_for(
     if next.last_message_id != known.last_message_id {
         // null removes it (a merge patch).
         status["lastMessageUUID"] = json!(next.last_message_id);
+    }
+    if next.session_config != known.session_config {
+        // Explicit nulls: a merge patch would otherwise keep a mode or model no longer reported.
+        status["sessionConfig"] = match &next.session_config {
+            Some(config) => json!({
+                "mode": config.mode, "model": config.model,
+                "configOptions": config.config_options,
+            }),
+            None => serde_json::Value::Null,
+        };
     }
     if next.cursor != known.cursor {
         status["journalCursor"] = json!(next.cursor);
@@ -517,6 +561,14 @@ async fn stream_events(
             }
         };
         debug!(?line, "agentctl event");
+        if let AgentctlEvent::ConfigSetBackFailed {
+            session_id,
+            method,
+            error,
+        } = &line.event
+        {
+            warn!(%executor, %session_id, %method, %error, "agentctl could not set the session's saved configuration back after the restore; the restore stands");
+        }
         if let Some((patch, next)) = status_patch_for(&line, known, Timestamp::now()) {
             executors
                 .patch_status(executor, &PatchParams::default(), &Patch::Merge(&patch))
@@ -579,6 +631,7 @@ mod tests {
             activity: Some(AgentActivity::Idle),
             running: true,
             cursor: 0,
+            session_config: None,
         };
         let at_5 = Known {
             cursor: 5,
@@ -662,6 +715,47 @@ mod tests {
                 },
                 r#"{"event":"prompt_finished","sessionId":"s9","stopReason":"end_turn","lastMessageId":"n-1"}"#,
                 Some(json!({"resumeToken":"s9","lastMessageUUID":"n-1"})),
+            ),
+            // The session's configuration, for the session the token names only…
+            (
+                running_idle.clone(),
+                r#"{"event":"session_config","sessionId":"s1","config":{"mode":"plan","configOptions":[{"id":"effort","value":"high"}]}}"#,
+                Some(
+                    json!({"sessionConfig":{"mode":"plan","model":null,"configOptions":[{"id":"effort","value":"high"}]}}),
+                ),
+            ),
+            (
+                running_idle.clone(),
+                r#"{"event":"session_config","sessionId":"other","config":{"mode":"plan"}}"#,
+                None,
+            ),
+            (
+                Known {
+                    session_config: Some(SessionConfigState {
+                        mode: Some("plan".into()),
+                        ..SessionConfigState::default()
+                    }),
+                    ..running_idle.clone()
+                },
+                r#"{"event":"session_config","sessionId":"s1","config":{"mode":"plan"}}"#,
+                None,
+            ),
+            // …and a new session's token drops the old session's configuration.
+            (
+                Known {
+                    session_config: Some(SessionConfigState {
+                        mode: Some("plan".into()),
+                        ..SessionConfigState::default()
+                    }),
+                    ..running_idle.clone()
+                },
+                r#"{"event":"session_created","sessionId":"s9","method":"session/new"}"#,
+                Some(json!({"resumeToken":"s9","sessionConfig":null})),
+            ),
+            (
+                running_idle.clone(),
+                r#"{"event":"config_set_back_failed","sessionId":"s1","method":"session/set_mode","error":{"code":-32603,"message":"no"}}"#,
+                None,
             ),
             (running_idle, r#"{"event":"something_new"}"#, None),
             // The journal: an entry applied already (or an older launch's) changes nothing…

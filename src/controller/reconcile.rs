@@ -1265,6 +1265,8 @@ impl<'a> Session<'a> {
         // Repeated setup requests and the initial prompt of the same launch are answered by
         // agentctl from what it did the first time, without reaching the agent again.
         client.set_launch(self.launch_id());
+        // The saved mode, model and config options: agentctl sets them back after a restore.
+        client.set_saved_config(self.objects.executor_status().session_config.clone());
         client.set_limits(self.ctx.settings.acp_limits);
         let timeouts = AcpTimeouts {
             initialize: self.ctx.settings.acp_timeout,

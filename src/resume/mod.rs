@@ -14,6 +14,7 @@ mod prompt;
 mod reach;
 mod request;
 mod restore;
+mod session_config;
 mod stall;
 mod status;
 mod transition;
@@ -39,6 +40,7 @@ pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,
     RestorePlan, next_step_after_failure, select_restore_method,
 };
+pub use session_config::{ReportedConfig, SetBack, apply_config_update, reported_config, set_back};
 pub use stall::{LaunchStall, checkout_stall, launch_stall};
 pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,

@@ -1,0 +1,118 @@
+//! `agentctl serve` with `kandev-test-agent --session-config` as real processes: the session's
+//! mode, model and config options travel in the events (and so into ExecutorRunning status), and
+//! after a restore agentctl sets back the saved values the restored session reports differently,
+//! before the client gets the restore's answer; a set-back the agent refuses is reported and the
+//! restore stands.
+
+mod agentctl_support;
+
+use agentctl_support::*;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+fn saved() -> Value {
+    json!({"mode": "plan", "model": "large", "configOptions": [{"id": "effort", "value": "high"}]})
+}
+
+fn resume_params(serve: &Serve) -> Value {
+    json!({"sessionId": "test-session-1", "cwd": serve.workspace,
+        "_meta": {"kandev.dev/session-config": saved()}})
+}
+
+#[test]
+fn a_resume_sets_the_saved_configuration_back() {
+    let serve = Serve::start(
+        &[],
+        &["--session-config", "--known-session", "test-session-1"],
+    );
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.request(json!(1), "initialize", initialize_params());
+    client.request(
+        json!(2),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
+    let config = events.until("session_config");
+    assert_eq!(config["sessionId"], "test-session-1");
+    assert_eq!(
+        config["config"],
+        json!({"mode": "default", "model": "small", "configOptions": [{"id": "effort", "value": "low"}]})
+    );
+    // The agent reports a change of mode in a session/update: followed.
+    client.request(
+        json!(3),
+        "session/prompt",
+        prompt_params("test-session-1", "set-mode plan"),
+    );
+    assert_eq!(events.until("session_config")["config"]["mode"], "plan");
+    assert!(client.disconnect().success());
+
+    let mut client = serve.connect();
+    client.request(json!(1), "initialize", initialize_params());
+    let resumed = client.request(json!(2), "session/resume", resume_params(&serve));
+    assert_eq!(
+        resumed["result"]["modes"]["currentModeId"], "default",
+        "{resumed}"
+    );
+    let log = serve.wait_agent_log("three set-backs", |log| {
+        log.iter().filter(|l| l.starts_with("set ")).count() >= 3
+    });
+    let tail: Vec<&str> = log
+        .iter()
+        .skip_while(|l| !l.starts_with("session/resume"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        tail.iter()
+            .filter(|l| l.starts_with("set "))
+            .collect::<Vec<_>>(),
+        vec![&"set mode plan", &"set model large", &"set effort high"],
+        "{log:?}"
+    );
+    assert!(
+        !log.iter().any(|l| l.contains("kandev.dev")),
+        "the saved configuration never reaches the agent"
+    );
+    assert_eq!(events.until("session_created")["method"], "session/resume");
+    let mut last = Value::Null;
+    for _ in 0..4 {
+        last = events.until("session_config");
+    }
+    assert_eq!(
+        last["config"],
+        saved(),
+        "the set-back values are what the events report"
+    );
+    assert!(client.disconnect().success());
+}
+
+#[test]
+fn a_refused_set_back_is_reported_and_the_restore_stands() {
+    let serve = Serve::start(
+        &[],
+        &[
+            "--session-config",
+            "--reject-set",
+            "--known-session",
+            "test-session-1",
+        ],
+    );
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.request(json!(1), "initialize", initialize_params());
+    let resumed = client.request(json!(2), "session/resume", resume_params(&serve));
+    assert!(resumed.get("result").is_some(), "{resumed}");
+    let failed = events.until("config_set_back_failed");
+    assert_eq!(failed["sessionId"], "test-session-1");
+    assert_eq!(failed["method"], "session/set_mode");
+    assert_eq!(failed["error"]["code"], -32603);
+    // The session still works.
+    let prompted = client.request(
+        json!(3),
+        "session/prompt",
+        prompt_params("test-session-1", "hello"),
+    );
+    assert_eq!(prompted["result"]["stopReason"], "end_turn");
+    assert!(client.disconnect().success());
+}
