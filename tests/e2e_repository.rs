@@ -11,12 +11,11 @@ use std::time::Duration;
 use e2e_support::git::{GitDaemon, HttpsGit, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, unique, wait_for};
+use e2e_support::{client_with_crds, pod_sh as sh, unique, wait_for};
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use kandev_operator::api::{SessionState, TaskSession, WorktreeStatus};
 use kandev_operator::controller::conditions;
-use kube::api::{Api, AttachParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const NS: &str = "kandev-e2e-repository";
@@ -74,32 +73,6 @@ async fn the_pod(sessions: &Sessions, name: &str) -> Pod {
     let pods = sessions.live_pods(name).await;
     assert_eq!(pods.len(), 1, "one agentctl pod");
     pods.into_iter().next().expect("pod")
-}
-
-/// `sh -c <script>` in the pod, in its working directory (the workspace); its stdout.
-async fn sh(client: &Client, pod: &Pod, script: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let ap = AttachParams::default().stdout(true).stderr(false);
-    let mut attached = pods
-        .exec(&pod.name_any(), ["sh", "-c", script], &ap)
-        .await
-        .expect("exec");
-    let mut out = String::new();
-    let mut stdout = attached.stdout().expect("stdout");
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out),
-    )
-    .await
-    .expect("exec output within 20s")
-    .expect("read exec output");
-    let status = attached.take_status().expect("status").await;
-    assert_eq!(
-        status.and_then(|s| s.status).as_deref(),
-        Some("Success"),
-        "{script}: {out}"
-    );
-    out.trim().to_string()
 }
 
 /// Waits for `Stalled=True` with `reason` and returns its message; the pod is removed and the

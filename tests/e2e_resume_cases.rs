@@ -26,15 +26,15 @@ use std::time::Duration;
 use e2e_support::git::{GitDaemon, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, unique, wait_for};
+use e2e_support::{client_with_crds, pod_sh as sh, unique, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
     AgentActivity, ConfigOptionValue, ExecutorPhase, ExecutorRunning, RESUME_ANNOTATION,
     RESUME_FRESH_ANNOTATION, SessionConfigState, SessionState, TaskSession, WorktreeStatus,
 };
 use kandev_operator::controller::conditions;
-use kube::api::{Api, AttachParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const NS: &str = "kandev-e2e-resume-cases";
@@ -451,32 +451,6 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
         er.journal_cursor
     );
     sessions.delete(&name).await;
-}
-
-/// `sh -c <script>` in the pod's working directory (the workspace); its stdout, trimmed.
-async fn sh(client: &Client, pod: &Pod, script: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let ap = AttachParams::default().stdout(true).stderr(false);
-    let mut attached = pods
-        .exec(&pod.name_any(), ["sh", "-c", script], &ap)
-        .await
-        .expect("exec");
-    let mut out = String::new();
-    let mut stdout = attached.stdout().expect("stdout");
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out),
-    )
-    .await
-    .expect("exec output within 20s")
-    .expect("read exec output");
-    let status = attached.take_status().expect("status").await;
-    assert_eq!(
-        status.and_then(|s| s.status).as_deref(),
-        Some("Success"),
-        "{script}: {out}"
-    );
-    out.trim().to_string()
 }
 
 /// A repository session is resumed with its worktree intact: before the loss the workspace

@@ -185,3 +185,38 @@ pub fn kubectl() -> std::process::Command {
         .unwrap_or_else(|| PathBuf::from("kubectl"));
     std::process::Command::new(bin)
 }
+
+/// `sh -c <script>` in the pod's working directory (the workspace), through the API server's
+/// exec; its stdout, trimmed. Panics unless the script succeeds within 20 s.
+pub async fn pod_sh(
+    client: &Client,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    script: &str,
+) -> String {
+    use kube::ResourceExt;
+    let namespace = pod.namespace().expect("a namespaced pod");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    let ap = kube::api::AttachParams::default()
+        .stdout(true)
+        .stderr(false);
+    let mut attached = pods
+        .exec(&pod.name_any(), ["sh", "-c", script], &ap)
+        .await
+        .expect("exec");
+    let mut out = String::new();
+    let mut stdout = attached.stdout().expect("stdout");
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out),
+    )
+    .await
+    .expect("exec output within 20s")
+    .expect("read exec output");
+    let status = attached.take_status().expect("status").await;
+    assert_eq!(
+        status.and_then(|s| s.status).as_deref(),
+        Some("Success"),
+        "{script}: {out}"
+    );
+    out.trim().to_string()
+}
