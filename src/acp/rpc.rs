@@ -19,7 +19,7 @@
 //! [`Value`]). An agent that breaks a bound is cut off: both tasks stop, and every call fails
 //! with [`RestoreFailure::AgentLimit`] naming the bound.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -78,6 +78,8 @@ struct Loading {
 /// Mutable connection state; only ever locked briefly and never across an `.await`.
 struct State {
     pending: HashMap<u64, oneshot::Sender<CallResult>>,
+    /// Requests sent with [`AcpRpc::send_detached`]: their answers are dropped without a warning.
+    detached: HashSet<u64>,
     /// Set once the stream closed (EOF, read or write error: `TransportClosed`) or the agent
     /// was cut off (`AgentLimit`). Later calls fail at once with it.
     closed: Option<RestoreFailure>,
@@ -158,7 +160,14 @@ impl Shared {
     }
 
     fn resolve(&self, id: u64, result: CallResult) {
-        let waiter = self.lock().pending.remove(&id);
+        let waiter = {
+            let mut state = self.lock();
+            if state.detached.remove(&id) {
+                tracing::debug!(id, "answer for a detached request dropped");
+                return;
+            }
+            state.pending.remove(&id)
+        };
         match waiter {
             Some(waiter) => {
                 // The caller may have given up (timeout) in the meantime; that is fine.
@@ -261,6 +270,7 @@ impl RpcConnection {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 pending: HashMap::new(),
+                detached: HashSet::new(),
                 closed: None,
                 subscribers: Vec::new(),
                 limits: AcpLimits::default(),
@@ -365,6 +375,7 @@ impl RpcConnection {
             return Err(why);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.shared.lock().detached.insert(id);
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
     }
 
@@ -913,6 +924,38 @@ mod tests {
         )
         .await;
         assert!(!rpc.is_closed());
+    }
+
+    #[tokio::test]
+    async fn a_detached_requests_answer_is_expected_and_forgotten() {
+        let (rpc, mut from_client, mut agent) = connect();
+        rpc.send_detached("session/prompt", json!({}))
+            .expect("send");
+        let request = next_json(&mut from_client).await;
+        assert_eq!(rpc.shared.lock().detached.len(), 1);
+        say(
+            &mut agent,
+            &format!(
+                r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
+                request["id"]
+            ),
+        )
+        .await;
+        // The answer is taken off the list once read; the connection keeps working.
+        let answer = rpc.call("next", json!({}), Some(Duration::from_secs(5)));
+        let (result, ()) = tokio::join!(answer, async {
+            let request = next_json(&mut from_client).await;
+            say(
+                &mut agent,
+                &format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
+                    request["id"]
+                ),
+            )
+            .await;
+        });
+        assert_eq!(result, Ok(json!({})));
+        assert!(rpc.shared.lock().detached.is_empty());
     }
 
     #[tokio::test]

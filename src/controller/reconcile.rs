@@ -40,8 +40,8 @@ use crate::resume::{
     EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, NodeHealth, PodLiveness,
     ReachFacts, RequestAnswer, Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts,
     RunningRequest, SessionObjects, Transition, answer_request, build_resume_request,
-    checkout_stall, end_step, is_new_resume_request, launch_stall, node_health, observe,
-    pod_liveness as liveness, remember_handled, running_request,
+    checkout_stall, end_step, is_controlled_by, is_new_resume_request, launch_stall, node_health,
+    observe, pod_liveness as liveness, remember_handled, running_request,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -483,9 +483,14 @@ impl<'a> Session<'a> {
             .executors
             .get(&ObjectRef::new(&pods::executor_name(&ts)).within(&ns))
             .map(Arc::unwrap_or_clone);
+        // Filtered on the shared objects first: only this session's pods are copied out of
+        // the store (copying every pod of the namespace made each reconcile cost O(N)).
         let candidates = ctx
             .pods
-            .state_filter(|pod| pod.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .state_filter(|pod| {
+                pod.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && is_controlled_by(pod, Some(uid.as_str()))
+            })
             .into_iter()
             .map(Arc::unwrap_or_clone);
         let objects = SessionObjects::new(&ns, (*ts).clone(), executor, candidates);
