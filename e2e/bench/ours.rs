@@ -353,6 +353,16 @@ impl<'a> Fleet<'a> {
             .await
     }
 
+    /// Waits (untimed) until the deleted pods are gone: the operator declares a loss when the
+    /// deletion begins, and a resume's launch would wait for the old pod, which the API floor's
+    /// resume never does.
+    async fn await_pods_gone(&self) {
+        let deadline = Instant::now() + self.within;
+        while !self.pods.store.state().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn loss(&self) -> Result<PhaseResult, BoxError> {
         let mut result = PhaseResult::new(OURS, "loss", self.names.len());
         let window = self.window().await?;
@@ -366,6 +376,7 @@ impl<'a> Fleet<'a> {
         }
         result.record(&self.names, &deleted, &reached);
         self.close(window, &mut result).await?;
+        self.await_pods_gone().await;
         Ok(result)
     }
 
@@ -401,6 +412,7 @@ impl<'a> Fleet<'a> {
         if self.running.load(Ordering::Relaxed) {
             self.delete_pods().await?;
             self.await_lost().await;
+            self.await_pods_gone().await;
         }
         Ok(())
     }

@@ -106,7 +106,8 @@ pub enum ResumeReason {
     TerminalState,
     /// The session never got an executor (CREATED, or no ExecutorRunning yet).
     NoExecutor,
-    /// The agentctl pod is being deleted: not lost until it is gone (a resume waits for it).
+    /// No longer written: a terminating pod now counts as lost (`agent_not_running`). Kept so
+    /// that a status written by an earlier version still reads.
     AgentStopping,
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, PodSpec};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -242,6 +242,19 @@ pub async fn run(clients: Clients, agents: AgentRegistry, settings: OperatorSett
     futures::future::join_all(controllers).await;
 }
 
+/// What the operator keeps of a pod in its cache: no managedFields, and of the spec only the
+/// node (liveness, reachability and stalls read the status; the containers, env and volumes
+/// that make up most of a pod are never read back).
+fn slim_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = PodSpec {
+            node_name: spec.node_name.take(),
+            ..PodSpec::default()
+        };
+    }
+}
+
 /// An API of `K` in `namespace`, or in all namespaces.
 fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -283,10 +296,10 @@ async fn run_scope(
         .applied_objects();
     let (pods, pods_writer) = reflector::store();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
-    // Deletions count too: a pod is lost only once it is gone (a Terminating pod is not).
+    // Deletions count too: a relaunch waits until the previous pod is gone.
     let pod_events = watcher(scoped::<Pod>(&client, ns), managed)
         .default_backoff()
-        .modify(|pod| pod.managed_fields_mut().clear())
+        .modify(slim_pod)
         .reflect(pods_writer)
         .touched_objects();
     // Only whether a claim exists matters: metadata, without labels and annotations.

@@ -112,7 +112,6 @@ impl SessionObjects {
                 .and_then(|er| er.status.as_ref())
                 .is_some_and(|s| s.resumable),
             pod: pod_liveness(pod),
-            loss_declared: status.needs_resume,
         }
     }
 

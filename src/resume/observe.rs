@@ -23,8 +23,9 @@ use super::{PodLiveness, SessionObjects, evaluate_resume_eligibility, pod_livene
 /// - A running pod is also judged by `reach` (what the operator knows of agentctl's answers
 ///   and of the pod's node, see [`judge`]): one that counts as lost gets `AgentRunning=False`
 ///   with the cause as reason (`AgentUnreachable`, `NodeLost`) and a Warning Event, written
-///   before the pod is deleted. The loss itself is declared once the pod is gone, with the
-///   same cause as the `NeedsResume` reason (the `AgentRunning` condition carries it).
+///   before the pod is deleted. The loss itself is declared once the pod is deleted
+///   (terminating or gone), with the same cause as the `NeedsResume` reason (the
+///   `AgentRunning` condition carries it).
 pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timestamp) -> Transition {
     let loaded = objects.status();
     let mut status = loaded.clone();
@@ -164,16 +165,19 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             warning: true,
             reason: "AgentLost",
             action: "Observe",
-            message: match &carried {
-                Some((cause, _)) => format!(
-                    "agentctl pod {pod_name} is gone ({}, {}); nothing relaunched until a resume is requested",
-                    eval.reason,
-                    cause.reason()
-                ),
-                None => format!(
-                    "agentctl pod {pod_name} is gone ({}); nothing relaunched until a resume is requested",
-                    eval.reason
-                ),
+            message: {
+                let how = match pod_liveness(pod) {
+                    PodLiveness::Terminating => "is being deleted",
+                    PodLiveness::Failed => "has failed",
+                    _ => "is gone",
+                };
+                let why = match &carried {
+                    Some((cause, _)) => format!("{}, {}", eval.reason, cause.reason()),
+                    None => eval.reason.to_string(),
+                };
+                format!(
+                    "agentctl pod {pod_name} {how} ({why}); nothing relaunched until a resume is requested"
+                )
             },
         });
     }
@@ -218,9 +222,9 @@ mod tests {
                 S::WaitingForInput, false, ResumeReason::AlreadyRunning, follow(), false),
             (Given { state: S::Running, needs_resume: false, token: Some("t"), activity: None, pod: P::Running },
                 S::Running, false, ResumeReason::AlreadyRunning, follow(), false),
-            // A pod that is going away is neither running nor lost.
+            // A pod that is going away is lost at once (a relaunch waits for it to be gone).
             (Given { state: S::WaitingForInput, needs_resume: false, token: Some("t"), activity: Some(Idle), pod: P::Terminating },
-                S::WaitingForInput, false, ResumeReason::AgentStopping, None, false),
+                S::WaitingForInput, true, ResumeReason::AgentNotRunning, lost(true), true),
             // Gone or dead: the loss is declared once, with the executor marked and an Event.
             (Given { state: S::WaitingForInput, needs_resume: false, token: Some("t"), activity: Some(Idle), pod: P::None },
                 S::WaitingForInput, true, ResumeReason::AgentNotRunning, lost(true), true),
@@ -279,7 +283,7 @@ mod tests {
     );
 
     /// A running pod that counts as lost: the status says why, then the pod is deleted; the
-    /// loss is declared once it is gone, with that cause as the NeedsResume reason.
+    /// loss is declared once it terminates, with that cause as the NeedsResume reason.
     #[test]
     fn unreachable_agents_and_lost_nodes_table() {
         use SessionState as S;
@@ -334,26 +338,18 @@ mod tests {
                 assert!(t2.event.is_none(), "{row}: {:?}", t2.event);
                 assert!(!t2.write, "{row}");
 
-                // Terminating: not lost yet, the cause stays.
+                // Terminating: lost, with the cause as the NeedsResume reason, once.
                 let mut stopping = objects(&Given {
                     pod: P::Terminating,
                     ..running
                 });
                 stopping.session.status = Some(t.status.clone());
-                let t3 = observe(&stopping, Some(facts), at(102));
-                assert!(!t3.status.needs_resume, "{row}");
+                let t4 = observe(&stopping, Some(facts), at(102));
                 assert_eq!(
-                    conditions::find(&t3.status.conditions, conditions::AGENT_RUNNING)
+                    conditions::find(&t4.status.conditions, conditions::AGENT_RUNNING)
                         .map(|c| c.reason.as_str()),
                     Some(*reason)
                 );
-                // Gone: lost, with the cause as the NeedsResume reason, once.
-                let mut gone = objects(&Given {
-                    pod: P::None,
-                    ..running
-                });
-                gone.session.status = Some(t3.status.clone());
-                let t4 = observe(&gone, Some(facts), at(103));
                 assert!(t4.status.needs_resume, "{row}");
                 let needs = conditions::find(&t4.status.conditions, conditions::NEEDS_RESUME)
                     .expect("NeedsResume");

@@ -42,7 +42,7 @@ impl LossCause {
     }
 
     /// Whether the pod is deleted with grace period 0: a lost node's kubelet never confirms a
-    /// graceful deletion, so the pod would stay Terminating (and the session unresumable)
+    /// graceful deletion, so the pod would stay Terminating (and a relaunch would wait for it)
     /// until the node came back. An unreachable agentctl on a live node gets the pod's own
     /// grace period (the kubelet kills a frozen process at its end).
     pub fn force_delete(self) -> bool {

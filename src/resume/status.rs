@@ -20,8 +20,9 @@ pub enum PodLiveness {
     /// No pod with the recorded UID exists any more.
     Missing,
     /// `deletionTimestamp` is set and its containers may still run (drain, eviction,
-    /// preemption): neither running nor lost until it is gone, so that no second agentctl
-    /// starts on the same workspace during its grace period.
+    /// preemption): lost for status evaluation (it will not come back), but a new launch
+    /// waits until it is gone, so that no second agentctl starts on the same workspace during
+    /// its grace period (as a StatefulSet waits for its pod).
     Terminating,
     /// Phase Failed/Succeeded, evicted, or its node is gone.
     Failed,
@@ -41,9 +42,9 @@ impl PodLiveness {
     /// `Pending` is deliberately *not* lost: a pod that is still being scheduled or pulling its
     /// image is on its way, and declaring it lost would let a resume create a second pod next
     /// to it. A pod stuck in Pending forever is the launch deadline's to handle, not a rule
-    /// of this table. `Terminating` is not lost either, until the pod is gone.
+    /// of this table. `Terminating` is lost: it is on its way out and never comes back.
     pub fn is_lost(self) -> bool {
-        matches!(self, Self::Missing | Self::Failed)
+        matches!(self, Self::Missing | Self::Failed | Self::Terminating)
     }
 }
 
@@ -106,9 +107,6 @@ pub struct SessionFacts {
     pub executor_resumable: bool,
     /// The live agentctl Pod.
     pub pod: PodLiveness,
-    /// `TaskSession.status.needsResume`: the loss was already declared. A pod that is still
-    /// terminating after that (the operator deleted a stalled launch's pod) keeps it declared.
-    pub loss_declared: bool,
 }
 
 /// The verdict that backs `status.needsResume`, `status.isResumable` and `status.resumeReason`.
@@ -145,9 +143,9 @@ impl ResumeEvaluation {
 ///    a live agent is never relaunched. A `Pending` pod on an active session is treated the
 ///    same way (see [`PodLiveness::is_lost`]); the reason stays `already_running` because the
 ///    pod is on its way and a resume would only duplicate it.
-/// - A `Terminating` pod on an active session → `agent_stopping`: not lost until it is gone
-///   (a resume request is accepted and its launch waits for the pod to go) — unless the loss
-///   was declared already, which a pod finishing its termination does not take back.
+/// - A `Terminating` pod counts as lost at once (it never comes back): `NeedsResume` shows
+///   within a pass of the deletion, and a resume request's launch waits for the pod to be gone
+///   (`WaitingForPreviousPod`), so two agentctl never share the workspace.
 /// 4. Terminal states block resume. The one offer is a FAILED session with a token and an
 ///    executor marked resumable: `is_resumable=true`, reason `failed_session_resumable`, but
 ///    `needs_resume=false` — the failure was reported, not a silent loss, so the user decides
@@ -186,9 +184,6 @@ pub fn evaluate_resume_eligibility(facts: &SessionFacts) -> ResumeEvaluation {
     match facts.pod {
         // The agent is on its way.
         PodLiveness::Pending => return ResumeEvaluation::no_resume(ResumeReason::AlreadyRunning),
-        PodLiveness::Terminating if !facts.loss_declared => {
-            return ResumeEvaluation::no_resume(ResumeReason::AgentStopping);
-        }
         PodLiveness::Running
         | PodLiveness::Missing
         | PodLiveness::Failed
@@ -237,9 +232,9 @@ mod tests {
             (S::WaitingForInput, false, true, false, Pod::Missing, true, true, R::AgentNotRunningFreshStart),
             (S::Running, false, true, true, Pod::Failed, true, true, R::AgentNotRunningFreshStart),
             (S::Starting, false, true, false, Pod::Missing, true, true, R::AgentNotRunningFreshStart),
-            // Decision: a Terminating pod is neither running nor lost until it is gone.
-            (S::Running, true, true, false, Pod::Terminating, false, false, R::AgentStopping),
-            (S::WaitingForInput, false, true, false, Pod::Terminating, false, false, R::AgentStopping),
+            // Decision: a Terminating pod is lost at once (its relaunch waits for it to go).
+            (S::Running, true, true, false, Pod::Terminating, true, true, R::AgentNotRunning),
+            (S::WaitingForInput, false, true, false, Pod::Terminating, true, true, R::AgentNotRunningFreshStart),
             // Decision: active, pod dead, neither token nor executor → nothing to resume from.
             (S::Running, false, false, false, Pod::Missing, false, false, R::NoExecutor),
             // CREATED never got an executor.
@@ -263,7 +258,6 @@ mod tests {
                 executor_exists: executor,
                 executor_resumable: resumable,
                 pod,
-                loss_declared: false,
             };
             let expected = ResumeEvaluation {
                 needs_resume: needs,
@@ -272,27 +266,6 @@ mod tests {
             };
             assert_eq!(evaluate_resume_eligibility(&facts), expected, "{facts:?}");
         }
-    }
-
-    #[test]
-    fn a_declared_loss_stays_declared_while_the_pod_terminates() {
-        let facts = |loss_declared, token| SessionFacts {
-            state: S::WaitingForInput,
-            has_resume_token: token,
-            executor_exists: true,
-            executor_resumable: token,
-            pod: Pod::Terminating,
-            loss_declared,
-        };
-        let eval = evaluate_resume_eligibility;
-        assert_eq!(eval(&facts(false, true)).reason, R::AgentStopping);
-        assert!(!eval(&facts(false, true)).needs_resume);
-        assert_eq!(eval(&facts(true, true)).reason, R::AgentNotRunning);
-        assert!(eval(&facts(true, true)).needs_resume);
-        assert_eq!(
-            eval(&facts(true, false)).reason,
-            R::AgentNotRunningFreshStart
-        );
     }
 
     fn pod(phase: &str, running: bool, deleting: bool) -> k8s_openapi::api::core::v1::Pod {
@@ -361,16 +334,13 @@ mod tests {
                 for executor_exists in [false, true] {
                     for executor_resumable in [false, true] {
                         for pod in Pod::ALL {
-                            for loss_declared in [false, true] {
-                                all.push(SessionFacts {
-                                    state,
-                                    has_resume_token,
-                                    executor_exists,
-                                    executor_resumable,
-                                    pod,
-                                    loss_declared,
-                                });
-                            }
+                            all.push(SessionFacts {
+                                state,
+                                has_resume_token,
+                                executor_exists,
+                                executor_resumable,
+                                pod,
+                            });
                         }
                     }
                 }
@@ -382,7 +352,7 @@ mod tests {
     #[test]
     fn invariants_hold_over_every_combination() {
         let all = all_facts();
-        assert_eq!(all.len(), 7 * 2 * 2 * 2 * 5 * 2);
+        assert_eq!(all.len(), 7 * 2 * 2 * 2 * 5);
         for facts in all {
             let eval = evaluate_resume_eligibility(&facts);
             let ctx = format!("{facts:?} → {eval:?}");
@@ -390,12 +360,9 @@ mod tests {
             if facts.pod == Pod::Running {
                 assert_eq!(eval.reason, R::AlreadyRunning, "{ctx}");
             }
-            // Rules 2/3: a resume is only needed for an active session whose pod is lost (or
-            // still terminating after the loss was declared).
-            let gone =
-                facts.pod.is_lost() || (facts.pod == Pod::Terminating && facts.loss_declared);
+            // Rules 2/3: a resume is only needed for an active session whose pod is lost.
             if eval.needs_resume {
-                assert!(facts.state.is_active() && gone, "{ctx}");
+                assert!(facts.state.is_active() && facts.pod.is_lost(), "{ctx}");
                 assert!(eval.is_resumable, "{ctx}");
             }
             // Rule 2 exactly.
@@ -429,10 +396,8 @@ mod tests {
             if eval.is_resumable && !eval.needs_resume {
                 assert_eq!(eval.reason, R::FailedSessionResumable, "{ctx}");
             }
-            // A pod that is being started, or stopped before a loss was declared, is never
-            // treated as lost.
-            if facts.pod == Pod::Pending || (facts.pod == Pod::Terminating && !facts.loss_declared)
-            {
+            // A pod that is being started is never treated as lost.
+            if facts.pod == Pod::Pending {
                 assert!(!eval.needs_resume, "{ctx}");
             }
         }
