@@ -26,12 +26,16 @@ const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 /// Agent profiles of the test operator: an echoing test agent whose session id is known to
-/// every later agent (so `session/resume` restores it), and one whose first agent never answers
+/// every later agent (so `session/resume` restores it), the same with ACP message ids, and one whose first agent never answers
 /// a prompt (the pod dies mid-turn) while the agents of later pods answer.
 const TEST_PROFILES: &str = r#"
 profiles:
   plugin-echo:
     launch: ["kandev-test-agent", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
+    nativeSessionResume: true
+    historyContextInjection: false
+  plugin-echo-ids:
+    launch: ["kandev-test-agent", "--message-ids", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
     nativeSessionResume: true
     historyContextInjection: false
   plugin-hang:
@@ -708,7 +712,8 @@ async fn no_event_stream(pod: &str) {
 
 /// An idle session holds no exec stream: the operator reads agentctl's event journal from its
 /// cursor and stops once the agent is idle. A prompt sent while the operator is away is in the
-/// journal (numbered, with its launch), and the operator catches up with it when it is back.
+/// journal (numbered, with its launch), and the operator catches up with it when it is back:
+/// what the agent reported meanwhile (the turn's last message id) reaches ExecutorRunning.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
@@ -718,7 +723,7 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
     let body = async {
         let operator = start_operator();
         sessions
-            .create_with_task(&name, "plugin-echo", Some("Say hello."))
+            .create_with_task(&name, "plugin-echo-ids", Some("Say hello."))
             .await;
         started(&sessions, &name).await;
         let pod = the_pod(&sessions, &name).await.name_any();
@@ -765,11 +770,25 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
         assert_eq!(lines[2]["seq"].as_u64(), Some(last), "the snapshot's seq");
         assert_eq!(lines[0]["pod"], json!(pod), "{lines:#?}");
 
+        let gap_message = lines[1]["lastMessageId"]
+            .as_str()
+            .expect("prompt_finished carries the turn's last message id")
+            .to_string();
+        let before_gap = sessions
+            .executors()
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|er| er.status)
+            .and_then(|s| s.last_message_uuid);
+        assert_ne!(before_gap.as_deref(), Some(gap_message.as_str()));
+
         let operator = start_operator();
         let caught_up = |er: Option<&kandev_operator::api::ExecutorRunning>| {
-            er.and_then(|er| er.status.as_ref())
-                .and_then(|s| s.journal_cursor)
-                .is_some_and(|c| c >= last)
+            er.and_then(|er| er.status.as_ref()).is_some_and(|s| {
+                s.journal_cursor.is_some_and(|c| c >= last)
+                    && s.last_message_uuid.as_deref() == Some(gap_message.as_str())
+            })
         };
         wait_for(
             &sessions.executors(),
