@@ -800,6 +800,16 @@ mod tests {
         agent.write_all(b"\n").await.expect("write");
     }
 
+    /// The agent answers `request` with an empty result.
+    async fn answer_empty(agent: &mut DuplexStream, request: &Value) {
+        let id = &request["id"];
+        say(
+            agent,
+            &format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#),
+        )
+        .await;
+    }
+
     #[tokio::test]
     async fn routes_answers_by_id_even_out_of_order() {
         let (rpc, mut from_client, mut agent) = connect();
@@ -915,14 +925,7 @@ mod tests {
         assert!(rpc.shared.lock().pending.is_empty());
         // A late answer is dropped without harm and the connection keeps working.
         let request = next_json(&mut from_client).await;
-        say(
-            &mut agent,
-            &format!(
-                r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
-                request["id"]
-            ),
-        )
-        .await;
+        answer_empty(&mut agent, &request).await;
         assert!(!rpc.is_closed());
     }
 
@@ -933,26 +936,12 @@ mod tests {
             .expect("send");
         let request = next_json(&mut from_client).await;
         assert_eq!(rpc.shared.lock().detached.len(), 1);
-        say(
-            &mut agent,
-            &format!(
-                r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
-                request["id"]
-            ),
-        )
-        .await;
+        answer_empty(&mut agent, &request).await;
         // The answer is taken off the list once read; the connection keeps working.
         let answer = rpc.call("next", json!({}), Some(Duration::from_secs(5)));
         let (result, ()) = tokio::join!(answer, async {
             let request = next_json(&mut from_client).await;
-            say(
-                &mut agent,
-                &format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
-                    request["id"]
-                ),
-            )
-            .await;
+            answer_empty(&mut agent, &request).await;
         });
         assert_eq!(result, Ok(json!({})));
         assert!(rpc.shared.lock().detached.is_empty());
