@@ -37,11 +37,12 @@ use crate::api::{
     TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention, WorktreeStatus,
 };
 use crate::resume::{
-    EndFacts, EndStep, InitialPrompt, LaunchStall, Metric, NextAction, NodeHealth, PodLiveness,
-    ReachFacts, RequestAnswer, Requeue, RestoreErrorClass, ResumeRequest, ResumeRequestFacts,
-    RunningRequest, SessionObjects, Transition, answer_request, build_resume_request,
-    checkout_stall, end_step, is_controlled_by, is_new_resume_request, launch_stall, node_health,
-    observe, pod_liveness as liveness, remember_handled, running_request,
+    EndFacts, EndStep, InitialPrompt, LaunchFacts, LaunchStall, LaunchStep, Metric, NextAction,
+    NodeHealth, PodLiveness, ReachFacts, RequestAnswer, Requeue, RestoreErrorClass, ResumeRequest,
+    ResumeRequestFacts, RunningRequest, SessionObjects, Transition, answer_request,
+    build_resume_request, end_step, is_controlled_by, is_new_resume_request, launch_stall,
+    launch_step, node_health, observe, pod_liveness as liveness, previous_pod_alive,
+    remember_handled, running_request,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -889,79 +890,55 @@ impl<'a> Session<'a> {
 
     /// Steps 1–5 of DESIGN §3 "Resume execution" (the initial launch takes the same path).
     async fn launch(self) -> Result<Action, Error> {
-        if self.status.state != SessionState::Starting {
-            return self.start_launch().await;
+        let starting = self.status.state == SessionState::Starting;
+        let launch_name = self.launch_pod_name();
+        let launch_pod = self.launch_pod().cloned();
+        if starting && launch_pod.is_some() {
+            self.ctx.expectations.pod_seen(&self.uid);
         }
-        let pod = match self.launch_pod() {
-            Some(pod) => {
-                self.ctx.expectations.pod_seen(&self.uid);
-                pod.clone()
-            }
-            None => {
-                if self
-                    .ctx
-                    .expectations
-                    .awaits_pod(&self.uid, &self.launch_pod_name())
-                {
-                    // Created a moment ago: its watch event reconciles again.
-                    return Ok(Action::requeue(POD_RECHECK));
-                }
-                if let Some(previous) = self.previous_pod_alive().cloned() {
-                    return self.wait_for_previous_pod(&previous).await;
-                }
-                return self.create_pod().await;
-            }
+        let previous = previous_pod_alive(&self.objects.pods, &launch_name).cloned();
+        let facts = LaunchFacts {
+            starting,
+            launch_pod: launch_pod.as_ref(),
+            created_unseen: starting
+                && launch_pod.is_none()
+                && self.ctx.expectations.awaits_pod(&self.uid, &launch_name),
+            previous_alive: previous.as_ref(),
+            age: launch_pod
+                .as_ref()
+                .filter(|p| p.metadata.creation_timestamp.is_some())
+                .map(pod_age),
+            deadline: self.ctx.settings.launch_deadline,
         };
-        match liveness(Some(&pod)) {
-            PodLiveness::Pending => match self.stall(&pod, None) {
-                Some(stall) => self.stall_launch(&pod, stall).await,
-                // The pod's watch events drive the launch; this only catches the deadline.
-                None => Ok(Action::requeue(
-                    self.until_deadline(&pod)
-                        .clamp(Duration::from_millis(500), POD_RECHECK),
-                )),
-            },
-            PodLiveness::Running => self.restore(&pod).await,
-            // agentctl could not prepare the workspace from the repository: retrying cannot
-            // help until the workspace, the repository or its Secret changes.
-            PodLiveness::Failed if checkout_stall(&pod).is_some() => {
-                let Some(stall) = checkout_stall(&pod) else {
-                    return Ok(Action::requeue(POD_RECHECK));
-                };
+        match launch_step(&facts) {
+            LaunchStep::Begin => self.start_launch().await,
+            LaunchStep::AwaitCreated => Ok(Action::requeue(POD_RECHECK)),
+            LaunchStep::WaitForPrevious(previous) => self.wait_for_previous_pod(previous).await,
+            LaunchStep::CreatePod => self.create_pod().await,
+            LaunchStep::AwaitRunning { until_deadline } => Ok(Action::requeue(
+                until_deadline.clamp(Duration::from_millis(500), POD_RECHECK),
+            )),
+            LaunchStep::Stalled(pod, stall) => self.stall_launch(pod, stall).await,
+            LaunchStep::Restore(pod) => self.restore(pod).await,
+            LaunchStep::CheckoutFailed(pod, stall) => {
                 let message = format!(
                     "{}; {}. Set a new {RESUME_ANNOTATION} token to retry",
                     stall.message,
                     self.what_is_kept()
                 );
-                self.launch_not_done(Some(&pod), stall.reason, "CheckoutFailed", true, &message)
+                self.launch_not_done(Some(pod), stall.reason, "CheckoutFailed", true, &message)
                     .await
             }
-            // Deleted while starting (a drain, a user), or dead: this launch is over; the next
-            // one waits until the pod is gone.
-            lost @ (PodLiveness::Terminating | PodLiveness::Missing | PodLiveness::Failed) => {
+            LaunchStep::LostWhileStarting(pod, lost) => {
                 let message = format!(
                     "agentctl pod {} was lost while starting ({lost:?}); {}",
                     pod.name_any(),
                     self.what_is_kept()
                 );
-                self.launch_not_done(Some(&pod), "PodLost", "LaunchFailed", false, &message)
+                self.launch_not_done(Some(pod), "PodLost", "LaunchFailed", false, &message)
                     .await
             }
         }
-    }
-
-    /// Another pod of this session that may still run (an earlier launch, a superseded attempt,
-    /// one in its termination grace period): a new agentctl must not start beside it on the
-    /// same workspace.
-    fn previous_pod_alive(&self) -> Option<&Pod> {
-        let name = self.launch_pod_name();
-        self.objects.pods.iter().find(|p| {
-            p.metadata.name.as_deref() != Some(name.as_str())
-                && matches!(
-                    liveness(Some(p)),
-                    PodLiveness::Running | PodLiveness::Pending | PodLiveness::Terminating
-                )
-        })
     }
 
     /// The launch waits until `previous` is gone (its deletion reconciles again).
@@ -1733,14 +1710,6 @@ impl<'a> Session<'a> {
         pod.metadata.creation_timestamp.as_ref()?;
         let deadline = self.ctx.settings.launch_deadline;
         launch_stall(pod, pod_age(pod), deadline, agentctl_error)
-    }
-
-    /// Time left before the launch deadline of `pod`.
-    fn until_deadline(&self, pod: &Pod) -> Duration {
-        self.ctx
-            .settings
-            .launch_deadline
-            .saturating_sub(pod_age(pod))
     }
 
     /// The launch did not reach a running agentctl within the deadline: `Stalled` with the

@@ -8,6 +8,7 @@
 mod classify;
 mod end;
 mod handshake;
+mod launch;
 mod objects;
 mod observe;
 mod prompt;
@@ -29,6 +30,7 @@ pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,
     is_new_resume_request, remember_handled,
 };
+pub use launch::{LaunchFacts, LaunchStep, launch_step, previous_pod_alive};
 pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
