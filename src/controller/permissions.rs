@@ -60,7 +60,7 @@ impl Permission {
 }
 
 /// Everything the operator does to the API (audit: every `Api::<…>` call in `src/controller/`,
-/// kube-runtime's controller, finalizer and event recorder). Keep it exact.
+/// kube-runtime's controller and finalizer, and the Events publisher). Keep it exact.
 pub const REQUIRED_PERMISSIONS: &[Permission] = &[
     Permission {
         group: "kandev.dev",
@@ -134,7 +134,7 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         subresource: "",
         verbs: &["create", "patch"],
         scope: Scope::Watched,
-        why: "Events on TaskSessions (kube-runtime's recorder patches repeated events into a series)",
+        why: "Events on TaskSessions (a repeat within 6 minutes is patched into the first one's series)",
     },
     Permission {
         group: "coordination.k8s.io",

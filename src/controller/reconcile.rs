@@ -13,7 +13,7 @@ use kube::api::{
     Api, DeleteParams, PartialObjectMeta, Patch, PatchParams, PostParams, Preconditions,
 };
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -22,6 +22,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::conditions::{self, Want};
+use super::events::{Note as EventNote, Publisher};
 use super::expectations::Expectations;
 use super::follower::{self, Followers, Probe};
 use super::metrics::{self, ResumeOutcome};
@@ -194,7 +195,7 @@ pub struct Context {
     pub client: Client,
     /// For exec into agent pods; see [`Clients::streams`].
     pub streams: Client,
-    pub recorder: Recorder,
+    pub events: Publisher,
     pub agents: AgentRegistry,
     pub settings: OperatorSettings,
     /// `agentctl events` followers of running pods.
@@ -282,10 +283,6 @@ async fn run_scope(
         Some(ns) => info!(namespace = ns, "watching one namespace"),
         None => info!("watching all namespaces"),
     }
-    let reporter = Reporter {
-        controller: MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
     // One watch per kind; each child watch fills a cache and triggers the owner's reconcile.
     // managedFields are dropped before caching: nothing reads them and they are most of a
     // small object.
@@ -344,7 +341,11 @@ async fn run_scope(
         .applied_objects();
     let probe = settings.probe();
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(clients.calls.clone(), reporter),
+        events: Publisher::new(
+            clients.calls.clone(),
+            MANAGER,
+            std::env::var("POD_NAME").ok(),
+        ),
         client: clients.calls,
         streams: clients.streams,
         agents,
@@ -1889,21 +1890,21 @@ impl<'a> Session<'a> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
-        let event = Event {
+        // Events with the same (type, reason, action) fold into one series that keeps the
+        // first note: a second resume would show as "x2" of the first one in `kubectl
+        // describe`. A hash of the note in the action keeps distinct events apart while true
+        // repeats still fold.
+        let action = format!("{action}:{}", pods::short_hash(note));
+        let event = EventNote {
             type_,
-            reason: reason.into(),
-            note: Some(note.into()),
-            // kube's Recorder folds events with the same (type, reason, action) into one series
-            // that keeps the first note: a second resume would show as "x2" of the first one in
-            // `kubectl describe`. A hash of the note in the action keeps distinct events apart
-            // while true repeats still fold.
-            action: format!("{action}:{}", pods::short_hash(note)),
-            secondary: None,
+            reason,
+            action: &action,
+            note,
         };
         if let Err(err) = self
             .ctx
-            .recorder
-            .publish(&event, &self.ts.object_ref(&()))
+            .events
+            .publish(&self.ts.object_ref(&()), &event)
             .await
         {
             warn!(%err, reason, "could not publish an Event");
