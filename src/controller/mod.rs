@@ -3,7 +3,7 @@
 //! applies the result. Beside it: the HTTP endpoints, metrics and the RBAC self-check (§4).
 
 pub use crate::api::conditions;
-mod events;
+pub mod events;
 mod expectations;
 pub mod pods;
 mod reconcile;

@@ -1,0 +1,86 @@
+//! The operator's Events publisher against a real API server: a repeat joins the first Event's
+//! series, a different action is an Event of its own (e2e/README.md).
+
+mod e2e_support;
+
+use e2e_support::{client, unique, with_cleanup};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use kandev_operator::controller::events::{Note, Publisher};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::events::EventType;
+use pretty_assertions::assert_eq;
+
+const NS: &str = "default";
+
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_repeated_event_joins_the_first_ones_series() {
+    let client = client().await;
+    let name = unique("e2e-events");
+    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let regarding = ObjectReference {
+        api_version: Some("kandev.dev/v1alpha1".into()),
+        kind: Some("TaskSession".into()),
+        namespace: Some(NS.into()),
+        name: Some(name.clone()),
+        uid: Some(format!("uid-{name}")),
+        ..ObjectReference::default()
+    };
+    let selector = ListParams::default().fields(&format!("regarding.name={name}"));
+    with_cleanup(
+        async {
+            let publisher = Publisher::new(client.clone(), "kandev-operator", None);
+            let note = |action, text| Note {
+                type_: EventType::Warning,
+                reason: "AgentUnreachable",
+                action,
+                note: text,
+            };
+            for text in ["first", "second"] {
+                publisher
+                    .publish(&regarding, &note("Observe:1", text))
+                    .await
+                    .expect("publish");
+            }
+            publisher
+                .publish(&regarding, &note("Observe:2", "other"))
+                .await
+                .expect("publish");
+
+            let mut listed = events.list(&selector).await.expect("list").items;
+            listed.sort_by_key(|e| e.action.clone());
+            let seen: Vec<(Option<&str>, Option<&str>, Option<i32>)> = listed
+                .iter()
+                .map(|e| {
+                    (
+                        e.action.as_deref(),
+                        e.note.as_deref(),
+                        e.series.as_ref().map(|s| s.count),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                seen,
+                [
+                    (Some("Observe:1"), Some("first"), Some(2)),
+                    (Some("Observe:2"), Some("other"), None),
+                ]
+            );
+            let first = &listed[0];
+            assert_eq!(first.type_.as_deref(), Some("Warning"));
+            assert_eq!(
+                first.reporting_controller.as_deref(),
+                Some("kandev-operator")
+            );
+            assert_eq!(first.regarding.as_ref(), Some(&regarding));
+        },
+        async {
+            let _ = events
+                .delete_collection(&DeleteParams::default(), &selector)
+                .await;
+        },
+    )
+    .await;
+}
