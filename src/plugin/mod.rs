@@ -38,7 +38,7 @@ use crate::api::conditions;
 use cli::{Cli, Command, EndArgs, ResumeArgs, StatusArgs};
 use cluster::{Cluster, Deadline};
 use output::OutputFormat;
-use view::{OutcomeKind, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
+use view::{HandledAs, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
 
 /// Parses the command line, runs the command and returns the exit code (the binary exits with
 /// it). Errors are printed on stderr as one `error: …` line.
@@ -270,7 +270,7 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
         }
         ResumePlan::AlreadyRunning | ResumePlan::Starting => {
             let message = if plan == ResumePlan::AlreadyRunning {
-                report.outcome = Some(OutcomeKind::AlreadyRunning);
+                report.outcome = Some(HandledAs::AlreadyRunning);
                 report.succeeded = Some(true);
                 format!("the agent is already running (state {})", status.state)
             } else if status.state == crate::api::SessionState::Created {
@@ -326,7 +326,7 @@ async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginE
     print_object(&report, &args.output, || report.text())?;
     match outcome.kind {
         kind if kind.succeeded() => Ok(ExitCode::Ok),
-        OutcomeKind::Refused => Err(PluginError::NotResumable {
+        HandledAs::Refused => Err(PluginError::NotResumable {
             name,
             namespace: cluster.namespace.clone(),
             why: outcome.message,

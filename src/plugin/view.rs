@@ -333,7 +333,7 @@ pub fn stalling_launch(
 /// How a handled resume request ended, read from the TaskSession status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum OutcomeKind {
+pub enum HandledAs {
     /// The saved ACP session was restored (same token).
     Restored,
     /// A fresh agent session was started (no token to restore, or `--fresh`).
@@ -350,7 +350,7 @@ pub enum OutcomeKind {
     Superseded,
 }
 
-impl OutcomeKind {
+impl HandledAs {
     pub fn succeeded(self) -> bool {
         matches!(
             self,
@@ -373,8 +373,8 @@ impl OutcomeKind {
 
 /// The outcome of one handled resume request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResumeOutcome {
-    pub kind: OutcomeKind,
+pub struct HandledRequest {
+    pub kind: HandledAs,
     /// The `Resumed` condition's reason (or the failure's), e.g. `Restored`, `TokenRejected`.
     pub reason: String,
     pub message: String,
@@ -386,13 +386,13 @@ pub struct ResumeOutcome {
 /// failure, which sets the session FAILED with `errorMessage` (and leaves an older `Resumed`
 /// condition in place). A refusal's message names its token, which tells a fresh refusal from
 /// a stale one.
-pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> ResumeOutcome {
+pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> HandledRequest {
     let resumed = conditions::find(&status.conditions, RESUMED);
     if let Some(c) = resumed
         .filter(|c| c.status == "False" && c.reason == "TerminalState" && c.message.contains(token))
     {
-        return ResumeOutcome {
-            kind: OutcomeKind::Refused,
+        return HandledRequest {
+            kind: HandledAs::Refused,
             reason: c.reason.clone(),
             message: c.message.clone(),
         };
@@ -401,34 +401,34 @@ pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> ResumeOutco
         let reason = conditions::find(&status.conditions, READY)
             .filter(|c| c.status == "False" && !c.reason.is_empty())
             .map_or_else(|| "Failed".to_string(), |c| c.reason.clone());
-        return ResumeOutcome {
-            kind: OutcomeKind::Failed,
+        return HandledRequest {
+            kind: HandledAs::Failed,
             reason,
             message: status.error_message.clone().unwrap_or_default(),
         };
     }
     let Some(c) = resumed else {
         let kind = if status.state.is_active() {
-            OutcomeKind::Started
+            HandledAs::Started
         } else {
-            OutcomeKind::Failed
+            HandledAs::Failed
         };
-        return ResumeOutcome {
+        return HandledRequest {
             kind,
             reason: String::new(),
             message: status.error_message.clone().unwrap_or_default(),
         };
     };
     let kind = match (c.status.as_str(), c.reason.as_str()) {
-        ("True", "Restored") => OutcomeKind::Restored,
-        ("True", "AlreadyRunning") => OutcomeKind::AlreadyRunning,
-        ("True", _) => OutcomeKind::Started,
-        (_, "TokenRejected") => OutcomeKind::StartedFresh,
-        (_, "TerminalState") => OutcomeKind::Refused,
-        (_, "Superseded") => OutcomeKind::Superseded,
-        _ => OutcomeKind::Failed,
+        ("True", "Restored") => HandledAs::Restored,
+        ("True", "AlreadyRunning") => HandledAs::AlreadyRunning,
+        ("True", _) => HandledAs::Started,
+        (_, "TokenRejected") => HandledAs::StartedFresh,
+        (_, "TerminalState") => HandledAs::Refused,
+        (_, "Superseded") => HandledAs::Superseded,
+        _ => HandledAs::Failed,
     };
-    ResumeOutcome {
+    HandledRequest {
         kind,
         reason: c.reason.clone(),
         message: c.message.clone(),
@@ -447,7 +447,7 @@ pub struct ResumeReport {
     pub handled: bool,
     /// `restored`, `started`, `started_fresh`, `already_running`, `refused`, `failed`; `null`
     /// while not handled.
-    pub outcome: Option<OutcomeKind>,
+    pub outcome: Option<HandledAs>,
     pub succeeded: Option<bool>,
     pub state: SessionState,
     pub task_state: TaskState,
@@ -499,17 +499,17 @@ impl ResumeReport {
     }
 }
 
-fn headline(kind: OutcomeKind) -> &'static str {
+fn headline(kind: HandledAs) -> &'static str {
     match kind {
-        OutcomeKind::Restored => "resumed: the saved agent session was restored",
-        OutcomeKind::Started => "resumed: a new agent session was started",
-        OutcomeKind::StartedFresh => {
+        HandledAs::Restored => "resumed: the saved agent session was restored",
+        HandledAs::Started => "resumed: a new agent session was started",
+        HandledAs::StartedFresh => {
             "resumed with a NEW agent session: the agent no longer knew the saved one"
         }
-        OutcomeKind::AlreadyRunning => "already running; nothing to resume",
-        OutcomeKind::Refused => "resume refused",
-        OutcomeKind::Failed => "resume FAILED",
-        OutcomeKind::Superseded => "superseded by a newer resume request",
+        HandledAs::AlreadyRunning => "already running; nothing to resume",
+        HandledAs::Refused => "resume refused",
+        HandledAs::Failed => "resume FAILED",
+        HandledAs::Superseded => "superseded by a newer resume request",
     }
 }
 
@@ -979,32 +979,32 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
     #[test]
     fn outcomes_of_handled_requests() {
         #[rustfmt::skip]
-        let rows: Vec<(serde_json::Value, OutcomeKind, &str)> = vec![
+        let rows: Vec<(serde_json::Value, HandledAs, &str)> = vec![
             (json!({"state": "WAITING_FOR_INPUT", "conditions": [cond("Resumed", "True", "Restored", "restored ACP session s with session/resume")]}),
-                OutcomeKind::Restored, "Restored"),
+                HandledAs::Restored, "Restored"),
             (json!({"state": "WAITING_FOR_INPUT", "conditions": [cond("Resumed", "True", "Started", "started ACP session s2; waiting for input")]}),
-                OutcomeKind::Started, "Started"),
+                HandledAs::Started, "Started"),
             (json!({"state": "RUNNING", "conditions": [cond("Resumed", "True", "Started", "started ACP session s2 and sent the task description")]}),
-                OutcomeKind::Started, "Started"),
+                HandledAs::Started, "Started"),
             (json!({"state": "WAITING_FOR_INPUT", "conditions": [cond("Resumed", "True", "AlreadyRunning", "resume request \"tok\": the agent is already running")]}),
-                OutcomeKind::AlreadyRunning, "AlreadyRunning"),
+                HandledAs::AlreadyRunning, "AlreadyRunning"),
             (json!({"state": "WAITING_FOR_INPUT", "conditions": [cond("Resumed", "False", "TokenRejected", "the agent does not know saved session s")]}),
-                OutcomeKind::StartedFresh, "TokenRejected"),
+                HandledAs::StartedFresh, "TokenRejected"),
             (json!({"state": "WAITING_FOR_INPUT", "needsResume": true, "conditions": [cond("Resumed", "False", "Internal", "restore failed (internal): …; the resume token is kept")]}),
-                OutcomeKind::Failed, "Internal"),
+                HandledAs::Failed, "Internal"),
             (json!({"state": "COMPLETED", "conditions": [cond("Resumed", "False", "TerminalState", "resume request \"tok\" refused: the session is COMPLETED")]}),
-                OutcomeKind::Refused, "TerminalState"),
+                HandledAs::Refused, "TerminalState"),
             // A launch failure: FAILED with errorMessage; the Resumed condition is an old one.
             (json!({"state": "FAILED", "errorMessage": "workspace PVC \"w\" not found",
                     "conditions": [cond("Resumed", "True", "Restored", "old"), cond("Ready", "False", "LaunchFailed", "workspace PVC \"w\" not found")]}),
-                OutcomeKind::Failed, "LaunchFailed"),
+                HandledAs::Failed, "LaunchFailed"),
             // …even when the old condition is a refusal of another request.
             (json!({"state": "FAILED", "errorMessage": "boom",
                     "conditions": [cond("Resumed", "False", "TerminalState", "resume request \"old\" refused: the session is FAILED")]}),
-                OutcomeKind::Failed, "Failed"),
+                HandledAs::Failed, "Failed"),
             // No Resumed condition at all.
-            (json!({"state": "WAITING_FOR_INPUT"}), OutcomeKind::Started, ""),
-            (json!({"state": "CANCELLED"}), OutcomeKind::Failed, ""),
+            (json!({"state": "WAITING_FOR_INPUT"}), HandledAs::Started, ""),
+            (json!({"state": "CANCELLED"}), HandledAs::Failed, ""),
         ];
         for (status, kind, reason) in rows {
             let outcome = interpret_outcome(&status_of(status.clone()), "tok");
@@ -1015,12 +1015,12 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
             );
         }
         let succeeded: Vec<bool> = [
-            OutcomeKind::Restored,
-            OutcomeKind::Started,
-            OutcomeKind::StartedFresh,
-            OutcomeKind::AlreadyRunning,
-            OutcomeKind::Refused,
-            OutcomeKind::Failed,
+            HandledAs::Restored,
+            HandledAs::Started,
+            HandledAs::StartedFresh,
+            HandledAs::AlreadyRunning,
+            HandledAs::Refused,
+            HandledAs::Failed,
         ]
         .iter()
         .map(|k| k.succeeded())
@@ -1035,7 +1035,7 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
             namespace: "team".into(),
             request: Some("kandev-1-abcdef".into()),
             handled: true,
-            outcome: Some(OutcomeKind::Restored),
+            outcome: Some(HandledAs::Restored),
             succeeded: Some(true),
             state: S::WaitingForInput,
             task_state: TaskState::Review,
