@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_support::{client, install_crd, kubectl, unique, wait_for, with_cleanup};
+use e2e_support::{client, exec_output, install_crd, kubectl, unique, wait_for, with_cleanup};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -562,31 +562,6 @@ async fn pod_logs_show_the_local_process_output() {
 // ---------------------------------------------------------------------------------------------
 // (f) a PVC is provisioned by the harness and its content outlives the pod, like a real PVC
 
-/// Runs a command in the pod through the API server and returns its stdout (no stdin).
-async fn exec_output(client: &Client, pod: &str, command: &[&str]) -> String {
-    let ap = AttachParams::default().stdout(true).stderr(false);
-    let mut attached = pods(client)
-        .exec(pod, command.to_vec(), &ap)
-        .await
-        .expect("exec");
-    let mut out = String::new();
-    let mut stdout = attached.stdout().expect("stdout");
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out),
-    )
-    .await
-    .expect("exec output within 20s")
-    .expect("read exec output");
-    let status = attached.take_status().expect("status").await;
-    assert_eq!(
-        status.and_then(|s| s.status).as_deref(),
-        Some("Success"),
-        "exec {command:?}: {out}"
-    );
-    out
-}
-
 fn pod_with_claim(name: &str, claim: &str) -> Pod {
     let mut pod = managed_pod(name, &["idle"]);
     let spec = pod.spec.as_mut().expect("spec");
@@ -631,7 +606,7 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
             let api = pods(&client);
             api.create(&PostParams::default(), &pod_with_claim(&first, &claim)).await.expect("create pod a");
             wait_for(&api, &first, "played", is_played()).await;
-            let wrote = exec_output(&client, &first, &["sh", "-c", "echo \"written by $KANDEV_POD_NAME\" > marker && pwd"]).await;
+            let wrote = exec_output(&client, NS, &first, &["sh", "-c", "echo \"written by $KANDEV_POD_NAME\" > marker && pwd"]).await;
             assert!(wrote.trim_end().ends_with(&format!("volumes/{NS}/{claim}")), "workdir {wrote:?}");
             api.delete(&first, &DeleteParams::default()).await.expect("delete pod a");
             let uid = api.get_opt(&first).await.ok().flatten().and_then(|p| p.metadata.uid).unwrap_or_default();
@@ -639,7 +614,7 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
 
             api.create(&PostParams::default(), &pod_with_claim(&second, &claim)).await.expect("create pod b");
             wait_for(&api, &second, "played", is_played()).await;
-            let read = exec_output(&client, &second, &["cat", "marker"]).await;
+            let read = exec_output(&client, NS, &second, &["cat", "marker"]).await;
             assert_eq!(read.trim_end(), format!("written by {first}"));
         },
         async {

@@ -849,17 +849,10 @@ impl Hub {
                         (Some(result), _) => PromptOutcome::Stopped(
                             result.get("stopReason").cloned().unwrap_or(Value::Null),
                         ),
-                        (None, error) => PromptOutcome::Failed {
-                            code: error
-                                .and_then(|e| e.get("code"))
-                                .and_then(Value::as_i64)
-                                .unwrap_or(wire::INTERNAL_ERROR),
-                            message: error
-                                .and_then(|e| e.get("message"))
-                                .and_then(Value::as_str)
-                                .unwrap_or("")
-                                .to_owned(),
-                        },
+                        (None, error) => {
+                            let (code, message) = wire::error_parts(error);
+                            PromptOutcome::Failed { code, message }
+                        }
                     };
                     out.push(Output::Event(Event::PromptFinished {
                         session_id: session_id.clone(),
@@ -932,16 +925,7 @@ impl Hub {
                 config: config.clone(),
             })];
         }
-        let error = raw.get("error");
-        let code = error
-            .and_then(|e| e.get("code"))
-            .and_then(Value::as_i64)
-            .unwrap_or(wire::INTERNAL_ERROR);
-        let message = error
-            .and_then(|e| e.get("message"))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
+        let (code, message) = wire::error_parts(raw.get("error"));
         tracing::warn!(%session_id, method = call.method(), code, %message, "setting a saved value back failed; the restore stands");
         vec![Output::Event(Event::ConfigSetBackFailed {
             session_id,
@@ -977,16 +961,7 @@ impl Hub {
                 ));
             }
         } else {
-            let error = raw.get("error");
-            let code = error
-                .and_then(|e| e.get("code"))
-                .and_then(Value::as_i64)
-                .unwrap_or(wire::INTERNAL_ERROR);
-            let message = error
-                .and_then(|e| e.get("message"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
+            let (code, message) = wire::error_parts(raw.get("error"));
             for (conn, id) in clients {
                 out.push(Output::ToClient(
                     conn,

@@ -115,6 +115,20 @@ pub fn error_message(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": JSONRPC_VERSION, "id": id, "error": {"code": code, "message": message}})
 }
 
+/// The code and message of an answer's `error` member (`INTERNAL_ERROR` and "" where missing).
+pub fn error_parts(error: Option<&Value>) -> (i64, String) {
+    let code = error
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_i64)
+        .unwrap_or(INTERNAL_ERROR);
+    let message = error
+        .and_then(|e| e.get("message"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    (code, message)
+}
+
 /// `{"jsonrpc":"2.0","id":…,"result":…}`
 pub fn result_message(id: Value, result: Value) -> Value {
     json!({"jsonrpc": JSONRPC_VERSION, "id": id, "result": result})

@@ -195,14 +195,20 @@ pub async fn pod_sh(
 ) -> String {
     use kube::ResourceExt;
     let namespace = pod.namespace().expect("a namespaced pod");
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &namespace);
+    exec_output(client, &namespace, &pod.name_any(), &["sh", "-c", script])
+        .await
+        .trim()
+        .to_string()
+}
+
+/// Runs `command` in `pod` through the API server (no stdin) and returns its stdout. Panics
+/// unless it succeeds within 20 s.
+pub async fn exec_output(client: &Client, namespace: &str, pod: &str, command: &[&str]) -> String {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
     let ap = kube::api::AttachParams::default()
         .stdout(true)
         .stderr(false);
-    let mut attached = pods
-        .exec(&pod.name_any(), ["sh", "-c", script], &ap)
-        .await
-        .expect("exec");
+    let mut attached = pods.exec(pod, command.to_vec(), &ap).await.expect("exec");
     let mut out = String::new();
     let mut stdout = attached.stdout().expect("stdout");
     tokio::time::timeout(
@@ -216,7 +222,7 @@ pub async fn pod_sh(
     assert_eq!(
         status.and_then(|s| s.status).as_deref(),
         Some("Success"),
-        "{script}: {out}"
+        "exec {command:?}: {out}"
     );
-    out.trim().to_string()
+    out
 }
