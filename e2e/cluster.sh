@@ -428,7 +428,8 @@ cmd_status() {
 # where kwokctl keeps it (so `down` stops it). Returns once /readyz answers and every other
 # component runs: one that exited while the API server was away (kube-scheduler and
 # kube-controller-manager exit when they lose their leader lease) is started again as it was, as
-# the kubelet restarts a static pod.
+# the kubelet restarts a static pod, and has taken its leader lease again (until then nothing
+# schedules pods or binds volumes), and the node is Ready.
 alive() { [[ -e "/proc/$1" && "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]]; }
 cmd_restart_apiserver() {
   local down="${1:-0}" pids="$KWOK_WORKDIR/clusters/$name/pids" logs="$KWOK_WORKDIR/clusters/$name/logs"
@@ -449,6 +450,11 @@ cmd_restart_apiserver() {
     (cd "${cwd_of[$1]}" && exec setsid "${argv[@]}" >>"$logs/$1.log" 2>&1 </dev/null) &
     echo $! >"$pids/$1.pid"
   }
+  # Who leads now, to know when a restarted component leads again.
+  local -A holder_of
+  for component in "${!argv_of[@]}"; do
+    holder_of[$component]="$(lease_holder "$component")"
+  done
   pid="$(cat "$pids/kube-apiserver.pid")"
   log "stopping kube-apiserver (pid $pid)"
   kill -TERM "$pid"
@@ -463,12 +469,32 @@ cmd_restart_apiserver() {
   log "kube-apiserver ready again"
   # Components that exit a little later (a lease's renew deadline) are caught too.
   sleep 2
+  local -a restarted=()
   for component in "${!argv_of[@]}"; do
     [[ "$component" == kube-apiserver ]] && continue
     alive "$(cat "$pids/$component.pid")" && continue
     start_component "$component"
+    restarted+=("$component")
     log "$component had exited while the API server was away; started it again (pid $(cat "$pids/$component.pid"))"
   done
+  # A restarted leader waits out its predecessor's lease (15 s) before it works.
+  for component in "${restarted[@]}"; do
+    [[ -n "${holder_of[$component]:-}" ]] || continue
+    for i in $(seq 1 900); do
+      [[ "$(lease_holder "$component")" != "${holder_of[$component]}" ]] && break
+      sleep 0.1
+    done
+    [[ "$(lease_holder "$component")" != "${holder_of[$component]}" ]] \
+      || die "$component did not take its leader lease again within 90s (see $logs/$component.log)"
+    log "$component leads again"
+  done
+  for i in $(seq 1 600); do healthy && break; sleep 0.1; done
+  healthy || die "node $node not Ready within 60s of the restart"
+}
+
+# The holder of a component's leader lease in kube-system (empty when it has none).
+lease_holder() {
+  kctl -n kube-system get lease "$1" -o 'jsonpath={.spec.holderIdentity}' 2>/dev/null || true
 }
 
 case "${1:-}" in

@@ -20,6 +20,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition, conditions};
 use kube::{Client, Config};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// How long a test waits for one condition.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -91,7 +93,7 @@ pub async fn client_with_crds() -> Client {
 /// when it does not hold by then.
 pub async fn wait_for<K, C>(api: &Api<K>, name: &str, what: &str, cond: C) -> Option<K>
 where
-    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+    K: Clone + std::fmt::Debug + Send + Serialize + DeserializeOwned + kube::Resource + 'static,
     C: Condition<K>,
 {
     wait_for_within(api, name, what, WAIT, cond).await
@@ -106,7 +108,7 @@ pub async fn wait_for_within<K, C>(
     cond: C,
 ) -> Option<K>
 where
-    K: Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + kube::Resource + 'static,
+    K: Clone + std::fmt::Debug + Send + Serialize + DeserializeOwned + kube::Resource + 'static,
     C: Condition<K>,
 {
     match tokio::time::timeout(within, await_condition(api.clone(), name, cond)).await {
@@ -114,9 +116,62 @@ where
         Ok(Err(e)) => panic!("watching {name} for {what}: {e}"),
         Err(_) => {
             let now = api.get_opt(name).await.ok().flatten();
-            panic!("timed out after {within:?} waiting for {name} to be {what}; now: {now:#?}")
+            let namespace = now.as_ref().and_then(|o| o.meta().namespace.clone());
+            panic!(
+                "timed out after {within:?} waiting for {name} to be {what}; now:\n{}{}",
+                compact_yaml(now),
+                namespace.map(|ns| around(&ns)).unwrap_or_default()
+            )
         }
     }
+}
+
+/// `obj` as YAML without its managedFields (the part a reader of a failure needs, short enough
+/// to survive a truncated CI log).
+fn compact_yaml<K: Serialize + kube::Resource>(obj: Option<K>) -> String {
+    let Some(mut obj) = obj else {
+        return "(gone)\n".into();
+    };
+    obj.meta_mut().managed_fields = None;
+    serde_yaml::to_string(&obj).unwrap_or_else(|e| format!("(not serializable: {e})\n"))
+}
+
+/// What else a failed wait needs to be understood: the namespace's pods and its latest Events.
+fn around(namespace: &str) -> String {
+    let run = |args: &[&str]| {
+        kubectl()
+            .args(["-n", namespace])
+            .args(args)
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })
+            .unwrap_or_else(|e| format!("kubectl: {e}\n"))
+    };
+    // The harness logs beside the kubeconfig of the cluster (e2e/cluster.sh).
+    let harness = std::env::var_os("KUBECONFIG")
+        .map(PathBuf::from)
+        .and_then(|k| std::fs::read_to_string(k.with_file_name("harness.log")).ok())
+        .map(|log| {
+            let ours: Vec<&str> = log.lines().filter(|l| l.contains(namespace)).collect();
+            lines_tail(&ours.join("\n"), 10)
+        })
+        .unwrap_or_default();
+    format!(
+        "pods in {namespace}:\n{}events in {namespace} (last 15):\n{}harness on {namespace} (last 10):\n{harness}",
+        run(&["get", "pods", "-o", "wide"]),
+        lines_tail(&run(&["get", "events", "--sort-by=.lastTimestamp"]), 15)
+    )
+}
+
+fn lines_tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    lines[from..].iter().map(|l| format!("{l}\n")).collect()
 }
 
 pub fn repo_path(rel: &str) -> PathBuf {
