@@ -34,7 +34,13 @@ cleanup() {
     kill -TERM "$bench_pid" 2>/dev/null || true
     wait "$bench_pid" 2>/dev/null || true
   fi
-  log "tearing down cluster $KANDEV_CLUSTER"
+  # The harness's log and the control plane's component logs go before the cluster does.
+  local logs="${BENCH_OUT:-$target_dir/bench}/work"
+  if [[ -d "$cluster_dir" ]]; then
+    mkdir -p "$logs"
+    cp "$cluster_dir/harness.log" "$logs/harness.log" 2>/dev/null || true
+  fi
+  log "tearing down cluster $KANDEV_CLUSTER (harness log kept in $logs/harness.log)"
   bash "$repo/e2e/cluster.sh" down || rc=$((rc == 0 ? 1 : rc))
   log "done in $((SECONDS - t0))s, exit code $rc"
   exit "$rc"

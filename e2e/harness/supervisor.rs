@@ -35,6 +35,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::configmaps;
@@ -75,6 +76,8 @@ struct Tracked {
     pid: u32,
     started_at: Timestamp,
     stopping: bool,
+    /// The pod's [`announce`], aborted when the pod stops first.
+    announcing: AbortHandle,
 }
 
 struct Supervisor {
@@ -92,6 +95,8 @@ struct Supervisor {
     /// Restart counts of the running containers that were restarted.
     restart_counts: HashMap<String, u32>,
     restarts: mpsc::UnboundedSender<String>,
+    /// Pods whose process could not be announced (no kwok Exec): stopped by the watch loop.
+    unannounced: mpsc::UnboundedSender<String>,
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -137,6 +142,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
     std::fs::create_dir_all(&opts.state_dir)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (restart_tx, mut restart_rx) = mpsc::unbounded_channel();
+    let (unannounced_tx, mut unannounced_rx) = mpsc::unbounded_channel();
     let pods: Api<Pod> = Api::all(client.clone());
     // Every pod: the selectors are ORed, which one server-side selector cannot express.
     let mut events = watcher::watcher(pods, watcher::Config::default())
@@ -159,6 +165,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
         crashed: HashMap::new(),
         restart_counts: HashMap::new(),
         restarts: restart_tx,
+        unannounced: unannounced_tx,
     };
     loop {
         tokio::select! {
@@ -180,6 +187,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
             },
             Some(exited) = rx.recv() => sup.on_exit(exited).await,
             Some(uid) = restart_rx.recv() => sup.restart(&uid).await,
+            Some(uid) = unannounced_rx.recv() => sup.stop(&uid, Duration::ZERO).await,
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -260,10 +268,14 @@ impl Supervisor {
         {
             return;
         }
-        self.start(pod).await;
+        self.start(pod, None).await;
     }
 
-    async fn start(&mut self, pod: Pod) {
+    /// Starts the pod's process and hands the rest of its start to [`announce`], beside the
+    /// watch loop: a kubelet per node would start many pods at once, and the wait until exec
+    /// reaches a pod must not hold up the next. `restarted`: the status to patch once the
+    /// process of a restarted container is reachable.
+    async fn start(&mut self, pod: Pod, restarted: Option<serde_json::Value>) {
         let key = pod_key(&pod);
         let mut plan = match plan::plan(&pod, &self.opts.state_dir) {
             Ok(plan) => plan,
@@ -346,43 +358,25 @@ impl Supervisor {
             let status = child.wait().await;
             let _ = tx.send(Exited { uid, pid, status });
         });
+        let announcing = tokio::spawn(announce(
+            self.client.clone(),
+            plan.clone(),
+            exec_env,
+            pid,
+            restarted,
+            self.unannounced.clone(),
+        ))
+        .abort_handle();
         self.tracked.insert(
             plan.uid.clone(),
             Tracked {
-                plan: plan.clone(),
+                plan,
                 pid,
                 started_at: Timestamp::now(),
                 stopping: false,
+                announcing,
             },
         );
-
-        if let Err(e) = kwok::apply_exec(&self.client, &plan, &exec_env).await {
-            error!(pod = %key, error = %e, "cannot create the kwok Exec; stopping the process");
-            self.stop(&plan.uid, Duration::ZERO).await;
-            return;
-        }
-        if let Err(e) = kwok::apply_logs(&self.client, &plan).await {
-            warn!(pod = %key, error = %e, "cannot create the kwok Logs (kubectl logs will not work)");
-        }
-        // kwok reads Exec objects through an informer: wait until an exec through the API server
-        // really reaches this pod's environment, so that "Running" implies "exec works".
-        match kwok::wait_exec_ready(&self.client, &plan, Duration::from_secs(20)).await {
-            Ok(tries) => debug!(pod = %key, tries, "exec reaches the pod"),
-            Err(e) => {
-                warn!(pod = %key, error = %e, "exec does not reach the pod yet; marking it Running anyway")
-            }
-        }
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &plan.namespace);
-        let patch = json!({"metadata": {"annotations": {PID_ANNOTATION: pid.to_string()}}});
-        match pods
-            .patch(&plan.name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(_) => info!(pod = %key, pid, "created Exec and Logs, annotated pod"),
-            Err(e) => {
-                warn!(pod = %key, error = %e, "cannot annotate the pod (kwok will not mark it Running)")
-            }
-        }
     }
 
     /// A kubelet would not start this pod's container (an image it cannot pull, a missing
@@ -439,6 +433,7 @@ impl Supervisor {
             return;
         }
         t.stopping = true;
+        t.announcing.abort();
         let (pid, plan) = (t.pid, t.plan.clone());
         let key = format!("{}/{}", plan.namespace, plan.name);
         self.delete_kwok_objects(&plan).await;
@@ -531,7 +526,9 @@ impl Supervisor {
         let backoff = crash_backoff(restarts);
         warn!(pod = %key, %status, restarts, backoff_s = backoff.as_secs(),
               "local process exited on its own: restarting it after a back-off (CrashLoopBackOff)");
-        // exec fails while the container is down; its logs stay readable (kubectl logs).
+        // exec fails while the container is down; its logs stay readable (kubectl logs). The
+        // dead process's start is not announced any more (its pid would outlive the restart).
+        t.announcing.abort();
         self.delete_kwok(&t.plan, &["Exec"]).await;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &t.plan.namespace);
         if let Ok(Some(pod)) = pods.get_opt(&t.plan.name).await
@@ -576,16 +573,8 @@ impl Supervisor {
         };
         info!(pod = %pod_key(&pod), restarts, "restarting the crashed container");
         self.restart_counts.insert(uid.to_string(), restarts);
-        self.start(pod.clone()).await;
-        if self.tracked.contains_key(uid) {
-            let patch = Patch::Merge(json!({ "status": restarted_status(&pod, &plan) }));
-            if let Err(e) = pods
-                .patch_status(&plan.name, &PatchParams::default(), &patch)
-                .await
-            {
-                warn!(pod = %pod_key(&pod), error = %e, "cannot mark the restarted container running");
-            }
-        }
+        let status = restarted_status(&pod, &plan);
+        self.start(pod, Some(status)).await;
     }
 
     /// Makes the pod look like one whose container died: phase Failed (Succeeded for exit 0 with
@@ -666,6 +655,56 @@ impl Supervisor {
             if process::group_alive(*pid) {
                 process::signal_group(*pid, libc::SIGKILL);
             }
+        }
+    }
+}
+
+/// Makes a started process reachable as kwok's kubelet would: its Exec and Logs objects, a wait
+/// until an exec through the API server really reaches it (kwok reads Exec objects through an
+/// informer), then the pid annotation on which kwok marks the pod Running, so that "Running"
+/// implies "exec works"; after a restart, the container is marked running again. Without an
+/// Exec the process is of no use: its uid goes to `unannounced` to be stopped.
+async fn announce(
+    client: Client,
+    plan: LaunchPlan,
+    exec_env: Vec<(String, String)>,
+    pid: u32,
+    restarted: Option<serde_json::Value>,
+    unannounced: mpsc::UnboundedSender<String>,
+) {
+    let key = format!("{}/{}", plan.namespace, plan.name);
+    if let Err(e) = kwok::apply_exec(&client, &plan, &exec_env).await {
+        error!(pod = %key, error = %e, "cannot create the kwok Exec; stopping the process");
+        let _ = unannounced.send(plan.uid.clone());
+        return;
+    }
+    if let Err(e) = kwok::apply_logs(&client, &plan).await {
+        warn!(pod = %key, error = %e, "cannot create the kwok Logs (kubectl logs will not work)");
+    }
+    match kwok::wait_exec_ready(&client, &plan, Duration::from_secs(20)).await {
+        Ok(tries) => debug!(pod = %key, tries, "exec reaches the pod"),
+        Err(e) => {
+            warn!(pod = %key, error = %e, "exec does not reach the pod yet; marking it Running anyway")
+        }
+    }
+    let pods: Api<Pod> = Api::namespaced(client, &plan.namespace);
+    let patch = json!({"metadata": {"annotations": {PID_ANNOTATION: pid.to_string()}}});
+    match pods
+        .patch(&plan.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => info!(pod = %key, pid, "created Exec and Logs, annotated pod"),
+        Err(e) => {
+            warn!(pod = %key, error = %e, "cannot annotate the pod (kwok will not mark it Running)")
+        }
+    }
+    if let Some(status) = restarted {
+        let patch = Patch::Merge(json!({ "status": status }));
+        if let Err(e) = pods
+            .patch_status(&plan.name, &PatchParams::default(), &patch)
+            .await
+        {
+            warn!(pod = %key, error = %e, "cannot mark the restarted container running");
         }
     }
 }
