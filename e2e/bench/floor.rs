@@ -10,6 +10,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kandev_operator::acp::PodConnection;
 use kandev_operator::agents::AgentRegistry;
+use kandev_operator::api::names;
 use kandev_operator::api::{MANAGED_LABEL, TaskSession};
 use kandev_operator::controller::pods::{self, PodSettings};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -109,7 +110,7 @@ async fn resume_once(
     }
     // agentctl may not listen yet right after the pod turned Running (the operator retries too).
     let mut connection = loop {
-        match PodConnection::open(pods, name, pods::CONTAINER).await {
+        match PodConnection::open(pods, name, names::CONTAINER).await {
             Ok(c) => break c,
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -474,7 +474,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         cwd,
         history_dir: args.workspace.join(".kandev").join("sessions"),
         journal: args.workspace.join(".kandev").join(JOURNAL_FILE),
-        pod: std::env::var(crate::controller::pods::ENV_POD_NAME)
+        pod: std::env::var(crate::api::names::ENV_POD_NAME)
             .ok()
             .filter(|p| !p.is_empty()),
         hub: HubConfig {

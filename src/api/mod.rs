@@ -9,10 +9,12 @@
 
 pub mod conditions;
 mod executor_running;
+pub mod names;
 mod states;
 mod task_session;
 
 pub use executor_running::*;
+pub use names::{MANAGED_LABEL, SESSION_LABEL};
 pub use states::*;
 pub use task_session::*;
 
@@ -27,10 +29,6 @@ pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
 /// itself: the operator then reads the agent's event journal at once instead of at its next
 /// periodic catch-up. `kubectl kandev prompt` sets it.
 pub const PROMPTED_ANNOTATION: &str = "kandev.dev/prompted-at";
-/// Label on every pod the operator manages.
-pub const MANAGED_LABEL: &str = "kandev.dev/managed";
-/// Label naming the TaskSession a managed pod belongs to.
-pub const SESSION_LABEL: &str = "kandev.dev/session";
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -32,6 +32,7 @@ use crate::agents::{AgentProfile, AgentRegistry};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::agentctl::checkout::{WORKTREE_META, Worktree};
+use crate::api::names;
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, MANAGED_LABEL, NegotiatedCapabilities,
     PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionEnd, SessionState,
@@ -496,7 +497,7 @@ impl<'a> Session<'a> {
         let uid = ts.uid().unwrap_or_default();
         let executor = ctx
             .executors
-            .get(&ObjectRef::new(&pods::executor_name(&ts)).within(&ns))
+            .get(&ObjectRef::new(&names::executor_name(&ts)).within(&ns))
             .map(Arc::unwrap_or_clone);
         // Filtered on the shared objects first: only this session's pods are copied out of
         // the store (copying every pod of the namespace made each reconcile cost O(N)).
@@ -577,7 +578,7 @@ impl<'a> Session<'a> {
 
     /// The deterministic name of the current launch's pod.
     fn launch_pod_name(&self) -> String {
-        pods::pod_name(&self.name, self.launch_id())
+        names::pod_name(&self.name, self.launch_id())
     }
 
     /// The pod of the current launch, looked up by its deterministic name (hints such as
@@ -597,7 +598,7 @@ impl<'a> Session<'a> {
     /// Pods that carry this session's labels but are not controlled by it are ignored (labels
     /// prove nothing); each is reported once, as a Warning Event.
     async fn report_decoys(&self) {
-        let label = pods::session_label_value(&self.name);
+        let label = names::session_label_value(&self.name);
         let decoys = self.ctx.pods.state_filter(|pod| {
             pod.metadata.namespace.as_deref() == Some(self.ns.as_str())
                 && pod.labels().get(SESSION_LABEL) == Some(&label)
@@ -623,7 +624,7 @@ impl<'a> Session<'a> {
         self.ctx.followers.ensure(
             &self.ctx.streams,
             pod,
-            &pods::executor_name(&self.ts),
+            &names::executor_name(&self.ts),
             &self.objects.executor_status(),
             nudge,
         );
@@ -783,7 +784,7 @@ impl<'a> Session<'a> {
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         let limit = self.ctx.settings.acp_timeout;
         let cancel = async {
-            let mut connection = PodConnection::open(&pods_api, &pod.name_any(), pods::CONTAINER)
+            let mut connection = PodConnection::open(&pods_api, &pod.name_any(), names::CONTAINER)
                 .await
                 .map_err(|e| e.to_string())?;
             let client = &mut connection.client;
@@ -837,7 +838,7 @@ impl<'a> Session<'a> {
             self.ts.spec.workspace.retention.unwrap_or_default(),
         ) {
             (Some(_), WorkspaceRetention::Delete) => {
-                let claim = pods::workspace_claim_name(&self.ts);
+                let claim = names::workspace_claim_name(&self.ts);
                 let pvcs: Api<PersistentVolumeClaim> =
                     Api::namespaced(self.ctx.client.clone(), &self.ns);
                 match pvcs.delete(&claim, &Default::default()).await {
@@ -850,7 +851,7 @@ impl<'a> Session<'a> {
             }
             _ => format!(
                 "workspace PVC {} kept",
-                pods::workspace_claim_name(&self.ts)
+                names::workspace_claim_name(&self.ts)
             ),
         };
         let word = end_word(end);
@@ -997,7 +998,7 @@ impl<'a> Session<'a> {
             Workspace::Missing(what) => return self.wait_for_workspace(&what).await,
         }
         self.status.state = SessionState::Starting;
-        self.status.executor_ref = Some(pods::executor_name(&self.ts));
+        self.status.executor_ref = Some(names::executor_name(&self.ts));
         self.status.error_message = None;
         let pod = self.launch_pod_name();
         let message = format!(
@@ -1036,7 +1037,7 @@ impl<'a> Session<'a> {
     /// `WorkspaceMissing`, once the launch deadline has passed since the session was created;
     /// it starts whenever the PVC appears).
     async fn ensure_workspace(&self) -> Result<Workspace, Error> {
-        let claim = pods::workspace_claim_name(&self.ts);
+        let claim = names::workspace_claim_name(&self.ts);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         // The claim cache answers; only a miss is confirmed live (it may be a moment old).
         let deleting = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_some();
@@ -1245,7 +1246,7 @@ impl<'a> Session<'a> {
         let request = self.resume_request(&profile, state_at_start);
 
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
-        let open = PodConnection::open(&pods_api, &pod_name, pods::CONTAINER);
+        let open = PodConnection::open(&pods_api, &pod_name, names::CONTAINER);
         let opened = match tokio::time::timeout(self.ctx.settings.acp_timeout, open).await {
             Ok(opened) => opened.map_err(|err| err.to_string()),
             Err(_) => Err(format!(
@@ -1420,7 +1421,7 @@ impl<'a> Session<'a> {
         // the agent sees it, the PVC what holds it.
         let worktree = worktree.map(|w| WorktreeStatus {
             id: Some(self.ts.name_any()),
-            pvc: Some(pods::workspace_claim_name(&self.ts)),
+            pvc: Some(names::workspace_claim_name(&self.ts)),
             path: Some(self.ts.spec.workspace.mount_path.clone()),
             branch: w.branch,
             commit: w.commit,
@@ -1452,7 +1453,7 @@ impl<'a> Session<'a> {
         }
         let recorded = api
             .patch_status(
-                &pods::executor_name(&self.ts),
+                &names::executor_name(&self.ts),
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
             )
@@ -1894,7 +1895,7 @@ impl<'a> Session<'a> {
         // first note: a second resume would show as "x2" of the first one in `kubectl
         // describe`. A hash of the note in the action keeps distinct events apart while true
         // repeats still fold.
-        let action = format!("{action}:{}", pods::short_hash(note));
+        let action = format!("{action}:{}", names::short_hash(note));
         let event = EventNote {
             type_,
             reason,

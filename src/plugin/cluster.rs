@@ -17,11 +17,11 @@ use super::cli::GlobalArgs;
 use super::error::PluginError;
 use super::view::{Snapshot, request_token};
 use super::watch::SessionWatch;
+use crate::api::names;
 use crate::api::{
     ExecutorRunning, MANAGED_LABEL, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL,
     TaskSession,
 };
-use crate::controller::pods;
 
 /// The field manager of every write the plugin makes. It must not start with `kubectl`: Flux
 /// removes fields owned by `kubectl*` managers.
@@ -157,12 +157,12 @@ impl Cluster {
             Err(e) => return Err(self.kube_error(format!("reading tasksession {name:?}"), e)),
         };
         let executor = Api::<ExecutorRunning>::namespaced(self.client.clone(), &self.namespace)
-            .get_opt(&pods::executor_name(&session))
+            .get_opt(&names::executor_name(&session))
             .await
             .map_err(|e| self.kube_error(format!("reading the executorrunning of {name:?}"), e))?;
         let selector = format!(
             "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
-            pods::session_label_value(name)
+            names::session_label_value(name)
         );
         let candidates = self
             .pods()

@@ -13,7 +13,7 @@ use super::error::{ExitCode, PluginError};
 use super::view::{liveness_name, render_history};
 use super::{write_stdout, write_stdout_bytes};
 use crate::agentctl::history::NO_HISTORY_EXIT_CODE;
-use crate::controller::pods::CONTAINER;
+use crate::api::names::CONTAINER;
 use crate::history::{parse_history, validate_session_id};
 
 /// The whole read (exec, `agentctl history`, status) must finish within this.

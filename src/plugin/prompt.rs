@@ -15,7 +15,7 @@ use super::view::{
 use super::watch::SessionWatch;
 use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
-use crate::controller::pods::CONTAINER;
+use crate::api::names::CONTAINER;
 use crate::resume::{RestoreFailure, pod_liveness};
 
 /// How long `initialize` (answered by agentctl from its cache) may take.

@@ -14,8 +14,8 @@ use kube::runtime::watcher;
 use super::cluster::Cluster;
 use super::error::PluginError;
 use super::view::Snapshot;
+use crate::api::names;
 use crate::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
-use crate::controller::pods;
 
 /// Which of the three watches an event came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ impl SessionWatch {
             |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
         let selector = format!(
             "{MANAGED_LABEL}=true,{SESSION_LABEL}={}",
-            pods::session_label_value(&name)
+            names::session_label_value(&name)
         );
         let mut events = SelectAll::new();
         events.push(ticks(
@@ -96,7 +96,7 @@ impl SessionWatch {
                 executor_writer,
                 watcher(
                     Api::<ExecutorRunning>::namespaced(client.clone(), ns),
-                    by_name(&pods::executor_name(&snapshot.session)),
+                    by_name(&names::executor_name(&snapshot.session)),
                 ),
             ),
         ));
@@ -170,7 +170,7 @@ impl SessionWatch {
             .state()
             .into_iter()
             .map(Arc::unwrap_or_clone)
-            .filter(|pod| pods::controlled_by(pod, &session))
+            .filter(|pod| crate::resume::is_controlled_by(pod, session.metadata.uid.as_deref()))
             .collect();
         // The store is a map: keep the order of a list (by name) for stable output.
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));

@@ -1,0 +1,103 @@
+//! Names of what the operator creates for a session — pods, claims, the ExecutorRunning, the
+//! NetworkPolicy — and the labels, container and paths they share with agentctl and the plugin.
+//! Pure and deterministic: a restarted operator must find what it created before by name.
+
+use kube::ResourceExt;
+
+use super::TaskSession;
+
+/// Label on every pod the operator manages.
+pub const MANAGED_LABEL: &str = "kandev.dev/managed";
+/// Label naming the TaskSession a managed pod belongs to.
+pub const SESSION_LABEL: &str = "kandev.dev/session";
+
+/// Label carrying a short hash of the resume request a pod was created for, so that a restarted
+/// operator adopts that pod instead of creating a second one (DESIGN §3 step 3).
+pub const REQUEST_LABEL: &str = "kandev.dev/request";
+/// Where agentctl's socket lives inside the pod (an emptyDir shared by `serve` and every exec).
+pub const SOCKET_DIR: &str = "/run/kandev";
+/// Name of the agentctl container.
+pub const CONTAINER: &str = "agentctl";
+/// The container's termination message file (the kubelet's default path), where agentctl
+/// writes why it could not prepare the workspace.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The agentctl pod's own name (downward API), for the event journal's entries.
+pub const ENV_POD_NAME: &str = "KANDEV_POD_NAME";
+
+/// A stable, short, label-safe hash (FNV-1a 64, hex) — names must not depend on process state.
+pub fn short_hash(text: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")[..10].to_string()
+}
+
+/// A label value (≤ 63 chars) naming the session: the name itself when it fits.
+pub fn session_label_value(session: &str) -> String {
+    if session.len() <= 63 {
+        session.to_string()
+    } else {
+        format!("{}-{}", &session[..52], short_hash(session))
+    }
+}
+
+/// The pod name for one launch: deterministic in (session, request), so a create that races
+/// with a restart answers AlreadyExists and the existing pod is adopted.
+pub fn pod_name(session: &str, request: &str) -> String {
+    let suffix = short_hash(request);
+    let max_prefix = 253 - suffix.len() - 7;
+    let prefix = if session.len() > max_prefix {
+        // A cut name may end in '.' or '-', which "<prefix>-agent-…" must not follow.
+        session[..max_prefix].trim_end_matches(['.', '-'])
+    } else {
+        session
+    };
+    format!("{prefix}-agent-{suffix}")
+}
+
+/// The name of the PVC created from `spec.workspace.template`.
+pub fn workspace_claim_name(ts: &TaskSession) -> String {
+    ts.spec
+        .workspace
+        .claim_name
+        .clone()
+        .unwrap_or_else(|| format!("{}-workspace", ts.name_any()))
+}
+
+/// The name of a session's ExecutorRunning (one per session, owned by it).
+pub fn executor_name(ts: &TaskSession) -> String {
+    ts.name_any()
+}
+
+/// The name of a session's egress NetworkPolicy (one per session, owned by it).
+pub fn network_policy_name(session: &str) -> String {
+    const SUFFIX: &str = "-agent-egress";
+    let prefix = if session.len() > 253 - SUFFIX.len() {
+        session[..253 - SUFFIX.len()].trim_end_matches(['.', '-'])
+    } else {
+        session
+    };
+    format!("{prefix}{SUFFIX}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_names_are_deterministic_per_request_and_valid() {
+        assert_eq!(pod_name("demo", "t1"), pod_name("demo", "t1"));
+        assert_ne!(pod_name("demo", "t1"), pod_name("demo", "t2"));
+        let long = "a".repeat(253);
+        assert!(pod_name(&long, "t1").len() <= 253);
+        // Cut where the name has a '.': the pod name is still a DNS-1123 subdomain.
+        let dotted = format!("{}.{}", "a".repeat(235), "b".repeat(17));
+        let name = pod_name(&dotted, "t1");
+        assert!(!name.contains(".-") && !name.contains("-."), "{name}");
+        assert_eq!(session_label_value("demo"), "demo");
+        assert_eq!(session_label_value(&long).len(), 63);
+    }
+}
