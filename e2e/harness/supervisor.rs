@@ -187,7 +187,7 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
             },
             Some(exited) = rx.recv() => sup.on_exit(exited).await,
             Some(uid) = restart_rx.recv() => sup.restart(&uid).await,
-            Some(uid) = unannounced_rx.recv() => sup.stop(&uid, Duration::ZERO).await,
+            Some(uid) = unannounced_rx.recv() => sup.stop(&uid, Duration::ZERO),
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
         }
@@ -216,7 +216,7 @@ impl Supervisor {
                     .collect();
                 for uid in gone {
                     info!(%uid, "pod disappeared while the watch was down");
-                    self.stop(&uid, self.opts.max_grace).await;
+                    self.stop(&uid, self.opts.max_grace);
                 }
             }
             Event::Apply(pod) => self.on_pod(pod).await,
@@ -229,7 +229,7 @@ impl Supervisor {
                 self.crashed.remove(&uid);
                 self.restart_counts.remove(&uid);
                 if self.tracked.contains_key(&uid) {
-                    self.stop(&uid, grace_of(&pod, self.opts.max_grace)).await;
+                    self.stop(&uid, grace_of(&pod, self.opts.max_grace));
                 }
             }
         }
@@ -243,7 +243,7 @@ impl Supervisor {
         if pod.metadata.deletion_timestamp.is_some() || is_terminal(&pod) {
             if self.tracked.get(&uid).is_some_and(|t| !t.stopping) {
                 info!(pod = %key, %uid, terminating = pod.metadata.deletion_timestamp.is_some(), "pod is going away");
-                self.stop(&uid, grace_of(&pod, self.opts.max_grace)).await;
+                self.stop(&uid, grace_of(&pod, self.opts.max_grace));
             }
             return;
         }
@@ -425,7 +425,9 @@ impl Supervisor {
     }
 
     /// Stops the process of pod `uid`: Exec and Logs first, then SIGTERM, SIGKILL after `grace`.
-    async fn stop(&mut self, uid: &str, grace: Duration) {
+    /// Beside the watch loop: its API calls and /proc scans must not hold up other pods' events
+    /// (a fleet losing its pods at once stops hundreds).
+    fn stop(&mut self, uid: &str, grace: Duration) {
         let Some(t) = self.tracked.get_mut(uid) else {
             return;
         };
@@ -435,24 +437,25 @@ impl Supervisor {
         t.stopping = true;
         t.announcing.abort();
         let (pid, plan) = (t.pid, t.plan.clone());
-        let key = format!("{}/{}", plan.namespace, plan.name);
-        self.delete_kwok_objects(&plan).await;
-        info!(pod = %key, %uid, pid, grace_s = grace.as_secs(), "stopping local process (SIGTERM)");
-        if !process::signal_group(pid, libc::SIGTERM) {
-            debug!(pod = %key, pid, "process group already gone");
-        }
+        let client = self.client.clone();
         let uid = uid.to_string();
-        for p in process::pids_with_env(plan::ENV_POD_UID, &uid) {
-            info!(pod = %key, pid = p, "stopping a process exec'd into the pod (SIGTERM)");
-            process::signal_pid(p, libc::SIGTERM);
-        }
         tokio::spawn(async move {
+            let key = format!("{}/{}", plan.namespace, plan.name);
+            delete_kwok(&client, &plan, &["Exec", "Logs"]).await;
+            info!(pod = %key, %uid, pid, grace_s = grace.as_secs(), "stopping local process (SIGTERM)");
+            if !process::signal_group(pid, libc::SIGTERM) {
+                debug!(pod = %key, pid, "process group already gone");
+            }
+            for p in execd_into(&uid).await {
+                info!(pod = %key, pid = p, "stopping a process exec'd into the pod (SIGTERM)");
+                process::signal_pid(p, libc::SIGTERM);
+            }
             tokio::time::sleep(grace).await;
             if process::group_alive(pid) {
                 warn!(pod = %key, pid, "still alive after the grace period: SIGKILL");
                 process::signal_group(pid, libc::SIGKILL);
             }
-            for p in process::pids_with_env(plan::ENV_POD_UID, &uid) {
+            for p in execd_into(&uid).await {
                 warn!(pod = %key, pid = p, "exec'd process still alive after the grace period: SIGKILL");
                 process::signal_pid(p, libc::SIGKILL);
             }
@@ -460,15 +463,7 @@ impl Supervisor {
     }
 
     async fn delete_kwok_objects(&self, plan: &LaunchPlan) {
-        self.delete_kwok(plan, &["Exec", "Logs"]).await;
-    }
-
-    async fn delete_kwok(&self, plan: &LaunchPlan, kinds: &[&str]) {
-        for &kind in kinds {
-            if let Err(e) = kwok::delete(&self.client, kind, &plan.namespace, &plan.name).await {
-                warn!(pod = %format!("{}/{}", plan.namespace, plan.name), kind, error = %e, "cannot delete kwok object");
-            }
-        }
+        delete_kwok(&self.client, plan, &["Exec", "Logs"]).await;
     }
 
     async fn on_exit(&mut self, exited: Exited) {
@@ -478,10 +473,13 @@ impl Supervisor {
         let key = format!("{}/{}", t.plan.namespace, t.plan.name);
         // Whatever the leader left behind in its container goes with it, exec'd processes included.
         process::signal_group(exited.pid, libc::SIGKILL);
-        for p in process::pids_with_env(plan::ENV_POD_UID, &exited.uid) {
-            info!(pod = %key, pid = p, "killing a process left in the dead container (SIGKILL)");
-            process::signal_pid(p, libc::SIGKILL);
-        }
+        let (dead, uid) = (key.clone(), exited.uid.clone());
+        tokio::spawn(async move {
+            for p in execd_into(&uid).await {
+                info!(pod = %dead, pid = p, "killing a process left in the dead container (SIGKILL)");
+                process::signal_pid(p, libc::SIGKILL);
+            }
+        });
         let status = match exited.status {
             Ok(status) => status,
             Err(e) => {
@@ -529,7 +527,7 @@ impl Supervisor {
         // exec fails while the container is down; its logs stay readable (kubectl logs). The
         // dead process's start is not announced any more (its pid would outlive the restart).
         t.announcing.abort();
-        self.delete_kwok(&t.plan, &["Exec"]).await;
+        delete_kwok(&self.client, &t.plan, &["Exec"]).await;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &t.plan.namespace);
         if let Ok(Some(pod)) = pods.get_opt(&t.plan.name).await
             && pod.metadata.uid.as_deref() == Some(uid.as_str())
@@ -707,6 +705,23 @@ async fn announce(
             warn!(pod = %key, error = %e, "cannot mark the restarted container running");
         }
     }
+}
+
+async fn delete_kwok(client: &Client, plan: &LaunchPlan, kinds: &[&str]) {
+    for &kind in kinds {
+        if let Err(e) = kwok::delete(client, kind, &plan.namespace, &plan.name).await {
+            warn!(pod = %format!("{}/{}", plan.namespace, plan.name), kind, error = %e, "cannot delete kwok object");
+        }
+    }
+}
+
+/// The processes exec'd into pod `uid` (found by their environment; the /proc scan runs on a
+/// blocking thread).
+async fn execd_into(uid: &str) -> Vec<u32> {
+    let uid = uid.to_string();
+    tokio::task::spawn_blocking(move || process::pids_with_env(plan::ENV_POD_UID, &uid))
+        .await
+        .unwrap_or_default()
 }
 
 async fn delete_pod(pods: &Api<Pod>, name: &str, uid: &str) {
