@@ -4,6 +4,7 @@
 //! once) and gets SIGKILL if the harness dies (so no container outlives its harness). What was
 //! exec'd into a pod is found by the pod UID in its environment and dies with the container.
 
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -93,23 +94,30 @@ async fn pump<R: AsyncRead + Unpin>(reader: R, stream: &'static str, log_file: P
     }
 }
 
-/// Pids of the processes (other than this one) whose environment has `key=value`: the pod's
-/// own process and everything exec'd into the pod (kwok starts those with the Exec's env).
-pub fn pids_with_env(key: &str, value: &str) -> Vec<u32> {
-    let needle = format!("{key}={value}");
+/// The processes (other than this one) whose environment sets `key`, by its value: a pod's own
+/// process and everything exec'd into the pod (kwok starts those with the Exec's env) under the
+/// pod's uid. One pass over /proc for all pods.
+pub fn pids_by_env(key: &str) -> HashMap<String, Vec<u32>> {
+    let prefix = format!("{key}=");
     let me = std::process::id();
+    let mut found: HashMap<String, Vec<u32>> = HashMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return found;
     };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != me)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
+    let pids = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    for pid in pids.filter(|pid| *pid != me) {
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let value = env
+            .split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(prefix.as_bytes()));
+        if let Some(value) = value {
+            let value = String::from_utf8_lossy(value).into_owned();
+            found.entry(value).or_default().push(pid);
+        }
+    }
+    found
 }
 
 /// Sends `signal` to one process. Returns false when it no longer exists.
@@ -166,7 +174,9 @@ mod tests {
             .expect("spawn sleep");
         let mut found = Vec::new();
         for _ in 0..50 {
-            found = pids_with_env("KANDEV_TEST_MARKER", "find-me-42");
+            found = pids_by_env("KANDEV_TEST_MARKER")
+                .remove("find-me-42")
+                .unwrap_or_default();
             if found.contains(&child.id()) {
                 break;
             }

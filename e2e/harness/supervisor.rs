@@ -18,6 +18,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -715,13 +716,30 @@ async fn delete_kwok(client: &Client, plan: &LaunchPlan, kinds: &[&str]) {
     }
 }
 
-/// The processes exec'd into pod `uid` (found by their environment; the /proc scan runs on a
-/// blocking thread).
+/// The last scan of /proc for processes of pods, and when it ran.
+type Scan = Option<(tokio::time::Instant, Arc<HashMap<String, Vec<u32>>>)>;
+
+/// One scan serves every pod stopping within [`SCAN_REUSE`] of it: a fleet that loses its pods
+/// at once would otherwise read every process's environment once per pod.
+static LAST_SCAN: tokio::sync::Mutex<Scan> = tokio::sync::Mutex::const_new(None);
+const SCAN_REUSE: Duration = Duration::from_millis(500);
+
+/// The processes exec'd into pod `uid` (found by their environment, on a blocking thread). A
+/// process exec'd within [`SCAN_REUSE`] may be missed; the scan after the grace period is later.
 async fn execd_into(uid: &str) -> Vec<u32> {
-    let uid = uid.to_string();
-    tokio::task::spawn_blocking(move || process::pids_with_env(plan::ENV_POD_UID, &uid))
-        .await
-        .unwrap_or_default()
+    let mut last = LAST_SCAN.lock().await;
+    let scan = match last.as_ref() {
+        Some((at, scan)) if at.elapsed() < SCAN_REUSE => scan.clone(),
+        _ => {
+            let scan = tokio::task::spawn_blocking(|| process::pids_by_env(plan::ENV_POD_UID))
+                .await
+                .unwrap_or_default();
+            let scan = Arc::new(scan);
+            *last = Some((tokio::time::Instant::now(), scan.clone()));
+            scan
+        }
+    };
+    scan.get(uid).cloned().unwrap_or_default()
 }
 
 async fn delete_pod(pods: &Api<Pod>, name: &str, uid: &str) {
