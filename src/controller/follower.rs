@@ -7,7 +7,8 @@
 //! agentctl journals every event on the workspace volume (DESIGN §3 "Event journal"), so a
 //! follower catches up with `agentctl events --since <journalCursor>` and holds its exec stream
 //! only while the agent works: once the agent is idle it ends, and an idle session costs the API
-//! server nothing. A follower starts when a launch succeeds, when the operator first sees a
+//! server nothing. A follower starts when a launch leaves the agent working (a launch that leaves
+//! it idle counts as a catch-up: its restore was the contact), when the operator first sees a
 //! running pod, when a client nudges it (annotation [`PROMPTED_ANNOTATION`], which `kubectl
 //! kandev prompt` sets after it sent a prompt), and at most every [`CATCH_UP_EVERY`] otherwise,
 //! for prompts from clients that do not nudge. A dropped stream reconnects with backoff.
@@ -412,6 +413,25 @@ impl Followers {
         running.insert(uid, tokio::spawn(task));
     }
 
+    /// A launch's restore has just been answered over exec and left the agent idle: the pod's
+    /// journal holds nothing the restore's answer did not tell, but the restore's own entries
+    /// (the next catch-up applies them, changing nothing but the cursor). So no second exec
+    /// now: the contact counts as answered, and the clock of the periodic catch-up starts as
+    /// if a follower had just read the journal for `nudge`.
+    pub fn caught_up(&self, pod: &Pod, nudge: Option<&str>) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if let Ok(mut started) = self.started.lock() {
+            started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
+        }
+        Contact {
+            contacts: self.contacts.clone(),
+            uid,
+        }
+        .answered(Timestamp::now());
+    }
+
     /// Keeps only the pods for which `keep(uid)` holds (and whose follower lives).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         if let Ok(mut running) = self.running.lock() {
@@ -616,6 +636,29 @@ mod tests {
         );
         contact.forget();
         assert_eq!(state(), None);
+    }
+
+    /// A launch that left the agent idle starts no follower and counts as an answered contact;
+    /// a new nudge still reads the journal.
+    #[tokio::test]
+    async fn an_idle_launch_is_a_catch_up_without_an_exec() {
+        let (store, _writer) = kube::runtime::reflector::store::<Pod>();
+        let followers = Followers::new(store, Probe::default());
+        let url = "http://127.0.0.1:9".parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"}
+        }))
+        .expect("pod");
+        followers.caught_up(&pod, Some("n1"));
+        assert!(followers.contact("u1").answered_at.is_some());
+        let status = ExecutorRunningStatus::default();
+        followers.ensure(&client, &pod, "er", &status, Some("n1"));
+        let running = |uid: &str| followers.running.lock().expect("lock").contains_key(uid);
+        assert!(!running("u1"), "no exec for the nudge the launch saw");
+        followers.ensure(&client, &pod, "er", &status, Some("n2"));
+        assert!(running("u1"), "a new nudge reads the journal");
+        followers.retain(|_| false);
     }
 
     fn parse(line: &str) -> EventLine {

@@ -1505,7 +1505,13 @@ impl<'a> Session<'a> {
                 ResumeOutcome::Fresh
             });
         }
-        self.follow(pod, self.objects.annotation(PROMPTED_ANNOTATION));
+        let nudge = self.objects.annotation(PROMPTED_ANNOTATION);
+        if state == SessionState::Running {
+            // The task prompt was sent: follow the agent's work live.
+            self.follow(pod, nudge);
+        } else {
+            self.ctx.followers.caught_up(pod, nudge);
+        }
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
             self.event(EventType::Normal, event_reason, "Restore", message)
