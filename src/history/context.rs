@@ -3,6 +3,7 @@
 //! the new agent can pick up where the old one stopped.
 
 use super::record::HistoryEntry;
+use super::render::render_entry;
 
 /// First line of every resume context; also how an already-wrapped prompt is recognised.
 pub const RESUME_CONTEXT_HEADER: &str = "RESUME CONTEXT FOR CONTINUING TASK";
@@ -13,8 +14,6 @@ const INSTRUCTIONS: &str = "You are continuing a task that was interrupted. The 
 above shows what was already said and done; the workspace still holds the results of that work. \
 Continue from where the history leaves off to fulfil the current request. Do not redo work that \
 is already finished; if you are unsure whether a step completed, check the workspace first.";
-/// Appended to a shortened message or tool result.
-pub const TRUNCATION_MARKER: &str = "… [truncated]";
 const NO_HISTORY: &str = "(no recorded history)";
 
 /// Size limits of the resume context (DESIGN §3: messages 2000 chars, tool results 500, plus a
@@ -64,7 +63,10 @@ pub fn build_resume_context(
     current_request: &str,
     limits: &ContextLimits,
 ) -> String {
-    let lines: Vec<String> = entries.iter().map(|e| render_entry(e, limits)).collect();
+    let lines: Vec<String> = entries
+        .iter()
+        .map(|e| render_entry(e, Some(limits)))
+        .collect();
     let mut kept_bytes = 0;
     let mut first_kept = lines.len();
     for (index, line) in lines.iter().enumerate().rev() {
@@ -114,44 +116,10 @@ pub fn wrap_prompt_once(prompt: &str, entries: &[HistoryEntry], limits: &Context
     }
 }
 
-fn render_entry(entry: &HistoryEntry, limits: &ContextLimits) -> String {
-    let labelled = |label: String, body: &str| {
-        if body.is_empty() {
-            label
-        } else {
-            format!("{label} {body}")
-        }
-    };
-    match entry {
-        HistoryEntry::UserMessage { text, .. } => labelled(
-            "[USER]:".into(),
-            &truncate_chars(text, limits.max_message_chars),
-        ),
-        HistoryEntry::AgentMessage { text, .. } => labelled(
-            "[ASSISTANT]:".into(),
-            &truncate_chars(text, limits.max_message_chars),
-        ),
-        HistoryEntry::ToolCall { name, .. } => format!("[TOOL CALL: {name}]"),
-        HistoryEntry::ToolResult { name, output, .. } => labelled(
-            format!("[TOOL RESULT: {name}]"),
-            &truncate_chars(output, limits.max_tool_result_chars),
-        ),
-    }
-}
-
-/// Keeps the first `max_chars` characters and appends [`TRUNCATION_MARKER`]. Counting and
-/// cutting by `char` never splits a UTF-8 code point (a combined emoji sequence may still be
-/// cut between its code points, which is harmless for a model).
-fn truncate_chars(text: &str, max_chars: usize) -> String {
-    match text.char_indices().nth(max_chars) {
-        None => text.to_owned(),
-        Some((cut, _)) => format!("{}{TRUNCATION_MARKER}", &text[..cut]),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::render::{TRUNCATION_MARKER, truncate_chars};
     use pretty_assertions::assert_eq;
 
     fn user(text: &str) -> HistoryEntry {
@@ -221,29 +189,6 @@ mod tests {
     }
 
     #[test]
-    fn truncation_table_is_utf8_safe() {
-        let m = TRUNCATION_MARKER;
-        let a1999 = "a".repeat(1999);
-        // (text, max chars, expected)
-        #[rustfmt::skip]
-        let rows: Vec<(String, usize, String)> = vec![
-            ("".into(), 5, "".into()),
-            ("abcde".into(), 5, "abcde".into()),                      // exactly at the limit
-            ("abcdef".into(), 5, format!("abcde{m}")),                // one over
-            ("😀😀😀".into(), 2, format!("😀😀{m}")),                   // 4-byte chars
-            ("漢字漢字".into(), 3, format!("漢字漢{m}")),               // 3-byte chars
-            ("ab😀".into(), 3, "ab😀".into()),                        // emoji exactly at the limit
-            ("ab😀c".into(), 2, format!("ab{m}")),                    // cut right before an emoji
-            (format!("{a1999}😀😀"), 2000, format!("{a1999}😀{m}")),  // §3: 2000-char messages
-            (format!("{a1999}漢"), 2000, format!("{a1999}漢")),
-            ("abc".into(), 0, m.to_string()),
-        ];
-        for (text, max, expected) in rows {
-            assert_eq!(truncate_chars(&text, max), expected, "{text:?} max={max}");
-        }
-    }
-
-    #[test]
     fn messages_2000_and_tool_results_500_chars() {
         // §3: messages truncated to 2000 chars, tool results to 500.
         let limits = ContextLimits::default();
@@ -271,7 +216,7 @@ mod tests {
             ),
         ];
         for (entry, expected) in rows {
-            assert_eq!(render_entry(&entry, &limits), expected);
+            assert_eq!(render_entry(&entry, Some(&limits)), expected);
         }
     }
 
@@ -381,22 +326,6 @@ mod tests {
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(256))]
 
-            /// Truncation keeps a prefix of whole characters, at most `max` of them, and marks
-            /// the cut; text within the cap is untouched.
-            #[test]
-            fn truncation_keeps_a_char_prefix_within_the_cap(text in text(), max in 0usize..48) {
-                let out = truncate_chars(&text, max);
-                let chars = text.chars().count();
-                if chars <= max {
-                    prop_assert_eq!(out, text);
-                } else {
-                    let kept = out.strip_suffix(TRUNCATION_MARKER).expect("the marker ends a cut text");
-                    prop_assert!(text.is_char_boundary(kept.len()));
-                    prop_assert!(text.starts_with(kept));
-                    prop_assert_eq!(kept.chars().count(), max);
-                }
-            }
-
             /// The history section holds the newest entries that fit the byte cap, oldest
             /// dropped first and counted, each message and tool result within its own cap; the
             /// request and the instructions always follow.
@@ -414,7 +343,7 @@ mod tests {
                     .and_then(|rest| rest.strip_suffix(&tail))
                     .expect("header, history, request, instructions");
 
-                let rendered: Vec<String> = entries.iter().map(|e| render_entry(e, &limits)).collect();
+                let rendered: Vec<String> = entries.iter().map(|e| render_entry(e, Some(&limits))).collect();
                 // Which suffix of the entries was kept: the one the section is made of.
                 let section = |kept: usize| {
                     let omitted = entries.len() - kept;

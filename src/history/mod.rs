@@ -1,19 +1,21 @@
-//! Recorded session history and the resume context built from it (DESIGN §3 "History
-//! injection").
+//! Recorded session history (`record`), the line format of its entries (`render`: cut for the
+//! resume context, whole for `kubectl kandev history`) and the resume context built from it
+//! (`context`, DESIGN §3 "History injection").
 
 mod context;
 mod record;
+mod render;
 
 use std::path::PathBuf;
 
 pub use context::{
-    ContextLimits, RESUME_CONTEXT_HEADER, TRUNCATION_MARKER, build_resume_context,
-    is_resume_context, wrap_prompt_once,
+    ContextLimits, RESUME_CONTEXT_HEADER, build_resume_context, is_resume_context, wrap_prompt_once,
 };
 pub use record::{
     HistoryEntry, HistoryStore, MAX_SESSION_ID_LEN, ParsedHistory, parse_history,
     validate_session_id,
 };
+pub use render::{TRUNCATION_MARKER, render_entry, render_transcript};
 
 /// Why history could not be stored or read. Corrupt content is never an error (it is skipped).
 #[derive(Debug, thiserror::Error)]

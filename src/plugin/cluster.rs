@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use super::cli::GlobalArgs;
 use super::error::PluginError;
-use super::view::{Snapshot, request_token};
+use super::resume::request_token;
+use super::status::Snapshot;
 use super::watch::SessionWatch;
 use crate::api::names;
 use crate::api::{
@@ -310,7 +311,7 @@ impl Cluster {
                 return Ok(Some(snapshot.clone()));
             }
             // A launch pod that cannot start is reported now, not at the operator's deadline.
-            match crate::plugin::view::stalling_launch(&status, token, snapshot.current_pod()) {
+            match super::resume::stalling_launch(&status, token, snapshot.current_pod()) {
                 Some(why) => Err(PluginError::ResumeFailed {
                     name: name.to_string(),
                     verdict: format!(

@@ -10,11 +10,11 @@ use tokio::io::AsyncReadExt;
 use super::cli::{HistoryArgs, HistoryOutput};
 use super::cluster::Cluster;
 use super::error::{ExitCode, PluginError};
-use super::view::{liveness_name, render_history};
+use super::status::liveness_name;
 use super::{write_stdout, write_stdout_bytes};
 use crate::agentctl::history::NO_HISTORY_EXIT_CODE;
 use crate::api::names::CONTAINER;
-use crate::history::{parse_history, validate_session_id};
+use crate::history::{parse_history, render_transcript, validate_session_id};
 
 /// The whole read (exec, `agentctl history`, status) must finish within this.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -114,7 +114,7 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
             if parsed.entries.is_empty() {
                 eprintln!("tasksession {name:?} has no recorded history yet");
             }
-            write_stdout(&render_history(&parsed.entries, args.timestamps))?;
+            write_stdout(&render_transcript(&parsed.entries, args.timestamps))?;
             if parsed.skipped_corrupt_lines > 0 {
                 eprintln!(
                     "({} corrupt line(s) skipped; see them with -o jsonl)",

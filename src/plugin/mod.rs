@@ -1,16 +1,18 @@
 //! `kubectl-kandev`, the kubectl plugin (DESIGN §4): `status`, `resume`, `prompt`, `history`.
 //!
 //! - [`cli`]: the command line and its `--help` text;
-//! - [`view`]: the pure parts — the evaluated status and its table, what a resume request should
-//!   do, what a handled request's outcome means, when a prompt may be sent or retried, history
-//!   rendering, request tokens (table-tested);
+//! - [`status`]: the status snapshot (the operator's loaded objects, evaluated by its rules) and
+//!   its view, the table and `-o json` document of `status` (table-tested);
+//! - [`resume`]: what a resume request should do, what a handled request's outcome means, the
+//!   report and the request token (table-tested), and the `resume` command;
 //! - [`cluster`]: the API server — kubeconfig, reading a session with its executor and pods,
 //!   setting the resume annotation (field manager `kandev-plugin`), kubectl's identity flags;
 //! - `watch`: waits follow the session, its executor and its pods with watches;
 //! - [`output`]: `-o text|json|yaml|jsonpath=…`;
 //! - [`complete`]: shell completion (`kubectl_complete-kandev`, kubectl's plugin protocol);
 //! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `agentctl
-//!   history` for the history file).
+//!   history` for the history file); `prompt` starts with its pure rules (when a prompt may be
+//!   sent or retried), `history` prints with the renderer of [`crate::history`].
 //!
 //! Exit codes ([`ExitCode`]): 0 ok, 1 failed, 2 usage, 3 not found, 4 not resumable, 5 timeout,
 //! 6 cluster/API error.
@@ -22,7 +24,10 @@ mod error;
 mod history;
 pub mod output;
 mod prompt;
-pub mod view;
+pub mod resume;
+pub mod status;
+#[cfg(test)]
+mod test_support;
 mod watch;
 
 use std::io::Write;
@@ -35,10 +40,10 @@ pub use error::{EXIT_CODES_HELP, ExitCode, PluginError, format_duration, parse_d
 
 use crate::api::SessionEnd;
 use crate::api::conditions;
-use cli::{Cli, Command, EndArgs, ResumeArgs, StatusArgs};
+use cli::{Cli, Command, EndArgs, StatusArgs};
 use cluster::{Cluster, Deadline};
 use output::OutputFormat;
-use view::{HandledAs, ResumePlan, ResumeReport, StatusView, interpret_outcome, plan_resume};
+use status::StatusView;
 
 /// Parses the command line, runs the command and returns the exit code (the binary exits with
 /// it). Errors are printed on stderr as one `error: …` line.
@@ -131,7 +136,7 @@ async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginEr
     let cluster = Cluster::connect(&cli.global).await?;
     match cli.command {
         Command::Status(args) => status(&cluster, args).await,
-        Command::Resume(args) => resume(&cluster, args).await,
+        Command::Resume(args) => resume::resume(&cluster, args).await,
         Command::Prompt(args) => {
             let text = prompt_text.unwrap_or_else(|| args.text.clone());
             prompt::prompt(&cluster, &args.session, &text, args.timeout).await
@@ -219,125 +224,4 @@ async fn status(cluster: &Cluster, args: StatusArgs) -> Result<ExitCode, PluginE
     let view = StatusView::new(&snapshot);
     print_object(&view, &args.output, || view.table())?;
     Ok(ExitCode::Ok)
-}
-
-async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginError> {
-    let snapshot = cluster.snapshot(&args.session).await?;
-    let name = snapshot.name();
-    let status = snapshot.status();
-    let token_before = snapshot.resume_token().map(String::from);
-    let mut report = ResumeReport {
-        name: name.clone(),
-        namespace: cluster.namespace.clone(),
-        request: None,
-        handled: false,
-        outcome: None,
-        succeeded: None,
-        state: status.state,
-        task_state: status.task_state,
-        token_before: token_before.clone(),
-        token_after: token_before.clone(),
-        reason: None,
-        message: None,
-    };
-    let plan = match plan_resume(
-        &status,
-        &snapshot.evaluation(),
-        snapshot.liveness(),
-        args.fresh,
-    ) {
-        // A request whose pod cannot start: a new one supersedes it (the cause may be fixed).
-        ResumePlan::AwaitActive(token) => {
-            match view::stalling_launch(&status, &token, snapshot.current_pod()) {
-                Some(why) => {
-                    eprintln!(
-                        "resume request {token} is stalled ({why}); a new request supersedes it"
-                    );
-                    ResumePlan::Request
-                }
-                None => ResumePlan::AwaitActive(token),
-            }
-        }
-        plan => plan,
-    };
-    let request = match plan {
-        ResumePlan::Refuse(why) => {
-            return Err(PluginError::NotResumable {
-                name,
-                namespace: cluster.namespace.clone(),
-                why,
-            });
-        }
-        ResumePlan::AlreadyRunning | ResumePlan::Starting => {
-            let message = if plan == ResumePlan::AlreadyRunning {
-                report.outcome = Some(HandledAs::AlreadyRunning);
-                report.succeeded = Some(true);
-                format!("the agent is already running (state {})", status.state)
-            } else if status.state == crate::api::SessionState::Created {
-                "the session has not started yet (state CREATED): the operator launches it by itself; nothing to resume".to_string()
-            } else {
-                format!(
-                    "the operator is launching the agent (state {}, pod {}); nothing to resume",
-                    status.state,
-                    view::liveness_name(snapshot.liveness())
-                )
-            };
-            report.message = Some(message.clone());
-            print_object(&report, &args.output, || {
-                format!("tasksession {name:?}: {message}\n")
-            })?;
-            return Ok(ExitCode::Ok);
-        }
-        ResumePlan::AwaitActive(token) => {
-            let fresh_note = if args.fresh {
-                " (--fresh does not apply to it)"
-            } else {
-                ""
-            };
-            eprintln!(
-                "a resume of tasksession {name:?} is already in progress (request {token}){fresh_note}"
-            );
-            token
-        }
-        ResumePlan::Request => cluster.request_resume(&snapshot, args.fresh).await?,
-    };
-    report.request = Some(request.clone());
-    if !args.wait {
-        print_object(&report, &args.output, || {
-            // The token alone on stdout (for scripts), the explanation on stderr.
-            eprint!("{}", report.text());
-            format!("{request}\n")
-        })?;
-        return Ok(ExitCode::Ok);
-    }
-    let handled = cluster
-        .wait_handled(&name, &request, Deadline::after(args.timeout))
-        .await?;
-    let status = handled.status();
-    let outcome = interpret_outcome(&status, &request);
-    report.handled = true;
-    report.outcome = Some(outcome.kind);
-    report.succeeded = Some(outcome.kind.succeeded());
-    report.state = status.state;
-    report.task_state = status.task_state;
-    report.token_after = handled.resume_token().map(String::from);
-    report.reason = Some(outcome.reason.clone()).filter(|r| !r.is_empty());
-    report.message = Some(outcome.message.clone()).filter(|m| !m.is_empty());
-    print_object(&report, &args.output, || report.text())?;
-    match outcome.kind {
-        kind if kind.succeeded() => Ok(ExitCode::Ok),
-        HandledAs::Refused => Err(PluginError::NotResumable {
-            name,
-            namespace: cluster.namespace.clone(),
-            why: outcome.message,
-        }),
-        _ => Err(PluginError::ResumeFailed {
-            name,
-            verdict: if outcome.reason.is_empty() {
-                "failed".to_string()
-            } else {
-                format!("failed ({})", outcome.reason)
-            },
-        }),
-    }
 }

@@ -1,5 +1,10 @@
 //! `kubectl kandev prompt`: make sure the agent runs, then speak ACP to it through
 //! `kubectl exec <pod> -- agentctl connect` and stream its answer.
+//!
+//! Two halves: first the pure rules — when a prompt may be sent ([`prompt_readiness`]), what to
+//! do after a failed attempt ([`after_failure`]), which stop reasons succeed
+//! ([`stop_reason_succeeded`]), table-tested at the end of the file — then the command, which
+//! talks to the cluster and the agent.
 
 use std::io::Write;
 use std::time::Duration;
@@ -8,15 +13,107 @@ use tokio::time::Instant;
 
 use super::cluster::{Cluster, Deadline};
 use super::error::{ExitCode, PluginError};
-use super::view::{
-    AfterFailure, AttemptStage, Readiness, Snapshot, after_failure, interpret_outcome,
-    prompt_readiness, stop_reason_succeeded,
-};
+use super::resume::{ResumePlan, interpret_outcome, plan_resume};
+use super::status::{Snapshot, liveness_name};
 use super::watch::SessionWatch;
 use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
 use crate::api::names::CONTAINER;
-use crate::resume::{RestoreFailure, pod_liveness};
+use crate::api::{SessionState, TaskSessionStatus};
+use crate::resume::{PodLiveness, RestoreFailure, ResumeEvaluation, pod_liveness};
+
+// ------------------------------------------------------------------------------------------
+// the rules (pure)
+
+/// Where `prompt` stands before it can send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// WAITING_FOR_INPUT with a running pod: send now.
+    Ready,
+    /// The agent is gone: request a resume (once).
+    NeedsResume,
+    /// Something is under way (a resume, a launch, a turn); poll again. The text says what.
+    Wait(String),
+    /// Never going to work (terminal, not resumable); the text says why.
+    Refuse(String),
+}
+
+/// The rules of `prompt`: it sends only to an agent that waits for input (DESIGN §4: resume and
+/// wait for `WAITING_FOR_INPUT`).
+pub fn prompt_readiness(
+    status: &TaskSessionStatus,
+    eval: &ResumeEvaluation,
+    pod: PodLiveness,
+) -> Readiness {
+    match plan_resume(status, eval, pod, false) {
+        ResumePlan::Refuse(why) => Readiness::Refuse(why),
+        ResumePlan::AwaitActive(token) => {
+            Readiness::Wait(format!("the operator to finish resume request {token:?}"))
+        }
+        ResumePlan::Request => Readiness::NeedsResume,
+        ResumePlan::AlreadyRunning if status.state == SessionState::WaitingForInput => {
+            Readiness::Ready
+        }
+        ResumePlan::AlreadyRunning => Readiness::Wait(format!(
+            "the agent to wait for input (state {})",
+            status.state
+        )),
+        ResumePlan::Starting => Readiness::Wait(format!(
+            "the agent to start (state {}, pod {})",
+            status.state,
+            liveness_name(pod)
+        )),
+    }
+}
+
+/// Where a prompt attempt failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptStage {
+    /// Opening the exec or `initialize`: nothing reached the agent's session yet.
+    Connect,
+    /// After `session/prompt` was sent.
+    Prompt,
+}
+
+/// What to do after a failed prompt attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// The executor vanished: request a resume, wait for the agent, send again.
+    ResumeAndRetry,
+    /// The pod still runs and nothing was sent: connect again.
+    RetrySamePod,
+    /// Stop and report.
+    GiveUp,
+}
+
+/// DESIGN §4 "retries once if the executor vanished": one retry per command. A prompt already
+/// delivered to a still-running agent is never sent twice (the agent keeps working on it and
+/// the answer lands in the history); an error answer from the agent is final.
+pub fn after_failure(
+    stage: AttemptStage,
+    stream_lost: bool,
+    pod_lost: bool,
+    retried: bool,
+) -> AfterFailure {
+    if retried {
+        return AfterFailure::GiveUp;
+    }
+    match (stage, stream_lost, pod_lost) {
+        (_, _, true) => AfterFailure::ResumeAndRetry,
+        (AttemptStage::Connect, _, false) => AfterFailure::RetrySamePod,
+        (AttemptStage::Prompt, _, false) => AfterFailure::GiveUp,
+    }
+}
+
+/// The exit code of a finished turn, from its ACP `stopReason`: the turn ran to its end
+/// (`end_turn`, or a limit: `max_tokens`, `max_turn_requests`) → 0; the agent refused or the turn
+/// was cancelled → 1.
+pub fn stop_reason_succeeded(stop_reason: &str) -> bool {
+    !matches!(stop_reason, "refusal" | "cancelled")
+}
+
+// ------------------------------------------------------------------------------------------
+// the command
 
 /// How long `initialize` (answered by agentctl from its cache) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -380,6 +477,103 @@ impl Printer {
         if self.open_line {
             let _ = write_stdout("\n");
             self.open_line = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ResumeReason as R;
+    use crate::plugin::test_support::{eval, st};
+    use PodLiveness as P;
+    use SessionState as S;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn prompt_readiness_rules() {
+        let running = eval(false, false, R::AlreadyRunning);
+        let lost = eval(true, true, R::AgentNotRunning);
+        let fresh_start = eval(true, true, R::AgentNotRunningFreshStart);
+        let terminal = eval(false, false, R::TerminalState);
+        let ready = prompt_readiness(&st(S::WaitingForInput, None), &running, P::Running);
+        assert_eq!(ready, Readiness::Ready);
+        for (status, eval, pod) in [
+            (st(S::WaitingForInput, None), lost, P::Missing),
+            (st(S::Running, None), lost, P::Terminating),
+            (st(S::WaitingForInput, None), fresh_start, P::Failed),
+        ] {
+            assert_eq!(
+                prompt_readiness(&status, &eval, pod),
+                Readiness::NeedsResume
+            );
+        }
+        for (status, eval, pod, says) in [
+            (st(S::Running, None), running, P::Running, "state RUNNING"),
+            (
+                st(S::Starting, None),
+                running,
+                P::Pending,
+                "state STARTING, pod Pending",
+            ),
+            (
+                st(S::Created, None),
+                eval(false, false, R::NoExecutor),
+                P::Missing,
+                "state CREATED",
+            ),
+            (st(S::Starting, Some("t9")), lost, P::Missing, "\"t9\""),
+        ] {
+            match prompt_readiness(&status, &eval, pod) {
+                Readiness::Wait(what) => assert!(what.contains(says), "{what}"),
+                other => panic!("{status:?}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            prompt_readiness(&st(S::Cancelled, None), &terminal, P::Missing),
+            Readiness::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn failure_handling_retries_once() {
+        use AfterFailure::*;
+        use AttemptStage::*;
+        #[rustfmt::skip]
+        let rows = [
+            // (stage, stream lost, pod lost, retried) → next
+            (Connect, true, true, false, ResumeAndRetry),
+            (Prompt, true, true, false, ResumeAndRetry),
+            (Prompt, false, true, false, ResumeAndRetry),
+            (Connect, true, false, false, RetrySamePod),
+            (Connect, false, false, false, RetrySamePod),
+            // Delivered to a live agent: never sent twice.
+            (Prompt, true, false, false, GiveUp),
+            // The agent answered with an error.
+            (Prompt, false, false, false, GiveUp),
+            // Only one retry.
+            (Prompt, true, true, true, GiveUp),
+            (Connect, true, false, true, GiveUp),
+        ];
+        for (stage, stream, pod, retried, expected) in rows {
+            assert_eq!(
+                after_failure(stage, stream, pod, retried),
+                expected,
+                "{stage:?} stream_lost={stream} pod_lost={pod} retried={retried}"
+            );
+        }
+    }
+
+    #[test]
+    fn stop_reasons() {
+        for (reason, ok) in [
+            ("end_turn", true),
+            ("max_tokens", true),
+            ("max_turn_requests", true),
+            ("refusal", false),
+            ("cancelled", false),
+        ] {
+            assert_eq!(stop_reason_succeeded(reason), ok, "{reason}");
         }
     }
 }

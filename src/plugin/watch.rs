@@ -13,7 +13,7 @@ use kube::runtime::watcher;
 
 use super::cluster::Cluster;
 use super::error::PluginError;
-use super::view::Snapshot;
+use super::status::Snapshot;
 use crate::api::names;
 use crate::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
 
