@@ -1,4 +1,6 @@
-//! The ACP client: typed calls over [`RpcConnection`] and the restore orchestration.
+//! The ACP client: [`AcpClient`] and its typed calls (`initialize`, `session/new|load|resume`,
+//! `session/prompt`, `session/cancel`) over [`RpcConnection`], and the capability summaries of an
+//! `initialize` answer. The restore orchestration built on these calls is in `restore.rs`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,13 +18,8 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::api::{NegotiatedCapabilities, SessionConfigState};
-use crate::resume::{
-    AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreErrorClass,
-    RestoreFailure, RestoreMethod, RestorePlan, classify_restore_error, next_step_after_failure,
-    select_restore_method,
-};
+use crate::resume::{AgentRestoreCapabilities, RestoreFailure};
 
-use super::outcome::RestoreOutcome;
 use super::rpc::{Replayed, RpcConnection};
 use super::updates::SessionUpdateEvent;
 use super::{AcpError, DISCONNECT_METHOD, LAUNCH_META, SESSION_CONFIG_META};
@@ -214,7 +211,7 @@ impl AcpClient {
         self.initialize_within(self.timeouts.initialize).await
     }
 
-    async fn initialize_within(
+    pub(super) async fn initialize_within(
         &mut self,
         limit: Duration,
     ) -> Result<NegotiatedCapabilities, AcpError> {
@@ -272,7 +269,11 @@ impl AcpClient {
         self.new_session_within(cwd, self.timeouts.session).await
     }
 
-    async fn new_session_within(&self, cwd: &Path, limit: Duration) -> Result<String, AcpError> {
+    pub(super) async fn new_session_within(
+        &self,
+        cwd: &Path,
+        limit: Duration,
+    ) -> Result<String, AcpError> {
         let response: NewSessionResponse = self
             .request(
                 method::SESSION_NEW,
@@ -298,7 +299,7 @@ impl AcpClient {
             .await
     }
 
-    async fn load_session_within(
+    pub(super) async fn load_session_within(
         &self,
         session_id: &str,
         cwd: &Path,
@@ -321,7 +322,7 @@ impl AcpClient {
             .await
     }
 
-    async fn resume_session_within(
+    pub(super) async fn resume_session_within(
         &self,
         session_id: &str,
         cwd: &Path,
@@ -414,148 +415,6 @@ impl AcpClient {
         self.rpc.is_closed()
     }
 
-    /// Restores the saved ACP session (DESIGN §3 "ACP restore selection"), traced as
-    /// `acp.session.restore` with one child span per step.
-    ///
-    /// Runs `initialize` first if it has not succeeded yet. The method comes from
-    /// [`select_restore_method`]; after a failure, [`classify_restore_error`] and
-    /// [`next_step_after_failure`] decide between `session/load` of the same id, `session/new`
-    /// (only when the token is proven useless) and failing with the token kept. A fresh start
-    /// requested by the user ignores the token without deleting it.
-    pub async fn restore(
-        &mut self,
-        token: Option<&str>,
-        cwd: &Path,
-        profile_native_resume: NativeSessionResume,
-        fresh_requested: bool,
-        timeouts: AcpTimeouts,
-    ) -> RestoreOutcome {
-        let saved = token.map(str::trim).filter(|token| !token.is_empty());
-        let span = tracing::info_span!(
-            "acp.session.restore",
-            token = saved.unwrap_or(""),
-            profile_native_resume = profile_native_resume.as_str(),
-            fresh_requested,
-            method = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            session_id = tracing::field::Empty,
-        );
-        let outcome = self
-            .run_restore(saved, cwd, profile_native_resume, fresh_requested, timeouts)
-            .instrument(span.clone())
-            .await;
-        span.record("method", outcome.method_name());
-        span.record("outcome", tracing::field::debug(outcome.kind()));
-        span.record("session_id", outcome.session_id().unwrap_or(""));
-        match &outcome {
-            RestoreOutcome::Failed { reason, .. } => {
-                tracing::warn!(parent: &span, %reason, "restore failed")
-            }
-            other => tracing::info!(parent: &span, reason = %other.reason(), "restore done"),
-        }
-        outcome
-    }
-
-    async fn run_restore(
-        &mut self,
-        saved: Option<&str>,
-        cwd: &Path,
-        profile_native_resume: NativeSessionResume,
-        fresh_requested: bool,
-        timeouts: AcpTimeouts,
-    ) -> RestoreOutcome {
-        if self.init.is_none()
-            && let Err(error) = self.initialize_within(timeouts.initialize).await
-        {
-            let failure = error.into_failure();
-            let class = classify_restore_error(&failure);
-            return RestoreOutcome::Failed {
-                method: None,
-                class,
-                token_kept: saved.is_some(),
-                session_id: saved.map(str::to_owned),
-                reason: format!(
-                    "{class}: initialize {}",
-                    describe_failure(&failure, Some(timeouts.initialize))
-                ),
-            };
-        }
-        let capabilities = self.restore_capabilities();
-        // The user's explicit fresh start ignores the token; it is not deleted (DESIGN §3).
-        let candidate = if fresh_requested { None } else { saved };
-        let mut step = select_restore_method(capabilities, profile_native_resume, candidate);
-        // What went wrong before the current step, for the final reason.
-        let mut history: Vec<String> = Vec::new();
-        loop {
-            let method = step.method();
-            let attempt = match &step {
-                RestorePlan::Resume(id) => self
-                    .resume_session_within(id, cwd, timeouts.session)
-                    .instrument(tracing::info_span!("acp.session.resume", session_id = %id))
-                    .await
-                    .map(|()| id.clone()),
-                RestorePlan::Load(id) => self
-                    .load_session_within(id, cwd, timeouts.session)
-                    .instrument(tracing::info_span!("acp.session.load", session_id = %id))
-                    .await
-                    .map(|replayed| {
-                        tracing::info!(
-                            replayed = replayed.updates,
-                            bytes = replayed.bytes,
-                            "session loaded"
-                        );
-                        id.clone()
-                    }),
-                RestorePlan::New { why } => {
-                    self.new_session_within(cwd, timeouts.session)
-                        .instrument(tracing::info_span!("acp.session.new", why = why.as_str()))
-                        .await
-                }
-            };
-            let failure = match attempt {
-                Ok(session_id) => {
-                    return match step {
-                        RestorePlan::New { why } => RestoreOutcome::Fresh { session_id, why },
-                        _ => RestoreOutcome::Restored { method, session_id },
-                    };
-                }
-                Err(error) => error.into_failure(),
-            };
-            let class = classify_restore_error(&failure);
-            let what = format!(
-                "{} {}",
-                method.method_name(),
-                describe_failure(&failure, Some(timeouts.session))
-            );
-            tracing::warn!(method = method.method_name(), %class, "{what}");
-            let next = next_step_after_failure(method, &class, capabilities);
-            step = match (step, next) {
-                (RestorePlan::Resume(id), NextStep::TryLoad) => {
-                    history.push(what);
-                    RestorePlan::Load(id)
-                }
-                (
-                    RestorePlan::Resume(_) | RestorePlan::Load(_),
-                    NextStep::FallBackToNew { why },
-                ) => {
-                    history.push(what);
-                    RestorePlan::New { why }
-                }
-                (RestorePlan::New { why }, _) => {
-                    // Nothing left to fall back to. The saved token survives unless an earlier
-                    // step (or the agent's capabilities) proved it useless.
-                    let token_kept = saved.is_some() && token_survives(why);
-                    return failed(method, class, token_kept, saved, &what, &history);
-                }
-                // KeepTokenAndFail, or a combination the rules never produce (TryLoad after
-                // session/load): fail safe, keeping the token.
-                (RestorePlan::Resume(_) | RestorePlan::Load(_), _) => {
-                    return failed(method, class, saved.is_some(), saved, &what, &history);
-                }
-            };
-        }
-    }
-
     async fn request<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         method: &'static str,
@@ -581,44 +440,6 @@ fn decode<Resp: DeserializeOwned>(
 
 fn encode<T: Serialize>(method: &'static str, value: &T) -> Result<serde_json::Value, AcpError> {
     serde_json::to_value(value).map_err(|source| AcpError::Encode { method, source })
-}
-
-fn failed(
-    method: RestoreMethod,
-    class: RestoreErrorClass,
-    token_kept: bool,
-    saved: Option<&str>,
-    what: &str,
-    history: &[String],
-) -> RestoreOutcome {
-    let mut reason = format!("{class}: {what}");
-    if !history.is_empty() {
-        reason.push_str(&format!(" (after: {})", history.join("; ")));
-    }
-    RestoreOutcome::Failed {
-        method: Some(method),
-        class,
-        token_kept,
-        session_id: if token_kept {
-            saved.map(str::to_owned)
-        } else {
-            None
-        },
-        reason,
-    }
-}
-
-/// Whether a saved token must still be kept when the `session/new` chosen for `why` fails.
-fn token_survives(why: FreshReason) -> bool {
-    match why {
-        // Nothing was learned about the token: a fresh start requested by the user ignores it
-        // without deleting it, and a profile without native resume never tried it.
-        FreshReason::NoResumeToken | FreshReason::ProfileHasNoNativeResume => true,
-        // The agent proved the token useless.
-        FreshReason::RestoreUnsupportedByAgent
-        | FreshReason::MethodNotFound
-        | FreshReason::UnknownSession => false,
-    }
 }
 
 /// One line about a failure, worded for Events and `agentctl restore` output.
@@ -662,9 +483,8 @@ pub fn negotiated_capabilities(response: &InitializeResponse) -> NegotiatedCapab
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
-    use crate::resume::AgentLimit;
     use pretty_assertions::assert_eq;
     use serde_json::{Value, json};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, duplex};
@@ -695,7 +515,7 @@ mod tests {
 
     /// A scripted agent on the other end of a duplex pipe: answers each request with
     /// `script(method, params)`, a list of raw lines to send (notifications first, answer last).
-    fn scripted_agent(
+    pub(crate) fn scripted_agent(
         script: impl Fn(&str, &Value, &Value) -> Vec<String> + Send + 'static,
     ) -> AcpClient {
         let (client_read, mut agent_write) = duplex(64 * 1024);
@@ -714,7 +534,7 @@ mod tests {
         AcpClient::new(client_read, client_write)
     }
 
-    fn ok(id: &Value, result: Value) -> String {
+    pub(crate) fn ok(id: &Value, result: Value) -> String {
         json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string()
     }
 
@@ -778,104 +598,6 @@ mod tests {
             }
             assert_eq!(texts, ["What's the capital of France?", "Paris."]);
         }
-    }
-
-    #[tokio::test]
-    async fn a_replay_over_budget_or_line_limit_cuts_the_agent_off_keeping_the_token() {
-        for (limits, expected) in [
-            (
-                AcpLimits {
-                    replay_budget: 4096,
-                    ..AcpLimits::default()
-                },
-                AgentLimit::Replay { limit: 4096 },
-            ),
-            (
-                AcpLimits {
-                    line: 200,
-                    replay_line: 1024,
-                    ..AcpLimits::default()
-                },
-                AgentLimit::Line { limit: 1024 },
-            ),
-        ] {
-            let mut client = scripted_agent(|method, id, params| match method {
-                "initialize" => vec![ok(
-                    id,
-                    json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
-                )],
-                "session/load" => {
-                    // Lines under 1 KiB (above the normal limit), 8 KiB in all.
-                    let update = json!({"jsonrpc": "2.0", "method": "session/update",
-                        "params": {"sessionId": params["sessionId"], "update": {
-                            "sessionUpdate": "agent_message_chunk",
-                            "content": {"type": "text", "text": "x".repeat(800)}}}})
-                    .to_string();
-                    let mut lines = vec![update; 10];
-                    lines.push(format!("{{\"big\": \"{}\"}}", "y".repeat(2000)));
-                    lines.push(ok(id, json!({})));
-                    lines
-                }
-                _ => vec![],
-            })
-            .with_limits(limits);
-            let outcome = client
-                .restore(
-                    Some("tok"),
-                    Path::new("/w"),
-                    NativeSessionResume::Auto,
-                    false,
-                    AcpTimeouts::uniform(Duration::from_secs(5)),
-                )
-                .await;
-            let RestoreOutcome::Failed {
-                class,
-                token_kept,
-                session_id,
-                reason,
-                ..
-            } = &outcome
-            else {
-                panic!("{outcome:?}");
-            };
-            assert_eq!(*class, RestoreErrorClass::AgentProtocolLimit);
-            assert!(*token_kept);
-            assert_eq!(session_id.as_deref(), Some("tok"));
-            assert_eq!(
-                reason,
-                &format!("agent_protocol_limit: session/load was cut off: {expected}")
-            );
-            assert!(client.is_closed());
-        }
-    }
-
-    #[tokio::test]
-    async fn restore_without_initialize_runs_it_and_resumes() {
-        let mut client = scripted_agent(|method, id, _| match method {
-            "initialize" => vec![ok(
-                id,
-                json!({"protocolVersion": 1,
-                "agentCapabilities": {"loadSession": true, "sessionCapabilities": {"resume": {}}}}),
-            )],
-            "session/resume" => vec![ok(id, json!({}))],
-            _ => vec![],
-        });
-        let outcome = client
-            .restore(
-                Some(" tok "),
-                Path::new("/w"),
-                NativeSessionResume::Auto,
-                false,
-                AcpTimeouts::uniform(Duration::from_secs(5)),
-            )
-            .await;
-        assert_eq!(
-            outcome,
-            RestoreOutcome::Restored {
-                method: RestoreMethod::Resume,
-                session_id: "tok".into()
-            }
-        );
     }
 
     #[tokio::test]

@@ -2,8 +2,9 @@
 //!
 //! - [`AcpClient`] speaks ACP over any byte stream (a child's stdio, a unix socket, a
 //!   Kubernetes exec stream), so the operator, agentctl and the tests share one client.
-//! - [`AcpClient::restore`] executes DESIGN §3 "ACP restore selection" by calling the pure rules
-//!   in [`crate::resume`]; it never decides on its own what an error means.
+//! - [`AcpClient::restore`] (`restore.rs`) executes DESIGN §3 "ACP restore selection" by calling
+//!   the pure rules in [`crate::resume`]; it never decides on its own what an error means or
+//!   whether a token survives.
 //! - [`restore_with_local_agent`] is the core of `agentctl restore`: spawn the agent, restore,
 //!   report.
 //!
@@ -14,6 +15,7 @@ mod client;
 mod exec;
 mod local;
 mod outcome;
+mod restore;
 mod rpc;
 mod updates;
 

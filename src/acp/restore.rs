@@ -1,0 +1,297 @@
+//! The restore orchestration (DESIGN §3 "ACP restore selection"): [`AcpClient::restore`] runs
+//! `session/resume` → `session/load` → `session/new` as the pure rules in [`crate::resume`]
+//! decide, traced as `acp.session.restore`, and builds the [`RestoreOutcome`].
+//!
+//! The typed calls it makes live in `client.rs`; what an error means and whether a token
+//! survives are decided in `resume/`, never here.
+
+use std::path::Path;
+
+use tracing::Instrument;
+
+use crate::resume::{
+    NativeSessionResume, NextStep, RestoreErrorClass, RestoreMethod, RestorePlan,
+    classify_restore_error, next_step_after_failure, select_restore_method,
+};
+
+use super::client::{AcpClient, AcpTimeouts, describe_failure};
+use super::outcome::RestoreOutcome;
+
+impl AcpClient {
+    /// Restores the saved ACP session (DESIGN §3 "ACP restore selection"), traced as
+    /// `acp.session.restore` with one child span per step.
+    ///
+    /// Runs `initialize` first if it has not succeeded yet. The method comes from
+    /// [`select_restore_method`]; after a failure, [`classify_restore_error`] and
+    /// [`next_step_after_failure`] decide between `session/load` of the same id, `session/new`
+    /// (only when the token is proven useless) and failing with the token kept. A fresh start
+    /// requested by the user ignores the token without deleting it.
+    pub async fn restore(
+        &mut self,
+        token: Option<&str>,
+        cwd: &Path,
+        profile_native_resume: NativeSessionResume,
+        fresh_requested: bool,
+        timeouts: AcpTimeouts,
+    ) -> RestoreOutcome {
+        let saved = token.map(str::trim).filter(|token| !token.is_empty());
+        let span = tracing::info_span!(
+            "acp.session.restore",
+            token = saved.unwrap_or(""),
+            profile_native_resume = profile_native_resume.as_str(),
+            fresh_requested,
+            method = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            session_id = tracing::field::Empty,
+        );
+        let outcome = self
+            .run_restore(saved, cwd, profile_native_resume, fresh_requested, timeouts)
+            .instrument(span.clone())
+            .await;
+        span.record("method", outcome.method_name());
+        span.record("outcome", tracing::field::debug(outcome.kind()));
+        span.record("session_id", outcome.session_id().unwrap_or(""));
+        match &outcome {
+            RestoreOutcome::Failed { reason, .. } => {
+                tracing::warn!(parent: &span, %reason, "restore failed")
+            }
+            other => tracing::info!(parent: &span, reason = %other.reason(), "restore done"),
+        }
+        outcome
+    }
+
+    async fn run_restore(
+        &mut self,
+        saved: Option<&str>,
+        cwd: &Path,
+        profile_native_resume: NativeSessionResume,
+        fresh_requested: bool,
+        timeouts: AcpTimeouts,
+    ) -> RestoreOutcome {
+        if self.initialize_response().is_none()
+            && let Err(error) = self.initialize_within(timeouts.initialize).await
+        {
+            let failure = error.into_failure();
+            let class = classify_restore_error(&failure);
+            return RestoreOutcome::Failed {
+                method: None,
+                class,
+                token_kept: saved.is_some(),
+                session_id: saved.map(str::to_owned),
+                reason: format!(
+                    "{class}: initialize {}",
+                    describe_failure(&failure, Some(timeouts.initialize))
+                ),
+            };
+        }
+        let capabilities = self.restore_capabilities();
+        // The user's explicit fresh start ignores the token; it is not deleted (DESIGN §3).
+        let candidate = if fresh_requested { None } else { saved };
+        let mut step = select_restore_method(capabilities, profile_native_resume, candidate);
+        // What went wrong before the current step, for the final reason.
+        let mut history: Vec<String> = Vec::new();
+        loop {
+            let method = step.method();
+            let attempt = match &step {
+                RestorePlan::Resume(id) => self
+                    .resume_session_within(id, cwd, timeouts.session)
+                    .instrument(tracing::info_span!("acp.session.resume", session_id = %id))
+                    .await
+                    .map(|()| id.clone()),
+                RestorePlan::Load(id) => self
+                    .load_session_within(id, cwd, timeouts.session)
+                    .instrument(tracing::info_span!("acp.session.load", session_id = %id))
+                    .await
+                    .map(|replayed| {
+                        tracing::info!(
+                            replayed = replayed.updates,
+                            bytes = replayed.bytes,
+                            "session loaded"
+                        );
+                        id.clone()
+                    }),
+                RestorePlan::New { why } => {
+                    self.new_session_within(cwd, timeouts.session)
+                        .instrument(tracing::info_span!("acp.session.new", why = why.as_str()))
+                        .await
+                }
+            };
+            let failure = match attempt {
+                Ok(session_id) => {
+                    return match step {
+                        RestorePlan::New { why } => RestoreOutcome::Fresh { session_id, why },
+                        _ => RestoreOutcome::Restored { method, session_id },
+                    };
+                }
+                Err(error) => error.into_failure(),
+            };
+            let class = classify_restore_error(&failure);
+            let what = format!(
+                "{} {}",
+                method.method_name(),
+                describe_failure(&failure, Some(timeouts.session))
+            );
+            tracing::warn!(method = method.method_name(), %class, "{what}");
+            let next = next_step_after_failure(method, &class, capabilities);
+            step = match (step, next) {
+                (RestorePlan::Resume(id), NextStep::TryLoad) => {
+                    history.push(what);
+                    RestorePlan::Load(id)
+                }
+                (
+                    RestorePlan::Resume(_) | RestorePlan::Load(_),
+                    NextStep::FallBackToNew { why },
+                ) => {
+                    history.push(what);
+                    RestorePlan::New { why }
+                }
+                (RestorePlan::New { why }, _) => {
+                    // Nothing left to fall back to. The saved token survives unless an earlier
+                    // step (or the agent's capabilities) proved it useless.
+                    let token_kept = saved.is_some() && !why.agent_rejected_token();
+                    return failed(method, class, token_kept, saved, &what, &history);
+                }
+                // KeepTokenAndFail, or a combination the rules never produce (TryLoad after
+                // session/load): fail safe, keeping the token.
+                (RestorePlan::Resume(_) | RestorePlan::Load(_), _) => {
+                    return failed(method, class, saved.is_some(), saved, &what, &history);
+                }
+            };
+        }
+    }
+}
+
+fn failed(
+    method: RestoreMethod,
+    class: RestoreErrorClass,
+    token_kept: bool,
+    saved: Option<&str>,
+    what: &str,
+    history: &[String],
+) -> RestoreOutcome {
+    let mut reason = format!("{class}: {what}");
+    if !history.is_empty() {
+        reason.push_str(&format!(" (after: {})", history.join("; ")));
+    }
+    RestoreOutcome::Failed {
+        method: Some(method),
+        class,
+        token_kept,
+        session_id: if token_kept {
+            saved.map(str::to_owned)
+        } else {
+            None
+        },
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::acp::AcpLimits;
+    use crate::acp::client::tests::{ok, scripted_agent};
+    use crate::resume::AgentLimit;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_replay_over_budget_or_line_limit_cuts_the_agent_off_keeping_the_token() {
+        for (limits, expected) in [
+            (
+                AcpLimits {
+                    replay_budget: 4096,
+                    ..AcpLimits::default()
+                },
+                AgentLimit::Replay { limit: 4096 },
+            ),
+            (
+                AcpLimits {
+                    line: 200,
+                    replay_line: 1024,
+                    ..AcpLimits::default()
+                },
+                AgentLimit::Line { limit: 1024 },
+            ),
+        ] {
+            let mut client = scripted_agent(|method, id, params| match method {
+                "initialize" => vec![ok(
+                    id,
+                    json!({"protocolVersion": 1, "agentCapabilities": {"loadSession": true}}),
+                )],
+                "session/load" => {
+                    // Lines under 1 KiB (above the normal limit), 8 KiB in all.
+                    let update = json!({"jsonrpc": "2.0", "method": "session/update",
+                        "params": {"sessionId": params["sessionId"], "update": {
+                            "sessionUpdate": "agent_message_chunk",
+                            "content": {"type": "text", "text": "x".repeat(800)}}}})
+                    .to_string();
+                    let mut lines = vec![update; 10];
+                    lines.push(format!("{{\"big\": \"{}\"}}", "y".repeat(2000)));
+                    lines.push(ok(id, json!({})));
+                    lines
+                }
+                _ => vec![],
+            })
+            .with_limits(limits);
+            let outcome = client
+                .restore(
+                    Some("tok"),
+                    Path::new("/w"),
+                    NativeSessionResume::Auto,
+                    false,
+                    AcpTimeouts::uniform(Duration::from_secs(5)),
+                )
+                .await;
+            let RestoreOutcome::Failed {
+                class,
+                token_kept,
+                session_id,
+                reason,
+                ..
+            } = &outcome
+            else {
+                panic!("{outcome:?}");
+            };
+            assert_eq!(*class, RestoreErrorClass::AgentProtocolLimit);
+            assert!(*token_kept);
+            assert_eq!(session_id.as_deref(), Some("tok"));
+            assert_eq!(
+                reason,
+                &format!("agent_protocol_limit: session/load was cut off: {expected}")
+            );
+            assert!(client.is_closed());
+        }
+    }
+
+    #[tokio::test]
+    async fn restore_without_initialize_runs_it_and_resumes() {
+        let mut client = scripted_agent(|method, id, _| match method {
+            "initialize" => vec![ok(
+                id,
+                json!({"protocolVersion": 1,
+                "agentCapabilities": {"loadSession": true, "sessionCapabilities": {"resume": {}}}}),
+            )],
+            "session/resume" => vec![ok(id, json!({}))],
+            _ => vec![],
+        });
+        let outcome = client
+            .restore(
+                Some(" tok "),
+                Path::new("/w"),
+                NativeSessionResume::Auto,
+                false,
+                AcpTimeouts::uniform(Duration::from_secs(5)),
+            )
+            .await;
+        assert_eq!(
+            outcome,
+            RestoreOutcome::Restored {
+                method: RestoreMethod::Resume,
+                session_id: "tok".into()
+            }
+        );
+    }
+}
