@@ -15,6 +15,7 @@ mod identity;
 mod kubeconfig;
 mod kwok;
 mod plan;
+mod pod_status;
 mod preflight;
 mod process;
 mod provisioner;

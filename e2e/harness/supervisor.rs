@@ -14,6 +14,8 @@
 //!    status to `Failed` (`Succeeded` for exit 0 with restartPolicy Never) with a terminated
 //!    container state. kwok's stages never move a terminal pod back to Running; the harness
 //!    checks that and deletes the pod if the status did not stick.
+//!
+//! The statuses patched in 3. (and in a crash loop) are built in `pod_status.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -22,11 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, PersistentVolumeClaim, Pod, PodCondition, PodStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -43,6 +41,10 @@ use crate::configmaps;
 use crate::identity;
 use crate::kwok;
 use crate::plan::{self, LaunchPlan};
+use crate::pod_status::{
+    crash_backoff, crash_loop_status, exit_code, restarted_status, restarts_after, terminal_status,
+    terminated_state,
+};
 use crate::preflight;
 use crate::process;
 use crate::provisioner;
@@ -127,15 +129,6 @@ fn grace_of(pod: &Pod, max: Duration) -> Duration {
         .unwrap_or(30)
         .max(0);
     Duration::from_secs(u64::try_from(secs).unwrap_or(0)).min(max)
-}
-
-/// Exit code as a container runtime reports it: 128+signal for a killed process.
-fn exit_code(status: &ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(255)
 }
 
 /// Runs the harness until SIGTERM/SIGINT; then stops every process it started.
@@ -753,189 +746,5 @@ async fn delete_pod(pods: &Api<Pod>, name: &str, uid: &str) {
     };
     if let Err(e) = pods.delete(name, &dp).await {
         warn!(pod = name, error = %e, "cannot delete the pod");
-    }
-}
-
-/// The pod status after its container ended for good: phase `phase`, the container terminated,
-/// Ready false.
-fn terminal_status(
-    pod: &Pod,
-    plan: &LaunchPlan,
-    phase: &str,
-    started_at: Timestamp,
-    code: i32,
-    reason: &str,
-    msg: &str,
-) -> serde_json::Value {
-    let cond_reason = if phase == "Failed" {
-        "PodFailed"
-    } else {
-        "PodCompleted"
-    };
-    let terminated = terminated_state(started_at, code, reason, msg);
-    let mut status = container_status(pod, plan, phase, false, cond_reason, terminated, None);
-    status.message = Some(msg.to_string());
-    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": phase }))
-}
-
-/// The pod status while a kubelet waits to restart a crashed container (CrashLoopBackOff).
-fn crash_loop_status(
-    pod: &Pod,
-    plan: &LaunchPlan,
-    last: ContainerState,
-    restarts: u32,
-    backoff: Duration,
-) -> serde_json::Value {
-    let waiting = ContainerState {
-        waiting: Some(ContainerStateWaiting {
-            reason: Some("CrashLoopBackOff".into()),
-            message: Some(format!(
-                "back-off {}s restarting failed container={} pod={}",
-                backoff.as_secs(),
-                plan.container,
-                plan.name
-            )),
-        }),
-        ..ContainerState::default()
-    };
-    let mut status = container_status(
-        pod,
-        plan,
-        "Running",
-        false,
-        "ContainersNotReady",
-        waiting,
-        None,
-    );
-    if let Some(c) = status
-        .container_statuses
-        .as_mut()
-        .and_then(|cs| cs.iter_mut().find(|c| c.name == plan.container))
-    {
-        c.last_state = Some(last);
-        c.restart_count = i32::try_from(restarts).unwrap_or(i32::MAX);
-    }
-    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": "Running" }))
-}
-
-/// The pod status once a restarted container runs again: Running and Ready.
-fn restarted_status(pod: &Pod, plan: &LaunchPlan) -> serde_json::Value {
-    let running = ContainerState {
-        running: Some(ContainerStateRunning {
-            started_at: Some(Time(Timestamp::now())),
-        }),
-        ..ContainerState::default()
-    };
-    let status = container_status(pod, plan, "Running", true, "", running, Some(true));
-    serde_json::to_value(status).unwrap_or_else(|_| json!({ "phase": "Running" }))
-}
-
-fn terminated_state(started_at: Timestamp, code: i32, reason: &str, msg: &str) -> ContainerState {
-    ContainerState {
-        terminated: Some(ContainerStateTerminated {
-            exit_code: code,
-            reason: Some(reason.into()),
-            message: Some(msg.into()),
-            started_at: Some(Time(started_at)),
-            finished_at: Some(Time(Timestamp::now())),
-            ..ContainerStateTerminated::default()
-        }),
-        ..ContainerState::default()
-    }
-}
-
-/// `pod`'s status with phase `phase`, the Ready and ContainersReady conditions set to `ready`
-/// (with `cond_reason` when false), and the played container in `state`.
-fn container_status(
-    pod: &Pod,
-    plan: &LaunchPlan,
-    phase: &str,
-    ready: bool,
-    cond_reason: &str,
-    state: ContainerState,
-    started: Option<bool>,
-) -> PodStatus {
-    let now = Time(Timestamp::now());
-    let mut status = pod.status.clone().unwrap_or_default();
-    status.phase = Some(phase.to_string());
-    let value = if ready { "True" } else { "False" };
-    let reason = (!ready).then(|| cond_reason.to_string());
-    let mut conditions = status.conditions.take().unwrap_or_default();
-    for t in ["Ready", "ContainersReady"] {
-        match conditions.iter_mut().find(|c| c.type_ == t) {
-            Some(c) => {
-                if c.status != value {
-                    c.last_transition_time = Some(now.clone());
-                }
-                c.status = value.into();
-                c.reason = reason.clone();
-            }
-            None => conditions.push(PodCondition {
-                type_: t.into(),
-                status: value.into(),
-                reason: reason.clone(),
-                last_transition_time: Some(now.clone()),
-                ..PodCondition::default()
-            }),
-        }
-    }
-    status.conditions = Some(conditions);
-    let mut statuses = status.container_statuses.take().unwrap_or_default();
-    match statuses.iter_mut().find(|c| c.name == plan.container) {
-        Some(c) => {
-            c.state = Some(state);
-            c.ready = ready;
-            c.started = Some(started.unwrap_or(false));
-        }
-        None => {
-            let image = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.first())
-                .and_then(|c| c.image.clone())
-                .unwrap_or_default();
-            statuses.push(ContainerStatus {
-                name: plan.container.clone(),
-                image,
-                state: Some(state),
-                ready,
-                started,
-                ..ContainerStatus::default()
-            })
-        }
-    }
-    status.container_statuses = Some(statuses);
-    status
-}
-
-/// Whether a kubelet restarts a container that exited with `code` under `policy`.
-fn restarts_after(policy: &str, code: i32) -> bool {
-    policy == "Always" || (policy == "OnFailure" && code != 0)
-}
-
-/// The kubelet's crash back-off before restart number `n` (1-based): 10 s, doubling, at most
-/// 5 minutes.
-fn crash_backoff(n: u32) -> Duration {
-    let secs = 10u64.saturating_mul(1u64 << n.saturating_sub(1).min(5));
-    Duration::from_secs(secs.min(300))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn restart_policy_and_back_off() {
-        for (policy, code, restarts) in [
-            ("Always", 0, true),
-            ("Always", 1, true),
-            ("OnFailure", 0, false),
-            ("OnFailure", 2, true),
-            ("Never", 1, false),
-        ] {
-            assert_eq!(restarts_after(policy, code), restarts, "{policy} {code}");
-        }
-        let secs: Vec<u64> = (1..=7).map(|n| crash_backoff(n).as_secs()).collect();
-        assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
     }
 }
