@@ -19,7 +19,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::conditions::{self, Want};
 use super::events::{Note as EventNote, Publisher};
@@ -77,6 +77,9 @@ pub enum Error {
     Conflict,
     #[error("the ExecutorRunning, pod and PVC caches have not finished their first list")]
     CacheNotReady,
+    /// The reconcile's task panicked or was cancelled; the next reconcile decides again.
+    #[error("the reconcile task ended without an answer: {0}")]
+    TaskFailed(String),
 }
 
 impl Error {
@@ -93,6 +96,7 @@ impl Error {
             Self::NoNamespace => "no_namespace",
             Self::Conflict => "conflict",
             Self::CacheNotReady => "cache_not_ready",
+            Self::TaskFailed(_) => "task_failed",
         }
     }
 }
@@ -421,7 +425,19 @@ fn error_policy(ts: Arc<TaskSession>, err: &Error, ctx: Arc<Context>) -> Action 
 }
 
 #[tracing::instrument(name = "reconcile", skip_all, fields(session = %ts.name_any(), namespace = ts.namespace().unwrap_or_default()))]
+/// kube-runtime polls every reconcile inside the controller's own task, the one that also reads
+/// every watch stream into the caches: one thread for all of it. Each reconcile runs as a task
+/// of its own instead, so reconciles use every core and the caches keep up with the watch
+/// events while hundreds of sessions launch at once (at N = 400 our own status write reached
+/// the cache up to 7 s late).
 async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let task = reconcile_session(ts, ctx).instrument(tracing::Span::current());
+    tokio::spawn(task)
+        .await
+        .map_err(|e| Error::TaskFailed(e.to_string()))?
+}
+
+async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let uid = ts.uid().unwrap_or_default();
     let result = async {
@@ -1246,6 +1262,8 @@ impl<'a> Session<'a> {
         let request = self.resume_request(&profile, state_at_start);
 
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
+        tracing::debug!(pod = %pod_name, "opening the exec for the restore");
+        let open_started = std::time::Instant::now();
         let open = PodConnection::open(&pods_api, &pod_name, names::CONTAINER);
         let opened = match tokio::time::timeout(self.ctx.settings.acp_timeout, open).await {
             Ok(opened) => opened.map_err(|err| err.to_string()),
@@ -1258,6 +1276,7 @@ impl<'a> Session<'a> {
             Ok(connection) => connection,
             Err(err) => return self.wait_for_agentctl(pod, &err).await,
         };
+        tracing::debug!(pod = %pod_name, took_ms = open_started.elapsed().as_millis(), "exec open");
         let client = &mut connection.client;
         // Repeated setup requests and the initial prompt of the same launch are answered by
         // agentctl from what it did the first time, without reaching the agent again.
