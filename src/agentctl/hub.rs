@@ -25,6 +25,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
+use super::events::{AgentError, Event, PromptOutcome};
 use super::wire::{self, Message};
 use crate::acp::{LAUNCH_META, SESSION_CONFIG_META};
 use crate::api::SessionConfigState;
@@ -61,144 +62,6 @@ pub enum Output {
     },
     /// The agent rejected agentctl's `initialize`: it is unusable, serve must stop.
     InitializeFailed { code: i64, message: String },
-}
-
-/// A session event for `events` subscribers. The operator follows these instead of parsing the
-/// ACP stream.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// The current state, sent first to each new subscriber only, so an operator that
-    /// (re)attaches late catches up without a replay of old events.
-    Snapshot {
-        /// The session of the last successful session/new, load or resume.
-        session_id: Option<String>,
-        /// A `session/prompt` is in flight (even one whose client has gone).
-        prompt_active: bool,
-        /// The `messageId` of the last message the agent streamed in that session, when it
-        /// sends message ids.
-        last_message_id: Option<String>,
-    },
-    /// A successful `session/new`, `session/load` or `session/resume`.
-    SessionCreated {
-        session_id: String,
-        method: String,
-    },
-    /// The session's mode, model and config options changed (a session setup answer, a
-    /// `session/update`, or a value set back after a restore).
-    SessionConfig {
-        session_id: String,
-        config: SessionConfigState,
-    },
-    /// Setting a saved value back after a restore failed (best effort: the restore stands).
-    ConfigSetBackFailed {
-        session_id: String,
-        method: String,
-        code: i64,
-        message: String,
-    },
-    PromptStarted {
-        session_id: String,
-    },
-    PromptFinished {
-        session_id: String,
-        outcome: PromptOutcome,
-        /// The `messageId` of the last message chunk of the session so far (its answer, for an
-        /// agent that sends message ids).
-        last_message_id: Option<String>,
-    },
-    AgentExited {
-        code: Option<i32>,
-        signal: Option<i32>,
-    },
-}
-
-/// How a prompt turn ended.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PromptOutcome {
-    /// The agent answered with this `stopReason` (`end_turn`, `cancelled`, …).
-    Stopped(Value),
-    /// The agent answered `session/prompt` with a JSON-RPC error.
-    Failed { code: i64, message: String },
-}
-
-impl Event {
-    /// The event as its JSON line object (without the newline). `lastMessageId` is there only
-    /// when known.
-    pub fn to_json(&self, timestamp: &str) -> Value {
-        let mut event = self.to_json_without_message_id(timestamp);
-        if let (
-            Event::Snapshot {
-                last_message_id: Some(id),
-                ..
-            }
-            | Event::PromptFinished {
-                last_message_id: Some(id),
-                ..
-            },
-            Value::Object(map),
-        ) = (self, &mut event)
-        {
-            map.insert("lastMessageId".into(), json!(id));
-        }
-        event
-    }
-
-    fn to_json_without_message_id(&self, timestamp: &str) -> Value {
-        match self {
-            Event::Snapshot {
-                session_id,
-                prompt_active,
-                ..
-            } => json!({
-                "event": "snapshot", "sessionId": session_id, "promptActive": prompt_active,
-                "timestamp": timestamp,
-            }),
-            Event::SessionCreated { session_id, method } => json!({
-                "event": "session_created", "sessionId": session_id, "method": method,
-                "timestamp": timestamp,
-            }),
-            Event::SessionConfig { session_id, config } => json!({
-                "event": "session_config", "sessionId": session_id, "config": config,
-                "timestamp": timestamp,
-            }),
-            Event::ConfigSetBackFailed {
-                session_id,
-                method,
-                code,
-                message,
-            } => json!({
-                "event": "config_set_back_failed", "sessionId": session_id, "method": method,
-                "error": {"code": code, "message": message}, "timestamp": timestamp,
-            }),
-            Event::PromptStarted { session_id } => json!({
-                "event": "prompt_started", "sessionId": session_id, "timestamp": timestamp,
-            }),
-            Event::PromptFinished {
-                session_id,
-                outcome: PromptOutcome::Stopped(stop_reason),
-                ..
-            } => json!({
-                "event": "prompt_finished", "sessionId": session_id, "stopReason": stop_reason,
-                "timestamp": timestamp,
-            }),
-            Event::PromptFinished {
-                session_id,
-                outcome: PromptOutcome::Failed { code, message },
-                ..
-            } => json!({
-                "event": "prompt_finished", "sessionId": session_id,
-                "error": {"code": code, "message": message}, "timestamp": timestamp,
-            }),
-            Event::AgentExited { code, signal } => {
-                let mut event =
-                    json!({"event": "agent_exited", "code": code, "timestamp": timestamp});
-                if let (Some(signal), Value::Object(map)) = (signal, &mut event) {
-                    map.insert("signal".into(), json!(signal));
-                }
-                event
-            }
-        }
-    }
 }
 
 /// A second ACP client tried to attach while one is connected.
@@ -846,12 +709,14 @@ impl Hub {
                 if let Some(session_id) = &pending.session_id {
                     out.extend(self.flush_agent_text(session_id));
                     let outcome = match (result, error) {
-                        (Some(result), _) => PromptOutcome::Stopped(
-                            result.get("stopReason").cloned().unwrap_or(Value::Null),
-                        ),
+                        (Some(result), _) => PromptOutcome::Stopped {
+                            stop_reason: result.get("stopReason").cloned().unwrap_or(Value::Null),
+                        },
                         (None, error) => {
                             let (code, message) = wire::error_parts(error);
-                            PromptOutcome::Failed { code, message }
+                            PromptOutcome::Failed {
+                                error: AgentError { code, message },
+                            }
                         }
                     };
                     out.push(Output::Event(Event::PromptFinished {
@@ -930,8 +795,7 @@ impl Hub {
         vec![Output::Event(Event::ConfigSetBackFailed {
             session_id,
             method: call.method().to_owned(),
-            code,
-            message,
+            error: AgentError { code, message },
         })]
     }
 
@@ -1705,7 +1569,9 @@ mod tests {
             events(&out),
             vec![Event::PromptFinished {
                 session_id: "s1".into(),
-                outcome: PromptOutcome::Stopped(json!("end_turn")),
+                outcome: PromptOutcome::Stopped {
+                    stop_reason: json!("end_turn")
+                },
                 last_message_id: None,
             }]
         );
@@ -1824,7 +1690,9 @@ mod tests {
             events(&out),
             vec![Event::PromptFinished {
                 session_id: "s".into(),
-                outcome: PromptOutcome::Stopped(json!("end_turn")),
+                outcome: PromptOutcome::Stopped {
+                    stop_reason: json!("end_turn")
+                },
                 last_message_id: Some("m-4".into()),
             }]
         );
@@ -1848,8 +1716,10 @@ mod tests {
             vec![Event::PromptFinished {
                 session_id: "s".into(),
                 outcome: PromptOutcome::Failed {
-                    code: -32000,
-                    message: "auth required".into()
+                    error: AgentError {
+                        code: -32000,
+                        message: "auth required".into()
+                    }
                 },
                 last_message_id: None,
             }]
@@ -1926,8 +1796,10 @@ mod tests {
             vec![Output::Event(Event::ConfigSetBackFailed {
                 session_id: "s".into(),
                 method: "session/set_config_option".into(),
-                code: -32602,
-                message: "no".into()
+                error: AgentError {
+                    code: -32602,
+                    message: "no".into()
+                }
             })]
         );
         // Changes the agent reports later are followed too.

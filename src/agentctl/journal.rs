@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::events::Event;
+
 /// The journal's file under `<workspace>/.kandev/`.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 /// Entries kept in memory: what `events --since` can replay.
@@ -86,10 +88,11 @@ impl Journal {
         self.last_seq
     }
 
-    /// Records `event` (an event's JSON object) under the next sequence number and `launch`;
+    /// Records `event`, stamped with `timestamp`, under the next sequence number and `launch`;
     /// returns the entry's line. A failed write is logged: the live feed goes on without it.
-    pub fn append(&mut self, mut event: Value, launch: Option<&str>) -> String {
+    pub fn append(&mut self, event: &Event, timestamp: &str, launch: Option<&str>) -> String {
         self.last_seq += 1;
+        let mut event = event.to_json(timestamp);
         if let Value::Object(map) = &mut event {
             map.insert("seq".into(), json!(self.last_seq));
             map.insert("launch".into(), json!(launch));
@@ -183,9 +186,22 @@ fn seq_of(line: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agentctl::events::PromptOutcome;
 
-    fn event(name: &str) -> Value {
-        json!({"event": name, "sessionId": "s1"})
+    fn started() -> Event {
+        Event::PromptStarted {
+            session_id: "s1".into(),
+        }
+    }
+
+    fn finished() -> Event {
+        Event::PromptFinished {
+            session_id: "s1".into(),
+            outcome: PromptOutcome::Stopped {
+                stop_reason: json!("end_turn"),
+            },
+            last_message_id: Some("m-1".into()),
+        }
     }
 
     #[test]
@@ -193,21 +209,25 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join(".kandev").join(JOURNAL_FILE);
         let mut journal = Journal::open(path.clone(), Some("pod-a".into()));
-        let first = journal.append(event("session_created"), Some("initial"));
-        journal.append(event("prompt_started"), Some("initial"));
-        let entry: Value = serde_json::from_str(&first).expect("json");
+        let created = Event::SessionCreated {
+            session_id: "s1".into(),
+            method: "session/new".into(),
+        };
+        let first = journal.append(&created, "T", Some("initial"));
+        // The entry as agentctl has always written it.
         assert_eq!(
-            (&entry["seq"], &entry["launch"], &entry["pod"]),
-            (&json!(1), &json!("initial"), &json!("pod-a"))
+            first,
+            r#"{"event":"session_created","sessionId":"s1","method":"session/new","timestamp":"T","seq":1,"launch":"initial","pod":"pod-a"}"#
         );
+        journal.append(&started(), "T", Some("initial"));
 
         // A new pod on the same volume continues the sequence and can replay the old entries.
         let mut again = Journal::open(path, Some("pod-b".into()));
         assert_eq!(again.last_seq(), 2);
-        let third = again.append(event("prompt_finished"), Some("r1"));
+        let third = again.append(&finished(), "T", Some("r1"));
         assert_eq!(
-            serde_json::from_str::<Value>(&third).expect("json")["seq"],
-            3
+            third,
+            r#"{"event":"prompt_finished","sessionId":"s1","stopReason":"end_turn","timestamp":"T","lastMessageId":"m-1","seq":3,"launch":"r1","pod":"pod-b"}"#
         );
         let replay = again.since(1);
         assert_eq!(replay.lines.len(), 2);
@@ -221,8 +241,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join(JOURNAL_FILE);
         let mut journal = Journal::open(path.clone(), None);
-        for _ in 0..FILE_MAX_LINES + 10 {
-            journal.append(event("prompt_started"), None);
+        // Without a launch or a pod: `launch` is there all the same, `pod` is not.
+        assert_eq!(
+            journal.append(&started(), "T", None),
+            r#"{"event":"prompt_started","sessionId":"s1","timestamp":"T","seq":1,"launch":null}"#
+        );
+        for _ in 1..FILE_MAX_LINES + 10 {
+            journal.append(&started(), "T", None);
         }
         let lines = std::fs::read_to_string(&path)
             .expect("file")

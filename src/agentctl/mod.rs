@@ -11,7 +11,7 @@
 //!   from the response cached when serve started, request ids are rewritten so they never
 //!   collide across clients, and `{"jsonrpc":"2.0","method":"_kandev/disconnect"}` (or closing
 //!   the socket) ends the connection while the agent keeps running;
-//! * **events** connections receive one JSON object per line: first a `snapshot` of the
+//! * **events** connections receive one JSON object per line ([`events::Event`]): first a `snapshot` of the
 //!   current state, then `session_created`, `prompt_started`, `prompt_finished`,
 //!   `agent_exited` as they happen, each with a `timestamp`.
 //!
@@ -19,7 +19,8 @@
 //! non-zero when the agent exits, so the pod dies and the operator sees a lost pod.
 //!
 //! Layout: [`wire`] (JSON-RPC line classification), [`hub`] (the synchronous bridge state
-//! machine: id rewriting, caching, events, what to record), [`serve`] (processes, sockets,
+//! machine: id rewriting, caching, events, what to record), [`events`] (the events format, shared
+//! with the operator's follower), [`journal`] (the event journal), [`serve`] (processes, sockets,
 //! history I/O around the hub), [`client`] (`connect` and `events`), [`launch`] (which argv
 //! to start), [`socket`] (socket paths and the hello line), [`time`] (timestamps), [`history`]
 //! (`agentctl history`: the recorded history file, printed), [`cli`] (the command line).
@@ -27,6 +28,7 @@
 pub mod checkout;
 pub mod cli;
 pub mod client;
+pub mod events;
 pub mod history;
 pub mod hub;
 pub mod journal;

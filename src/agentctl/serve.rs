@@ -33,7 +33,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 
-use super::hub::{ConnId, Event, Hub, HubConfig, Output, inject_history};
+use super::events::{Event, EventLine};
+use super::hub::{ConnId, Hub, HubConfig, Output, inject_history};
 use super::journal::Journal;
 use super::launch::LaunchPlan;
 use super::socket::{self, Hello, Mode};
@@ -372,12 +373,6 @@ enum Follow {
     Always,
 }
 
-/// The `event` field of one of our event lines.
-fn event_name(line: &str) -> Option<String> {
-    let value: Value = serde_json::from_str(line).ok()?;
-    value.get("event")?.as_str().map(str::to_owned)
-}
-
 struct ClientHandle {
     lines: mpsc::Sender<String>,
     reader: AbortHandle,
@@ -479,7 +474,7 @@ impl Driver {
         if let Some(events) = &self.events
             && events.receiver_count() > 0
         {
-            let line = json!({"event": "heartbeat", "timestamp": now_rfc3339()});
+            let line = Event::Heartbeat.to_json(&now_rfc3339());
             let _ = events.send(line.to_string());
         }
     }
@@ -642,7 +637,7 @@ impl Driver {
         if let Some(since) = since {
             let replay = self.journal.since(since);
             if replay.gap {
-                first.push(json!({"event": "journal_gap", "since": since}).to_string());
+                first.push(Event::JournalGap { since }.to_json_unstamped().to_string());
             }
             first.extend(replay.lines);
         }
@@ -681,9 +676,11 @@ impl Driver {
                             if write_line(&mut writer, &line).await.is_err() {
                                 break;
                             }
-                            match event_name(&line).as_deref() {
-                                Some("prompt_started") => working = true,
-                                Some("prompt_finished" | "agent_exited") => working = false,
+                            match serde_json::from_str::<EventLine>(&line).map(|line| line.event) {
+                                Ok(Event::PromptStarted { .. }) => working = true,
+                                Ok(Event::PromptFinished { .. } | Event::AgentExited { .. }) => {
+                                    working = false;
+                                }
                                 _ => {}
                             }
                             if done(working) {
@@ -791,7 +788,7 @@ impl Driver {
             Output::Event(event) => {
                 let line = self
                     .journal
-                    .append(event.to_json(&now_rfc3339()), self.hub.last_launch());
+                    .append(&event, &now_rfc3339(), self.hub.last_launch());
                 tracing::info!(event = %line, "event");
                 if let Some(events) = &self.events {
                     // No subscriber is fine: the journal keeps the event.

@@ -13,6 +13,9 @@
 //! kandev prompt` sets after it sent a prompt), and at most every [`CATCH_UP_EVERY`] otherwise,
 //! for prompts from clients that do not nudge. A dropped stream reconnects with backoff.
 //!
+//! Lines are read as [`EventLine`]s, the type agentctl writes them with
+//! ([`crate::agentctl::events`]).
+//!
 //! Only changes are written: each follower remembers what ExecutorRunning holds, so replayed
 //! entries, the snapshot and repeated lines cost no API call. An entry at or below the cursor
 //! (an older launch's, or one applied already) changes nothing.
@@ -27,16 +30,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, AttachParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use serde::Deserialize;
 use serde_json::json;
 use tokio::io::BufReader;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::agentctl::events::{Event, EventLine};
 pub use crate::api::PROMPTED_ANNOTATION;
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
 };
+use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 
 /// An idle session's journal is read at least this often, for prompts from clients that do not
 /// nudge the operator (more often when `--agent-unreachable-seconds` is shorter: each read is
@@ -115,63 +119,6 @@ impl Contact {
     }
 }
 
-/// One line of `agentctl events`: its journal sequence number (none on lines from an agentctl
-/// without a journal) and the event.
-#[derive(Debug, Deserialize, PartialEq)]
-pub struct EventLine {
-    #[serde(default)]
-    pub seq: Option<u64>,
-    #[serde(flatten)]
-    pub event: AgentctlEvent,
-}
-use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
-
-/// One line of `agentctl events`.
-#[derive(Debug, Deserialize, PartialEq)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum AgentctlEvent {
-    /// Current state, sent first on every subscription (so a re-attached operator catches up).
-    Snapshot {
-        #[serde(rename = "sessionId")]
-        session_id: Option<String>,
-        #[serde(rename = "promptActive", default)]
-        prompt_active: bool,
-        #[serde(rename = "lastMessageId", default)]
-        last_message_id: Option<String>,
-    },
-    SessionCreated {
-        #[serde(rename = "sessionId")]
-        session_id: String,
-    },
-    PromptStarted {
-        #[serde(rename = "sessionId")]
-        session_id: Option<String>,
-    },
-    PromptFinished {
-        #[serde(rename = "sessionId")]
-        session_id: Option<String>,
-        #[serde(rename = "lastMessageId", default)]
-        last_message_id: Option<String>,
-    },
-    /// The session's mode, model and config options (see [`SessionConfigState`]).
-    SessionConfig {
-        #[serde(rename = "sessionId")]
-        session_id: String,
-        config: SessionConfigState,
-    },
-    /// agentctl could not set a saved value back after a restore (the restore stands).
-    ConfigSetBackFailed {
-        #[serde(rename = "sessionId")]
-        session_id: String,
-        method: String,
-        #[serde(default)]
-        error: serde_json::Value,
-    },
-    AgentExited,
-    #[serde(other)]
-    Other,
-}
-
 /// The ExecutorRunning fields that events set, as last written, and the journal entry last
 /// applied (written with the next change).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -225,7 +172,7 @@ pub fn status_patch_for(
     now: Timestamp,
 ) -> Option<(serde_json::Value, Known)> {
     let event = &line.event;
-    let is_snapshot = matches!(event, AgentctlEvent::Snapshot { .. });
+    let is_snapshot = matches!(event, Event::Snapshot { .. });
     if !is_snapshot && line.seq.is_some_and(|seq| seq <= known.cursor) {
         return None;
     }
@@ -238,7 +185,7 @@ pub fn status_patch_for(
         None => {}
     }
     match event {
-        AgentctlEvent::Snapshot {
+        Event::Snapshot {
             session_id,
             prompt_active,
             ..
@@ -253,27 +200,27 @@ pub fn status_patch_for(
                 next.resume_token = Some(id.clone());
             }
         }
-        AgentctlEvent::SessionCreated { session_id } => {
+        Event::SessionCreated { session_id, .. } => {
             next.running = true;
             next.resume_token = Some(session_id.clone());
         }
-        AgentctlEvent::PromptStarted { .. } => next.activity = Some(AgentActivity::Working),
-        AgentctlEvent::PromptFinished { session_id, .. } => {
+        Event::PromptStarted { .. } => next.activity = Some(AgentActivity::Working),
+        Event::PromptFinished { session_id, .. } => {
             next.activity = Some(AgentActivity::Idle);
-            if let Some(id) = session_id {
-                next.resume_token = Some(id.clone());
-            }
+            next.resume_token = Some(session_id.clone());
         }
-        AgentctlEvent::SessionConfig { session_id, config } => {
+        Event::SessionConfig { session_id, config } => {
             // Only the configuration of the session the token names is kept.
             if next.resume_token.as_ref() != Some(session_id) {
                 return None;
             }
             next.session_config = Some(config.clone());
         }
-        AgentctlEvent::ConfigSetBackFailed { .. }
-        | AgentctlEvent::AgentExited
-        | AgentctlEvent::Other => return None,
+        Event::ConfigSetBackFailed { .. }
+        | Event::AgentExited { .. }
+        | Event::Heartbeat
+        | Event::JournalGap { .. }
+        | Event::Other => return None,
     }
     // A new session starts with its own configuration (its `session_config` event follows).
     if next.resume_token != known.resume_token {
@@ -282,11 +229,11 @@ pub fn status_patch_for(
     // The last message id belongs to the session the token names: a new session starts without
     // one, until the agent reports one.
     match event {
-        AgentctlEvent::Snapshot {
+        Event::Snapshot {
             last_message_id: Some(id),
             ..
         }
-        | AgentctlEvent::PromptFinished {
+        | Event::PromptFinished {
             last_message_id: Some(id),
             ..
         } if !id.is_empty() => next.last_message_id = Some(id.clone()),
@@ -581,13 +528,13 @@ async fn stream_events(
             }
         };
         debug!(?line, "agentctl event");
-        if let AgentctlEvent::ConfigSetBackFailed {
+        if let Event::ConfigSetBackFailed {
             session_id,
             method,
             error,
         } = &line.event
         {
-            warn!(%executor, %session_id, %method, %error, "agentctl could not set the session's saved configuration back after the restore; the restore stands");
+            warn!(%executor, %session_id, %method, code = error.code, message = %error.message, "agentctl could not set the session's saved configuration back after the restore; the restore stands");
         }
         if let Some((patch, next)) = status_patch_for(&line, known, Timestamp::now()) {
             executors
@@ -598,7 +545,7 @@ async fn stream_events(
             known.cursor = known.cursor.max(seq);
         }
         // The snapshot ends the replay; agentctl closes the stream once the agent is idle.
-        caught_up |= matches!(line.event, AgentctlEvent::Snapshot { .. });
+        caught_up |= matches!(line.event, Event::Snapshot { .. });
     }
 }
 
@@ -800,7 +747,14 @@ mod tests {
                 r#"{"event":"config_set_back_failed","sessionId":"s1","method":"session/set_mode","error":{"code":-32603,"message":"no"}}"#,
                 None,
             ),
-            (running_idle, r#"{"event":"something_new"}"#, None),
+            (running_idle.clone(), r#"{"event":"something_new"}"#, None),
+            // serve's own lines: a heartbeat, and the gap before a replay.
+            (
+                running_idle.clone(),
+                r#"{"event":"heartbeat","timestamp":"T"}"#,
+                None,
+            ),
+            (running_idle, r#"{"event":"journal_gap","since":3}"#, None),
             // The journal: an entry applied already (or an older launch's) changes nothing…
             (
                 at_5.clone(),
@@ -809,7 +763,7 @@ mod tests {
             ),
             (
                 at_5.clone(),
-                r#"{"seq":2,"event":"session_created","sessionId":"old","launch":"initial"}"#,
+                r#"{"seq":2,"event":"session_created","sessionId":"old","method":"session/new","launch":"initial"}"#,
                 None,
             ),
             // …a newer one is applied with its cursor…
