@@ -1043,7 +1043,10 @@ impl<'a> Session<'a> {
             }
         }
         fault_point("starting");
-        Ok(Action::requeue(Duration::from_millis(100)))
+        // STARTING is persisted and this reconcile holds the newest status: the next step (the
+        // pod, normally) needs no round trip through the cache. The pod's name is fixed by the
+        // request, so a step repeated by a later reconcile adopts it instead of doubling it.
+        Box::pin(self.launch()).await
     }
 
     /// The workspace PVC before a launch. A session that ran before (ExecutorRunning recorded a
