@@ -1,12 +1,14 @@
-//! The operator's Events publisher against a real API server: a repeat joins the first Event's
-//! series, a different action is an Event of its own (e2e/README.md).
+//! The operator's Events publisher against a real API server, through the queue the reconciles
+//! hand their Events to: a repeat sent right after the first joins its series (one object's
+//! Events are published in order by one worker), a different action is an Event of its own
+//! (e2e/README.md).
 
 mod e2e_support;
 
 use e2e_support::{client, unique, with_cleanup};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use kandev_operator::controller::events::{Note, Publisher};
+use kandev_operator::controller::events::{Note, Publisher, Queue};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 use kube::runtime::events::EventType;
@@ -32,22 +34,31 @@ async fn a_repeated_event_joins_the_first_ones_series() {
     with_cleanup(
         async {
             let publisher = Publisher::new(client.clone(), "kandev-operator", None);
+            let queue = Queue::start(publisher, 4);
             let note = |action, text| Note {
                 type_: EventType::Warning,
                 reason: "AgentUnreachable",
                 action,
                 note: text,
             };
+            // Sent back to back: the reconcile does not wait for its Events.
             for text in ["first", "second"] {
-                publisher
-                    .publish(&regarding, &note("Observe:1", text))
-                    .await
-                    .expect("publish");
+                queue.send(regarding.clone(), &note("Observe:1", text));
             }
-            publisher
-                .publish(&regarding, &note("Observe:2", "other"))
-                .await
-                .expect("publish");
+            queue.send(regarding.clone(), &note("Observe:2", "other"));
+            let folded = |listed: &[Event]| {
+                listed.len() == 2
+                    && listed
+                        .iter()
+                        .any(|e| e.series.as_ref().is_some_and(|s| s.count == 2))
+            };
+            for _ in 0..300 {
+                let listed = events.list(&selector).await.expect("list").items;
+                if folded(&listed) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
 
             let mut listed = events.list(&selector).await.expect("list").items;
             listed.sort_by_key(|e| e.action.clone());

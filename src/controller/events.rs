@@ -6,10 +6,14 @@
 //! Event is a 64-bit key, its name and its count, not the whole Event and its reference (about
 //! 2 KiB each, and a fleet publishes several per session within the window), and the expired
 //! entries are pruned at most once per [`PRUNE_EVERY`] rather than on every publish.
+//!
+//! A reconcile does not wait for its Events: it hands them to a [`Queue`] (as client-go's event
+//! broadcaster does), whose workers publish them in order per object, so that a series still
+//! folds and a launch's API calls are not held up by its Events.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -19,6 +23,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::warn;
 
 /// How long a published Event takes repeats into its series (kube-runtime's and client-go's
 /// choice).
@@ -178,6 +184,73 @@ impl Publisher {
                 .to_string(),
             ),
             ..Event::default()
+        }
+    }
+}
+
+/// Events waiting per worker at most; beyond that one is dropped (with a warning), as
+/// client-go's broadcaster drops them, rather than holding memory while the API server is away.
+pub const QUEUE_DEPTH: usize = 1000;
+
+/// An Event handed to the [`Queue`].
+struct Queued {
+    regarding: ObjectReference,
+    type_: EventType,
+    reason: String,
+    action: String,
+    note: String,
+}
+
+/// Publishes Events beside the reconciles: [`Queue::send`] returns at once, and `workers`
+/// tasks publish. Events about one object go to one worker, in the order they were sent.
+pub struct Queue {
+    workers: Vec<mpsc::Sender<Queued>>,
+}
+
+impl Queue {
+    /// Starts the workers (on the current tokio runtime).
+    pub fn start(publisher: Publisher, workers: usize) -> Self {
+        let publisher = Arc::new(publisher);
+        let workers = (0..workers.max(1))
+            .map(|_| {
+                let (tx, mut rx) = mpsc::channel::<Queued>(QUEUE_DEPTH);
+                let publisher = publisher.clone();
+                tokio::spawn(async move {
+                    while let Some(q) = rx.recv().await {
+                        let note = Note {
+                            type_: q.type_,
+                            reason: &q.reason,
+                            action: &q.action,
+                            note: &q.note,
+                        };
+                        if let Err(err) = publisher.publish(&q.regarding, &note).await {
+                            warn!(%err, reason = q.reason, "could not publish an Event");
+                        }
+                    }
+                });
+                tx
+            })
+            .collect();
+        Self { workers }
+    }
+
+    /// Queues `note` about `regarding`; drops it (with a warning) when its worker is
+    /// [`QUEUE_DEPTH`] Events behind.
+    pub fn send(&self, regarding: ObjectReference, note: &Note<'_>) {
+        let mut hasher = DefaultHasher::new();
+        (&regarding.uid, &regarding.namespace, &regarding.name).hash(&mut hasher);
+        let index = usize::try_from(hasher.finish() % self.workers.len() as u64).unwrap_or(0);
+        let queued = Queued {
+            regarding,
+            type_: note.type_,
+            reason: note.reason.to_string(),
+            action: note.action.to_string(),
+            note: note.note.to_string(),
+        };
+        if let Some(worker) = self.workers.get(index)
+            && let Err(err) = worker.try_send(queued)
+        {
+            warn!(reason = note.reason, "dropped an Event: {err}");
         }
     }
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use tracing::{Instrument, info, warn};
 
 use super::conditions::{self, Want};
-use super::events::{Note as EventNote, Publisher};
+use super::events::{Note as EventNote, Publisher, Queue as EventQueue};
 use super::expectations::Expectations;
 use super::follower::{self, Followers, Probe};
 use super::metrics::{self, ResumeOutcome};
@@ -57,6 +57,8 @@ pub use crate::api::RESUME_FRESH_ANNOTATION;
 const INITIAL_LAUNCH: &str = "initial";
 /// Fallback recheck of a launch waiting for its pod: the pod's watch events are what move it on.
 const POD_RECHECK: Duration = Duration::from_secs(10);
+/// Tasks that publish the reconciles' Events (one object's Events all go to one of them).
+const EVENT_WORKERS: usize = 4;
 
 /// Errors of one reconcile; each becomes a log line, a metric label and a requeue.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +202,7 @@ pub struct Context {
     pub client: Client,
     /// For exec into agent pods; see [`Clients::streams`].
     pub streams: Client,
-    pub events: Publisher,
+    pub events: EventQueue,
     pub agents: AgentRegistry,
     pub settings: OperatorSettings,
     /// `agentctl events` followers of running pods.
@@ -346,10 +348,13 @@ async fn run_scope(
         .applied_objects();
     let probe = settings.probe();
     let ctx = Arc::new(Context {
-        events: Publisher::new(
-            clients.calls.clone(),
-            MANAGER,
-            std::env::var("POD_NAME").ok(),
+        events: EventQueue::start(
+            Publisher::new(
+                clients.calls.clone(),
+                MANAGER,
+                std::env::var("POD_NAME").ok(),
+            ),
+            EVENT_WORKERS,
         ),
         client: clients.calls,
         streams: clients.streams,
@@ -424,12 +429,12 @@ fn error_policy(ts: Arc<TaskSession>, err: &Error, ctx: Arc<Context>) -> Action 
     Action::requeue(delay)
 }
 
-#[tracing::instrument(name = "reconcile", skip_all, fields(session = %ts.name_any(), namespace = ts.namespace().unwrap_or_default()))]
 /// kube-runtime polls every reconcile inside the controller's own task, the one that also reads
 /// every watch stream into the caches: one thread for all of it. Each reconcile runs as a task
 /// of its own instead, so reconciles use every core and the caches keep up with the watch
 /// events while hundreds of sessions launch at once (at N = 400 our own status write reached
 /// the cache up to 7 s late).
+#[tracing::instrument(name = "reconcile", skip_all, fields(session = %ts.name_any(), namespace = ts.namespace().unwrap_or_default()))]
 async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let task = reconcile_session(ts, ctx).instrument(tracing::Span::current());
     tokio::spawn(task)
@@ -628,8 +633,7 @@ impl<'a> Session<'a> {
                     pod.name_any()
                 );
                 warn!(pod = %pod.name_any(), "decoy pod ignored");
-                self.event(EventType::Warning, "DecoyPod", "Observe", &note)
-                    .await;
+                self.event(EventType::Warning, "DecoyPod", "Observe", &note);
             }
         }
     }
@@ -889,8 +893,7 @@ impl<'a> Session<'a> {
         ]);
         self.write_status().await?;
         self.unfollow();
-        self.event(EventType::Normal, "SessionEnded", "End", &message)
-            .await;
+        self.event(EventType::Normal, "SessionEnded", "End", &message);
         Ok(Action::await_change())
     }
 
@@ -1035,12 +1038,8 @@ impl<'a> Session<'a> {
                 let note =
                     format!("resume request {token:?} accepted; launching agentctl pod {pod}");
                 self.event(EventType::Normal, "ResumeRequested", "Resume", &note)
-                    .await
             }
-            None => {
-                self.event(EventType::Normal, "Starting", "Launch", &message)
-                    .await
-            }
+            None => self.event(EventType::Normal, "Starting", "Launch", &message),
         }
         fault_point("starting");
         // STARTING is persisted and this reconcile holds the newest status: the next step (the
@@ -1095,8 +1094,7 @@ impl<'a> Session<'a> {
                         "WorkspaceCreated",
                         "Launch",
                         &format!("created PVC {claim}"),
-                    )
-                    .await;
+                    );
                     Ok(Workspace::Ready)
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(Workspace::Ready),
@@ -1158,8 +1156,7 @@ impl<'a> Session<'a> {
         }
         self.write_status().await?;
         if stalled {
-            self.event(EventType::Warning, "WorkspaceMissing", "Launch", &message)
-                .await;
+            self.event(EventType::Warning, "WorkspaceMissing", "Launch", &message);
         }
         let left = deadline.saturating_sub(age);
         Ok(Action::requeue(if stalled {
@@ -1395,8 +1392,7 @@ impl<'a> Session<'a> {
                             "the agent does not know saved session {old} ({}); started fresh session {session_id}",
                             why.as_str()
                         );
-                        self.event(EventType::Warning, "TokenRejected", "Resume", &message)
-                            .await;
+                        self.event(EventType::Warning, "TokenRejected", "Resume", &message);
                         self.restore_succeeded(
                             pod,
                             SessionState::WaitingForInput,
@@ -1536,8 +1532,7 @@ impl<'a> Session<'a> {
         }
         if resumed {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
-            self.event(EventType::Normal, event_reason, "Restore", message)
-                .await;
+            self.event(EventType::Normal, event_reason, "Restore", message);
         }
         Ok(Action::requeue(self.ctx.settings.resync))
     }
@@ -1637,8 +1632,7 @@ impl<'a> Session<'a> {
         if was_resume {
             metrics::global().resume_handled(ResumeOutcome::Failed);
         }
-        self.event(EventType::Warning, event, "Launch", message)
-            .await;
+        self.event(EventType::Warning, event, "Launch", message);
         Ok(Action::requeue(self.ctx.settings.resync))
     }
 
@@ -1787,8 +1781,7 @@ impl<'a> Session<'a> {
         if was_resume {
             metrics::global().resume_handled(ResumeOutcome::Failed);
         }
-        self.event(EventType::Warning, event, "Launch", reason)
-            .await;
+        self.event(EventType::Warning, event, "Launch", reason);
         Ok(Action::await_change())
     }
 
@@ -1857,8 +1850,7 @@ impl<'a> Session<'a> {
             } else {
                 EventType::Normal
             };
-            self.event(type_, note.reason, note.action, &note.message)
-                .await;
+            self.event(type_, note.reason, note.action, &note.message);
         }
         Ok(())
     }
@@ -1918,7 +1910,7 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    async fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
+    fn event(&self, type_: EventType, reason: &str, action: &str, note: &str) {
         // Events with the same (type, reason, action) fold into one series that keeps the
         // first note: a second resume would show as "x2" of the first one in `kubectl
         // describe`. A hash of the note in the action keeps distinct events apart while true
@@ -1930,14 +1922,7 @@ impl<'a> Session<'a> {
             action: &action,
             note,
         };
-        if let Err(err) = self
-            .ctx
-            .events
-            .publish(&self.ts.object_ref(&()), &event)
-            .await
-        {
-            warn!(%err, reason, "could not publish an Event");
-        }
+        self.ctx.events.send(self.ts.object_ref(&()), &event);
     }
 }
 
