@@ -316,8 +316,9 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
             "same token back"
         );
         assert_eq!(sessions.live_pods(name).await.len(), 1);
-        let reasons = sessions.event_reasons(name).await;
-        for expected in ["AgentLost", "ResumeRequested", "Resumed"] {
+        let steps = ["AgentLost", "ResumeRequested", "Resumed"];
+        let reasons = sessions.event_reasons_with(name, &steps).await;
+        for expected in steps {
             assert!(
                 reasons.iter().any(|r| r == expected),
                 "event {expected} missing from {reasons:?}"

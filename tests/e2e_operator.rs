@@ -129,7 +129,7 @@ async fn assert_stalled(sessions: &Sessions, name: &str, reason: &str, says: &st
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let events = sessions.event_reasons(name).await;
+    let events = sessions.event_reasons_with(name, &["LaunchStalled"]).await;
     assert!(events.iter().any(|r| r == "LaunchStalled"), "{events:?}");
     ts
 }
@@ -343,7 +343,7 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
         );
         assert!(
             sessions
-                .event_reasons(&resumed)
+                .event_reasons_with(&resumed, &["ResumeSuperseded"])
                 .await
                 .iter()
                 .any(|r| r == "ResumeSuperseded")
@@ -435,7 +435,7 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         "a stray pod with the session's labels made the session look running"
     );
     let decoys = sessions
-        .event_reasons(&name)
+        .event_reasons_with(&name, &["DecoyPod"])
         .await
         .iter()
         .filter(|r| *r == "DecoyPod")
@@ -480,10 +480,11 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
     );
     let after = sessions.live_pods(&name).await;
     assert_eq!(after.len(), 1, "one pod after the resume");
-    let reasons = sessions.event_reasons(&name).await;
     // One Event per step the user cares about: the first launch, the loss, the accepted
     // request (which names the pod it launches), the outcome.
-    for expected in ["Starting", "AgentLost", "ResumeRequested", "Resumed"] {
+    let steps = ["Starting", "AgentLost", "ResumeRequested", "Resumed"];
+    let reasons = sessions.event_reasons_with(&name, &steps).await;
+    for expected in steps {
         assert!(
             reasons.iter().any(|r| r == expected),
             "event {expected} missing from {reasons:?}"
@@ -590,7 +591,7 @@ async fn rejected_and_inconclusive_restores() {
     assert_ne!(token, unknown, "the rejected token is replaced");
     assert!(
         sessions
-            .event_reasons(&name)
+            .event_reasons_with(&name, &["TokenRejected"])
             .await
             .iter()
             .any(|r| r == "TokenRejected")
@@ -658,7 +659,7 @@ async fn refusals_and_bad_input() {
     assert!(message.contains("starting the agent failed"), "{message}");
     assert!(
         sessions
-            .event_reasons(&name)
+            .event_reasons_with(&name, &["LaunchFailed"])
             .await
             .iter()
             .any(|r| r == "LaunchFailed"),
@@ -778,7 +779,7 @@ async fn refusals_and_bad_input() {
         );
         assert!(
             sessions
-                .event_reasons(&name)
+                .event_reasons_with(&name, &["ResumeRefused"])
                 .await
                 .iter()
                 .any(|r| r == "ResumeRefused")

@@ -103,7 +103,9 @@ async fn assert_lost_then_resumed(sessions: &Sessions, name: &str, uid: &str, re
             .all(|p| p.uid().as_deref() != Some(uid)),
         "the session is lost only once its pod is gone"
     );
-    let events = sessions.event_reasons(name).await;
+    let events = sessions
+        .event_reasons_with(name, &[reason, "AgentLost"])
+        .await;
     let said = events.iter().position(|r| r == reason);
     let lost = events.iter().position(|r| r == "AgentLost");
     assert!(
@@ -316,7 +318,9 @@ async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone()
         "{status:#?}"
     );
     assert_eq!(sessions.token_of(&name).await.as_deref(), Some("s-reach"));
-    let events = sessions.event_reasons(&name).await;
+    let events = sessions
+        .event_reasons_with(&name, &["AgentUnreachable", "ResumeRequested", "Resumed"])
+        .await;
     let at = |reason: &str| {
         events
             .iter()

@@ -220,6 +220,10 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
 
     let message = stalled(&sessions, &name, "RepositoryAuthFailed").await;
     assert!(message.contains(&server.url("app")), "{message}");
+    // The Events land beside the status (published by the operator's event queue).
+    let _ = sessions
+        .event_reasons_with(&name, &["CheckoutFailed"])
+        .await;
     let ts = sessions.sessions().get(&name).await.expect("session");
     let everything = format!(
         "{}\n{:?}\n{:?}",

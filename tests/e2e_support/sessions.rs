@@ -147,6 +147,21 @@ impl Sessions {
         }
     }
 
+    /// Reasons of the session's Events, oldest first, once each of `expected` is among them
+    /// (the operator publishes its Events beside its reconciles, so one may land a moment after
+    /// the status it goes with); as they are after 15 s otherwise.
+    pub async fn event_reasons_with(&self, name: &str, expected: &[&str]) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let reasons = self.event_reasons(name).await;
+            let all = expected.iter().all(|e| reasons.iter().any(|r| r == e));
+            if all || tokio::time::Instant::now() > deadline {
+                return reasons;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Reasons of the session's Events, oldest first.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
