@@ -618,7 +618,7 @@ impl<'a> Session<'a> {
 
     /// Pods that carry this session's labels but are not controlled by it are ignored (labels
     /// prove nothing); each is reported once, as a Warning Event.
-    async fn report_decoys(&self) {
+    fn report_decoys(&self) {
         let label = names::session_label_value(&self.name);
         let decoys = self.ctx.pods.state_filter(|pod| {
             pod.metadata.namespace.as_deref() == Some(self.ns.as_str())
@@ -672,7 +672,7 @@ impl<'a> Session<'a> {
     }
 
     async fn apply(mut self) -> Result<Action, Error> {
-        self.report_decoys().await;
+        self.report_decoys();
         if let Some(end) = self.ts.spec.end
             && !matches!(
                 self.status.state,
