@@ -30,6 +30,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::config::Kubeconfig;
 use kube::runtime::WatchStreamExt;
+use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
@@ -131,6 +132,40 @@ fn grace_of(pod: &Pod, max: Duration) -> Duration {
     Duration::from_secs(u64::try_from(secs).unwrap_or(0)).min(max)
 }
 
+/// How the harness's watches retry after an error: promptly, as a kubelet reconnects when its
+/// API server is back. kube-runtime's default backoff grows to 30 s: after a kube-apiserver
+/// restart the harness then provisioned a volume and started a pod half a minute late.
+struct Reconnect {
+    next: Duration,
+}
+
+impl Reconnect {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(2);
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Self { next: Self::FIRST }
+    }
+}
+
+impl Iterator for Reconnect {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(delay)
+    }
+}
+
+impl Backoff for Reconnect {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
 /// Runs the harness until SIGTERM/SIGINT; then stops every process it started.
 pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
     std::fs::create_dir_all(&opts.state_dir)?;
@@ -140,11 +175,11 @@ pub async fn run(client: Client, opts: Options) -> Result<(), BoxError> {
     let pods: Api<Pod> = Api::all(client.clone());
     // Every pod: the selectors are ORed, which one server-side selector cannot express.
     let mut events = watcher::watcher(pods, watcher::Config::default())
-        .default_backoff()
+        .backoff(Reconnect::default())
         .boxed();
     let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let mut claim_events = watcher::watcher(claims, watcher::Config::default())
-        .default_backoff()
+        .backoff(Reconnect::default())
         .boxed();
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -746,5 +781,19 @@ async fn delete_pod(pods: &Api<Pod>, name: &str, uid: &str) {
     };
     if let Err(e) = pods.delete(name, &dp).await {
         warn!(pod = name, error = %e, "cannot delete the pod");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watches_reconnect_within_two_seconds() {
+        let mut backoff = Reconnect::default();
+        let delays: Vec<u128> = backoff.by_ref().take(6).map(|d| d.as_millis()).collect();
+        assert_eq!(delays, [250, 500, 1000, 2000, 2000, 2000]);
+        backoff.reset();
+        assert_eq!(backoff.next(), Some(Duration::from_millis(250)));
     }
 }
