@@ -491,10 +491,6 @@ impl Supervisor {
         });
     }
 
-    async fn delete_kwok_objects(&self, plan: &LaunchPlan) {
-        delete_kwok(&self.client, plan, &["Exec", "Logs"]).await;
-    }
-
     async fn on_exit(&mut self, exited: Exited) {
         let Some(t) = self.tracked.remove(&exited.uid) else {
             return;
@@ -527,7 +523,7 @@ impl Supervisor {
         }
         warn!(pod = %key, pid = exited.pid, %status, "local process exited on its own: the pod is lost");
         self.finished.insert(exited.uid.clone());
-        self.delete_kwok_objects(&t.plan).await;
+        delete_kwok(&self.client, &t.plan, &["Exec", "Logs"]).await;
         let reason = if code == 0 { "Completed" } else { "Error" };
         // Like a kubelet: the termination message file's content when the container wrote one.
         let msg = std::fs::read_to_string(plan::termination_log(&t.plan.pod_dir))

@@ -157,19 +157,23 @@ fn around(namespace: &str) -> String {
         .map(PathBuf::from)
         .and_then(|k| std::fs::read_to_string(k.with_file_name("harness.log")).ok())
         .map(|log| {
-            let ours: Vec<&str> = log.lines().filter(|l| l.contains(namespace)).collect();
-            lines_tail(&ours.join("\n"), 10)
+            let ours = log.lines().filter(|l| l.contains(namespace));
+            lines_tail(ours, 10)
         })
         .unwrap_or_default();
     format!(
         "pods in {namespace}:\n{}events in {namespace} (last 15):\n{}harness on {namespace} (last 10):\n{harness}",
         run(&["get", "pods", "-o", "wide"]),
-        lines_tail(&run(&["get", "events", "--sort-by=.lastTimestamp"]), 15)
+        lines_tail(
+            run(&["get", "events", "--sort-by=.lastTimestamp"]).lines(),
+            15
+        )
     )
 }
 
-fn lines_tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
+/// The last `n` of `lines`, each ended by a newline.
+fn lines_tail<'a>(lines: impl Iterator<Item = &'a str>, n: usize) -> String {
+    let lines: Vec<&str> = lines.collect();
     let from = lines.len().saturating_sub(n);
     lines[from..].iter().map(|l| format!("{l}\n")).collect()
 }
