@@ -85,7 +85,7 @@ bench-idle:
 # 5 sessions, one phase of ours, the floor and agent-sandbox: proves the bench still runs and
 # measures (fails on an unfinished phase, uncounted in-pod operations or an empty audit count).
 bench-smoke:
-	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_N=5 BENCH_PHASES=launch BENCH_OUT=target/bench-smoke \
+	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_PROFILE=dev BENCH_N=5 BENCH_PHASES=launch BENCH_OUT=target/bench-smoke \
 	  BENCH_CONTENDERS=ours,floor,agent-sandbox bash e2e/bench/run.sh --require-complete
 
 # Not part of `make test`: needs a nightly toolchain and `cargo install cargo-fuzz`.

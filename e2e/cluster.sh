@@ -16,6 +16,7 @@
 # Environment: KANDEV_CLUSTER (default kandev-e2e), KANDEV_CACHE (default ~/.cache/kandev-operator),
 #   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set),
 #   CARGO_TARGET_DIR (its debug/ dir is put first on PATH of kwok and the harness),
+#   KANDEV_BIN_DIR (that directory instead, e.g. target/release for `make bench`),
 #   KANDEV_AUDIT_POLICY (an audit policy file: kube-apiserver writes its audit log to
 #   $KWOK_WORKDIR/clusters/<name>/logs/audit.log; `make bench` counts requests per client there).
 # Every file lives in $KANDEV_CACHE/clusters/<name>/:
@@ -47,9 +48,10 @@ die() { log "ERROR: $*"; exit 1; }
 
 bin="$("$here/bin.sh" --print)"
 target_dir="${CARGO_TARGET_DIR:-$repo/target}"
-# Our kubectl first (Debian's is 1.20); target/debug first of all so that kwok's exec and the
-# harness find kandev-e2e-harness, kandev-operator and friends, even if built after `up`.
-export PATH="$target_dir/debug:$bin:$PATH"
+# Our kubectl first (Debian's is 1.20); target/debug (or KANDEV_BIN_DIR) first of all so that
+# kwok's exec and the harness find kandev-e2e-harness, kandev-operator and friends, even if built
+# after `up`.
+export PATH="${KANDEV_BIN_DIR:-$target_dir/debug}:$bin:$PATH"
 
 kctl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 

@@ -301,5 +301,12 @@ fn machine() -> String {
                 .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         })
         .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
-    format!("{cores} cores, {mem_gib:.0} GiB, debug build")
+    // Set by e2e/bench/run.sh; a bench started by hand reports how it was compiled itself.
+    let build = match std::env::var("BENCH_PROFILE").as_deref() {
+        Ok("release") => "release build",
+        Ok("dev") => "debug build",
+        _ if cfg!(debug_assertions) => "debug build",
+        _ => "release build",
+    };
+    format!("{cores} cores, {mem_gib:.0} GiB, {build}")
 }

@@ -6,8 +6,9 @@
 # Settings (environment): BENCH_N (default 200), BENCH_SWEEP (e.g. 50,100,200,400: several sizes
 # and plots), BENCH_PHASES (launch,loss,resume,storm,idle), BENCH_CONTENDERS
 # (ours,floor,agent-sandbox), BENCH_IDLE_SECONDS (60), BENCH_IDLE_FLEET (e.g. 10000: only the
-# idle-fleet mode, without the harness), BENCH_OUT (target/bench).
-# Extra arguments go to kandev-bench (see `target/debug/kandev-bench --help`).
+# idle-fleet mode, without the harness), BENCH_OUT (target/bench), BENCH_PROFILE (release, the
+# default: what the image ships, optimised; dev: the debug build the tests use, for bench-smoke).
+# Extra arguments go to kandev-bench (see `target/release/kandev-bench --help`).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,10 +22,19 @@ cluster_dir="$cache/clusters/$KANDEV_CLUSTER"
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 t0=$SECONDS
 
+case "${BENCH_PROFILE:=release}" in
+  release) build=(cargo build --release --bins) profile_dir=release ;;
+  dev) build=(cargo build --bins) profile_dir=debug ;;
+  *) log "BENCH_PROFILE must be release or dev, not '$BENCH_PROFILE'"; exit 2 ;;
+esac
+export BENCH_PROFILE
+# cluster.sh puts this directory first on the PATH of kwok and the harness (agentctl, test agent).
+export KANDEV_BIN_DIR="$target_dir/$profile_dir"
+
 bin="$(bash "$repo/e2e/bin.sh" | tail -n 1)"
-export PATH="$target_dir/debug:$bin:$PATH"
-log "cargo build --bins"
-cargo build --bins
+export PATH="$KANDEV_BIN_DIR:$bin:$PATH"
+log "${build[*]}"
+"${build[@]}"
 
 bench_pid=""
 cleanup() {
@@ -52,7 +62,7 @@ trap 'exit 143' TERM
 # A clean cluster every time: the audit policy is set when it is created.
 bash "$repo/e2e/cluster.sh" down >/dev/null 2>&1 || true
 harness=()
-[[ -z "${BENCH_IDLE_FLEET:-}" ]] && harness=(KANDEV_HARNESS_BIN="$target_dir/debug/kandev-e2e-harness")
+[[ -z "${BENCH_IDLE_FLEET:-}" ]] && harness=(KANDEV_HARNESS_BIN="$KANDEV_BIN_DIR/kandev-e2e-harness")
 out="$(env "${harness[@]}" KANDEV_AUDIT_POLICY="$here/audit-policy.yaml" bash "$repo/e2e/cluster.sh" up)"
 export KUBECONFIG="${out##*KUBECONFIG=}"
 export KANDEV_BENCH_AUDIT_LOG="$cluster_dir/kwok/clusters/$KANDEV_CLUSTER/logs/audit.log"
@@ -64,7 +74,7 @@ what="N=${BENCH_SWEEP:-${BENCH_N:-200}}"
 [[ -n "${BENCH_IDLE_FLEET:-}" ]] && what="idle fleet of $BENCH_IDLE_FLEET sessions"
 log "cluster up; running kandev-bench ($what)"
 # In the background, so a SIGTERM to this script reaches cleanup() at once.
-"$target_dir/debug/kandev-bench" --out "${BENCH_OUT:-$target_dir/bench}" "$@" &
+"$KANDEV_BIN_DIR/kandev-bench" --out "${BENCH_OUT:-$target_dir/bench}" "$@" &
 bench_pid=$!
 rc=0
 wait "$bench_pid" || rc=$?
