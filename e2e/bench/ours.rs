@@ -37,7 +37,7 @@ pub fn profiles_yaml() -> String {
     )
 }
 
-/// Requests in flight at once from the bench itself (creates, deletes, annotations).
+/// Requests in flight at once from the bench itself (creates, deletes; resume tokens go at once).
 const BENCH_CONCURRENCY: usize = 32;
 
 pub const PHASES: [&str; 5] = ["launch", "loss", "resume", "storm", "idle"];
@@ -380,10 +380,11 @@ impl<'a> Fleet<'a> {
         Ok(result)
     }
 
-    /// Sets the resume annotation to each of `tokens` in turn on every session.
+    /// Sets the resume annotation to each of `tokens` in turn on every session, all sessions at
+    /// once: the floor creates its N pods at once too, so neither phase is paced by the bench.
     async fn annotate(&self, tokens: &[String]) -> Result<HashMap<String, Instant>, BoxError> {
         let api = self.api();
-        for_each(&self.names, |name| {
+        for_each_at(&self.names, self.names.len(), |name| {
             let api = api.clone();
             async move {
                 for token in tokens {
@@ -563,13 +564,26 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<(), BoxError>>,
 {
+    for_each_at(names, BENCH_CONCURRENCY, action).await
+}
+
+/// Runs `action` for every name, `concurrency` at a time; returns when each started.
+pub async fn for_each_at<F, Fut>(
+    names: &[String],
+    concurrency: usize,
+    action: F,
+) -> Result<HashMap<String, Instant>, BoxError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), BoxError>>,
+{
     let results: Vec<Result<(String, Instant), BoxError>> = stream::iter(names.iter().cloned())
         .map(|name| {
             let started = Instant::now();
             let fut = action(name.clone());
             async move { fut.await.map(|()| (name, started)) }
         })
-        .buffer_unordered(BENCH_CONCURRENCY)
+        .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
     results.into_iter().collect()

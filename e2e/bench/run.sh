@@ -49,8 +49,11 @@ cleanup() {
   if [[ -d "$cluster_dir" ]]; then
     mkdir -p "$logs"
     cp "$cluster_dir/harness.log" "$logs/harness.log" 2>/dev/null || true
+    # kube-apiserver's audit log: every request with its client and time, to follow one
+    # session through the API server (e.g. when kwok marked its pod Running).
+    cp "${KANDEV_BENCH_AUDIT_LOG:-}" "$logs/audit.log" 2>/dev/null || true
   fi
-  log "tearing down cluster $KANDEV_CLUSTER (harness log kept in $logs/harness.log)"
+  log "tearing down cluster $KANDEV_CLUSTER (harness and audit logs kept in $logs)"
   bash "$repo/e2e/cluster.sh" down || rc=$((rc == 0 ? 1 : rc))
   log "done in $((SECONDS - t0))s, exit code $rc"
   exit "$rc"
