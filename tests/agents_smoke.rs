@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use kandev_operator::acp::{AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions};
 use kandev_operator::agents::AgentRegistry;
+use kandev_operator::jsonrpc::CallFailure;
 use kandev_operator::resume::{
-    AgentRestoreCapabilities, FreshReason, RestoreErrorClass, RestoreFailure, RestoreMethod,
+    AgentRestoreCapabilities, FreshReason, RestoreErrorClass, RestoreMethod,
     classify_restore_error, select_restore_method,
 };
 use pretty_assertions::assert_eq;
@@ -106,7 +107,7 @@ struct Unknown {
 impl Unknown {
     /// The class the operator gives the code.
     fn class(self) -> RestoreErrorClass {
-        classify_restore_error(&RestoreFailure::JsonRpc {
+        classify_restore_error(&CallFailure::JsonRpc {
             code: self.code,
             message: String::new(),
         })

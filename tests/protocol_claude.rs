@@ -17,7 +17,8 @@ use kandev_operator::acp::{
     AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
     SpawnOptions, restore_with_local_agent,
 };
-use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreFailure, RestoreMethod};
+use kandev_operator::jsonrpc::CallFailure;
+use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreMethod};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
@@ -203,7 +204,7 @@ async fn claude_session_new_and_resume_of_the_live_session() {
     assert!(
         matches!(
             error.failure(),
-            Some(RestoreFailure::JsonRpc { code: -32002, .. })
+            Some(CallFailure::JsonRpc { code: -32002, .. })
         ),
         "{error}"
     );
@@ -297,7 +298,7 @@ async fn claude_unknown_session_is_32002_and_restore_starts_fresh() {
     assert!(
         matches!(
             error.failure(),
-            Some(RestoreFailure::JsonRpc { code: -32002, .. })
+            Some(CallFailure::JsonRpc { code: -32002, .. })
         ),
         "{error}"
     );
@@ -340,7 +341,7 @@ async fn claude_prompt_without_credentials_is_auth_required() {
     assert!(
         matches!(
             error.failure(),
-            Some(RestoreFailure::JsonRpc { code: -32000, .. })
+            Some(CallFailure::JsonRpc { code: -32000, .. })
         ),
         "{error}"
     );

@@ -20,7 +20,8 @@ use agentctl_support::{Serve, WAIT, path_str, wait_exit};
 use kandev_operator::acp::{
     AcpClient, AcpLimits, AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions,
 };
-use kandev_operator::resume::{AgentLimit, NativeSessionResume, RestoreErrorClass};
+use kandev_operator::jsonrpc::AgentLimit;
+use kandev_operator::resume::{NativeSessionResume, RestoreErrorClass};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
 const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");

@@ -12,9 +12,8 @@ use kandev_operator::acp::{
     AcpError, AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
     SpawnOptions, restore_with_local_agent,
 };
-use kandev_operator::resume::{
-    FreshReason, NativeSessionResume, RestoreErrorClass, RestoreFailure, RestoreMethod,
-};
+use kandev_operator::jsonrpc::CallFailure;
+use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreErrorClass, RestoreMethod};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -638,13 +637,13 @@ async fn calls_after_the_agent_exits_fail_as_transport_closed() {
         .new_session(&run.cwd)
         .await
         .expect_err("crashed");
-    assert_eq!(error.failure(), Some(&RestoreFailure::TransportClosed));
+    assert_eq!(error.failure(), Some(&CallFailure::TransportClosed));
     let error = agent
         .client()
         .resume_session(TOKEN, &run.cwd)
         .await
         .expect_err("closed");
-    assert_eq!(error.failure(), Some(&RestoreFailure::TransportClosed));
+    assert_eq!(error.failure(), Some(&CallFailure::TransportClosed));
     assert!(agent.client().is_closed());
 }
 

@@ -2,7 +2,7 @@
 //! is itself a well-formed JSON-RPC response.
 #![no_main]
 
-use kandev_operator::agentctl::wire::{Message, parse_line};
+use kandev_operator::jsonrpc::{Message, parse_line};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! are all accounted for (lines, their terminators, over-long lengths).
 #![no_main]
 
-use kandev_operator::codec::{Frame, LineReader};
+use kandev_operator::jsonrpc::codec::{Frame, LineReader};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::BufReader;
 

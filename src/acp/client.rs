@@ -18,11 +18,13 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::api::{NegotiatedCapabilities, SessionConfigState};
-use crate::resume::{AgentRestoreCapabilities, RestoreFailure};
+use crate::jsonrpc::CallFailure;
+use crate::resume::AgentRestoreCapabilities;
 
 use super::rpc::{Replayed, RpcConnection};
 use super::updates::SessionUpdateEvent;
-use super::{AcpError, DISCONNECT_METHOD, LAUNCH_META, SESSION_CONFIG_META};
+use super::{AcpError, LAUNCH_META, SESSION_CONFIG_META};
+use crate::jsonrpc::method;
 
 /// Per-call deadlines. Every restore step has one because an agent that never answers must not
 /// hold a resume forever (and a timeout keeps the token, so a slow agent loses nothing).
@@ -59,7 +61,7 @@ impl AcpTimeouts {
 }
 
 /// The memory bounds of one agent connection (see `rpc.rs`). An agent that breaks one is cut
-/// off, and the call in flight fails with [`RestoreFailure::AgentLimit`] (the token is kept).
+/// off, and the call in flight fails with [`CallFailure::AgentLimit`] (the token is kept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcpLimits {
     /// Longest line outside a `session/load` replay.
@@ -79,20 +81,11 @@ pub const DEFAULT_REPLAY_BUDGET: u64 = 256 * 1024 * 1024;
 impl Default for AcpLimits {
     fn default() -> Self {
         Self {
-            line: crate::codec::LINE_LIMIT,
-            replay_line: crate::codec::DEFAULT_REPLAY_LINE_LIMIT,
+            line: crate::jsonrpc::codec::LINE_LIMIT,
+            replay_line: crate::jsonrpc::codec::DEFAULT_REPLAY_LINE_LIMIT,
             replay_budget: DEFAULT_REPLAY_BUDGET,
         }
     }
-}
-
-mod method {
-    pub const INITIALIZE: &str = "initialize";
-    pub const SESSION_NEW: &str = "session/new";
-    pub const SESSION_LOAD: &str = "session/load";
-    pub const SESSION_RESUME: &str = "session/resume";
-    pub const SESSION_PROMPT: &str = "session/prompt";
-    pub const SESSION_CANCEL: &str = "session/cancel";
 }
 
 /// An ACP client over any byte stream: a child's stdio, a unix socket, a Kubernetes exec stream.
@@ -228,7 +221,7 @@ impl AcpClient {
         if response.protocol_version != ProtocolVersion::V1 {
             return Err(AcpError::Call {
                 method: method::INITIALIZE,
-                failure: RestoreFailure::MalformedResponse(format!(
+                failure: CallFailure::MalformedResponse(format!(
                     "agent speaks ACP protocol version {}, we speak {}",
                     response.protocol_version.as_u16(),
                     ProtocolVersion::V1.as_u16()
@@ -285,7 +278,7 @@ impl AcpClient {
         if id.trim().is_empty() {
             return Err(AcpError::Call {
                 method: method::SESSION_NEW,
-                failure: RestoreFailure::MalformedResponse("empty sessionId".to_owned()),
+                failure: CallFailure::MalformedResponse("empty sessionId".to_owned()),
             });
         }
         Ok(id)
@@ -372,7 +365,7 @@ impl AcpClient {
     pub async fn disconnect(&self, grace: Duration) {
         if self
             .rpc
-            .notify(DISCONNECT_METHOD, serde_json::json!({}))
+            .notify(method::DISCONNECT, serde_json::json!({}))
             .is_err()
         {
             return;
@@ -429,12 +422,12 @@ impl AcpClient {
 /// A call's answer as `Resp`.
 fn decode<Resp: DeserializeOwned>(
     method: &'static str,
-    answer: Result<serde_json::Value, RestoreFailure>,
+    answer: Result<serde_json::Value, CallFailure>,
 ) -> Result<Resp, AcpError> {
     let value = answer.map_err(|failure| AcpError::Call { method, failure })?;
     serde_json::from_value(value).map_err(|error| AcpError::Call {
         method,
-        failure: RestoreFailure::MalformedResponse(error.to_string()),
+        failure: CallFailure::MalformedResponse(error.to_string()),
     })
 }
 
@@ -443,18 +436,18 @@ fn encode<T: Serialize>(method: &'static str, value: &T) -> Result<serde_json::V
 }
 
 /// One line about a failure, worded for Events and `agentctl restore` output.
-pub(crate) fn describe_failure(failure: &RestoreFailure, limit: Option<Duration>) -> String {
+pub(crate) fn describe_failure(failure: &CallFailure, limit: Option<Duration>) -> String {
     match failure {
-        RestoreFailure::JsonRpc { code, message } => {
+        CallFailure::JsonRpc { code, message } => {
             format!("answered JSON-RPC error {code}: {message}")
         }
-        RestoreFailure::TransportClosed => "failed: the agent's stream closed".to_owned(),
-        RestoreFailure::Timeout => match limit {
+        CallFailure::TransportClosed => "failed: the agent's stream closed".to_owned(),
+        CallFailure::Timeout => match limit {
             Some(limit) => format!("got no answer within {limit:?}"),
             None => "got no answer in time".to_owned(),
         },
-        RestoreFailure::MalformedResponse(detail) => format!("gave a malformed answer: {detail}"),
-        RestoreFailure::AgentLimit(limit) => format!("was cut off: {limit}"),
+        CallFailure::MalformedResponse(detail) => format!("gave a malformed answer: {detail}"),
+        CallFailure::AgentLimit(limit) => format!("was cut off: {limit}"),
     }
 }
 
@@ -606,7 +599,7 @@ pub(super) mod tests {
         let error = client.initialize().await.expect_err("v2 is not ours");
         assert!(matches!(
             error.failure(),
-            Some(RestoreFailure::MalformedResponse(_))
+            Some(CallFailure::MalformedResponse(_))
         ));
         assert!(client.initialize_response().is_none());
     }

@@ -31,11 +31,7 @@ pub use outcome::{OutcomeKind, RestoreOutcome, RestoreReport};
 pub use rpc::{Replayed, default_answer_to_agent_request};
 pub use updates::SessionUpdateEvent;
 
-use crate::resume::RestoreFailure;
-
-/// Our ACP extension notification that ends one client's connection through `agentctl
-/// connect` while the agent keeps running (kwok never delivers stdin EOF to an exec'd process).
-pub const DISCONNECT_METHOD: &str = "_kandev/disconnect";
+use crate::jsonrpc::CallFailure;
 
 /// Key in the `_meta` of `session/new|load|resume` and `session/prompt` requests that names the
 /// launch they belong to. agentctl answers a repeat of such a request (a reconcile that acted on
@@ -55,7 +51,7 @@ pub enum AcpError {
     #[error("{method} {}", client::describe_failure(failure, None))]
     Call {
         method: &'static str,
-        failure: RestoreFailure,
+        failure: CallFailure,
     },
     /// Our own request could not be encoded (a bug, not an agent problem).
     #[error("cannot encode {method} request: {source}")]
@@ -90,7 +86,7 @@ pub enum AcpError {
 
 impl AcpError {
     /// The wire failure, when this error is one.
-    pub fn failure(&self) -> Option<&RestoreFailure> {
+    pub fn failure(&self) -> Option<&CallFailure> {
         match self {
             Self::Call { failure, .. } => Some(failure),
             _ => None,
@@ -99,10 +95,10 @@ impl AcpError {
 
     /// This error as something the restore rules can classify. Errors that never reached the
     /// agent count as inconclusive (malformed), so they keep the token.
-    pub fn into_failure(self) -> RestoreFailure {
+    pub fn into_failure(self) -> CallFailure {
         match self {
             Self::Call { failure, .. } => failure,
-            other => RestoreFailure::MalformedResponse(other.to_string()),
+            other => CallFailure::MalformedResponse(other.to_string()),
         }
     }
 }

@@ -56,8 +56,10 @@ impl RestoreOutcome {
 
     /// The wire name of [`Self::method`]; `initialize` when the handshake itself failed.
     pub fn method_name(&self) -> &'static str {
-        self.method()
-            .map_or(INITIALIZE_METHOD, RestoreMethod::method_name)
+        self.method().map_or(
+            crate::jsonrpc::method::INITIALIZE,
+            RestoreMethod::method_name,
+        )
     }
 
     /// The session id the caller should hold as its resume token afterwards (for `Failed`, the
@@ -93,8 +95,6 @@ impl RestoreOutcome {
         }
     }
 }
-
-pub(crate) const INITIALIZE_METHOD: &str = "initialize";
 
 /// The three ends of a restore, as they appear on the wire.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -193,7 +193,7 @@ mod tests {
     use super::*;
     use crate::acp::AcpLimits;
     use crate::acp::client::tests::{ok, scripted_agent};
-    use crate::resume::AgentLimit;
+    use crate::jsonrpc::AgentLimit;
     use pretty_assertions::assert_eq;
     use serde_json::json;
 

@@ -4,7 +4,7 @@
 //! classify every wire problem precisely (DESIGN §3: a timeout, a closed stream and a garbage
 //! answer all keep the token, while -32601/-32002 do not), survive agents that print non-JSON
 //! on stdout, and run over any byte stream (child stdio, unix socket, Kubernetes exec). A small
-//! layer whose every failure maps to [`RestoreFailure`] is easier to reason about than adapting
+//! layer whose every failure maps to [`CallFailure`] is easier to reason about than adapting
 //! a general-purpose one. The crate's schema types are still used for every message body.
 //!
 //! Structure: a reader task parses lines, routes responses by id to the waiting call, forwards
@@ -12,12 +12,12 @@
 //! task owns the write half so callers and the reader can both send without sharing a lock
 //! across an `.await`.
 //!
-//! Memory is bounded per connection: every line by [`crate::codec`] (1 MiB, or the replay line
+//! Memory is bounded per connection: every line by [`crate::jsonrpc::codec`] (1 MiB, or the replay line
 //! limit while a `session/load` is open), the queue to the agent by [`OUTGOING_CAPACITY`], each
 //! subscriber by [`SUBSCRIBER_CAPACITY`], and a replay is counted as it streams by, against the
 //! replay budget (an update nobody subscribed to is counted without being parsed into a
 //! [`Value`]). An agent that breaks a bound is cut off: both tasks stop, and every call fails
-//! with [`RestoreFailure::AgentLimit`] naming the bound.
+//! with [`CallFailure::AgentLimit`] naming the bound.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,8 +29,11 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::codec::{Frame, LineReader, WarnLimiter};
-use crate::resume::{AgentLimit, INTERNAL_ERROR, METHOD_NOT_FOUND, RestoreFailure};
+use crate::jsonrpc::code::{INTERNAL_ERROR, METHOD_NOT_FOUND};
+use crate::jsonrpc::{
+    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, WarnLimiter, encode_line,
+    error_message, method, notification_message, request_message, result_message,
+};
 
 use super::client::AcpLimits;
 use super::updates::SessionUpdateEvent;
@@ -52,13 +55,7 @@ pub(crate) const MAX_ECHOED_ID_BYTES: usize = 256;
 /// (or leak much of whatever the agent printed).
 const PREVIEW_CHARS: usize = 160;
 
-/// The ACP method an agent uses to ask the user for permission. We never have a user at hand
-/// during a restore, so we answer "cancelled" instead of method-not-found: the ACP spec lets a
-/// client cancel a permission request, and the agent then aborts only the tool call.
-const REQUEST_PERMISSION: &str = "session/request_permission";
-const SESSION_UPDATE: &str = "session/update";
-
-type CallResult = Result<Value, RestoreFailure>;
+type CallResult = Result<Value, CallFailure>;
 
 /// What one `session/load` replayed, counted as it streamed by (never buffered).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -82,7 +79,7 @@ struct State {
     detached: HashSet<u64>,
     /// Set once the stream closed (EOF, read or write error: `TransportClosed`) or the agent
     /// was cut off (`AgentLimit`). Later calls fail at once with it.
-    closed: Option<RestoreFailure>,
+    closed: Option<CallFailure>,
     subscribers: Vec<mpsc::Sender<SessionUpdateEvent>>,
     limits: AcpLimits,
     loading: Option<Loading>,
@@ -120,7 +117,7 @@ impl Shared {
     /// Marks the stream closed for `why` and fails every pending call with it. Dropping the
     /// subscriber senders ends their receivers too, so update streams see the end. The first
     /// reason wins.
-    fn close(&self, why: RestoreFailure) {
+    fn close(&self, why: CallFailure) {
         let (pending, subscribers, why) = {
             let mut state = self.lock();
             let why = state.closed.get_or_insert(why).clone();
@@ -140,10 +137,10 @@ impl Shared {
     /// Cuts the agent off for breaking `limit`: its pending calls fail with the limit.
     fn cut_off(&self, limit: AgentLimit) {
         tracing::warn!(%limit, "cutting the agent off");
-        self.close(RestoreFailure::AgentLimit(limit));
+        self.close(CallFailure::AgentLimit(limit));
     }
 
-    fn closed(&self) -> Option<RestoreFailure> {
+    fn closed(&self) -> Option<CallFailure> {
         self.lock().closed.clone()
     }
 
@@ -234,7 +231,7 @@ struct Outgoing {
 }
 
 impl Outgoing {
-    fn send(&self, line: Vec<u8>, shared: &Shared) -> Result<(), RestoreFailure> {
+    fn send(&self, line: Vec<u8>, shared: &Shared) -> Result<(), CallFailure> {
         match self.queue.try_send(line) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -242,10 +239,10 @@ impl Outgoing {
                     limit: OUTGOING_CAPACITY,
                 };
                 shared.cut_off(limit);
-                Err(RestoreFailure::AgentLimit(limit))
+                Err(CallFailure::AgentLimit(limit))
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
-                Err(shared.closed().unwrap_or(RestoreFailure::TransportClosed))
+                Err(shared.closed().unwrap_or(CallFailure::TransportClosed))
             }
         }
     }
@@ -324,7 +321,7 @@ impl RpcConnection {
             shared: &self.shared,
             id,
         };
-        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let message = request_message(json!(id), method, params);
         self.send(&message)?;
         tracing::debug!(id, method, "request sent");
         let answer = match timeout {
@@ -332,18 +329,13 @@ impl RpcConnection {
                 Ok(answer) => answer,
                 Err(_) => {
                     tracing::warn!(id, method, ?limit, "no answer in time");
-                    return Err(RestoreFailure::Timeout);
+                    return Err(CallFailure::Timeout);
                 }
             },
             None => rx.await,
         };
         // A dropped sender means the connection went away without resolving us.
-        answer.unwrap_or_else(|_| {
-            Err(self
-                .shared
-                .closed()
-                .unwrap_or(RestoreFailure::TransportClosed))
-        })
+        answer.unwrap_or_else(|_| Err(self.shared.closed().unwrap_or(CallFailure::TransportClosed)))
     }
 
     /// [`Self::call`] for a `session/load` of `session_id`: while it is open, lines may be as
@@ -370,24 +362,24 @@ impl RpcConnection {
 
     /// Sends a request whose answer nobody waits for (it is dropped when it arrives), for turns
     /// that are followed by other means (the operator follows `agentctl events`).
-    pub(crate) fn send_detached(&self, method: &str, params: Value) -> Result<(), RestoreFailure> {
+    pub(crate) fn send_detached(&self, method: &str, params: Value) -> Result<(), CallFailure> {
         if let Some(why) = self.shared.closed() {
             return Err(why);
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.shared.lock().detached.insert(id);
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+        self.send(&request_message(json!(id), method, params))
     }
 
     /// Sends a notification (no answer expected).
-    pub(crate) fn notify(&self, method: &str, params: Value) -> Result<(), RestoreFailure> {
+    pub(crate) fn notify(&self, method: &str, params: Value) -> Result<(), CallFailure> {
         if let Some(why) = self.shared.closed() {
             return Err(why);
         }
-        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+        self.send(&notification_message(method, params))
     }
 
-    fn send(&self, message: &Value) -> Result<(), RestoreFailure> {
+    fn send(&self, message: &Value) -> Result<(), CallFailure> {
         self.outgoing.send(encode_line(message), &self.shared)
     }
 
@@ -420,7 +412,7 @@ impl Drop for RpcConnection {
     fn drop(&mut self) {
         self.reader.abort();
         self.writer.abort();
-        self.shared.close(RestoreFailure::TransportClosed);
+        self.shared.close(CallFailure::TransportClosed);
     }
 }
 
@@ -456,14 +448,6 @@ impl Drop for LoadingGuard<'_> {
     }
 }
 
-fn encode_line(message: &Value) -> Vec<u8> {
-    // Serializing a `Value` cannot fail, and compact JSON never contains a raw newline, so one
-    // message is exactly one line.
-    let mut line = message.to_string().into_bytes();
-    line.push(b'\n');
-    line
-}
-
 async fn write_loop<W>(mut writer: W, mut outgoing: mpsc::Receiver<Vec<u8>>, shared: Arc<Shared>)
 where
     W: AsyncWrite + Unpin,
@@ -487,7 +471,7 @@ where
         };
         if let Err(error) = written {
             tracing::warn!(%error, "cannot write to the agent; closing the connection");
-            shared.close(RestoreFailure::TransportClosed);
+            shared.close(CallFailure::TransportClosed);
             return;
         }
     }
@@ -498,7 +482,7 @@ async fn read_loop<R>(reader: R, shared: Arc<Shared>, outgoing: Outgoing)
 where
     R: AsyncBufRead + Unpin,
 {
-    let mut lines = LineReader::new(reader, crate::codec::LINE_LIMIT);
+    let mut lines = LineReader::new(reader, LINE_LIMIT);
     loop {
         // The limit is chosen once the line has begun: a replay line that arrives after a
         // `session/load` was sent is always read under the replay limit.
@@ -541,7 +525,7 @@ where
             }
         }
     }
-    shared.close(RestoreFailure::TransportClosed);
+    shared.close(CallFailure::TransportClosed);
 }
 
 fn preview(line: &[u8]) -> String {
@@ -596,7 +580,7 @@ fn count_unobserved_update(line: &[u8], shared: &Shared) -> bool {
     };
     match (peek.method.as_deref(), peek.id, peek.params) {
         (
-            Some(SESSION_UPDATE),
+            Some(method::SESSION_UPDATE),
             None,
             Some(UpdatePeekParams {
                 session_id: Some(session_id),
@@ -689,13 +673,13 @@ fn handle_line(line: &[u8], shared: &Shared, outgoing: &Outgoing) {
     }
 }
 
-/// A response's `result`, or its `error` as [`RestoreFailure::JsonRpc`]; anything else is a
+/// A response's `result`, or its `error` as [`CallFailure::JsonRpc`]; anything else is a
 /// malformed answer (it cannot be classified, so it keeps the token).
 fn parse_answer(mut object: serde_json::Map<String, Value>) -> CallResult {
     if let Some(error) = object.get("error") {
         let code = error.get("code").and_then(Value::as_i64);
         return match code {
-            Some(code) => Err(RestoreFailure::JsonRpc {
+            Some(code) => Err(CallFailure::JsonRpc {
                 code,
                 message: error
                     .get("message")
@@ -703,21 +687,21 @@ fn parse_answer(mut object: serde_json::Map<String, Value>) -> CallResult {
                     .unwrap_or_default()
                     .to_owned(),
             }),
-            None => Err(RestoreFailure::MalformedResponse(format!(
+            None => Err(CallFailure::MalformedResponse(format!(
                 "error without an integer code: {error}"
             ))),
         };
     }
     match object.remove("result") {
         Some(result) => Ok(result),
-        None => Err(RestoreFailure::MalformedResponse(
+        None => Err(CallFailure::MalformedResponse(
             "answer has neither result nor error".to_owned(),
         )),
     }
 }
 
 fn handle_notification(method: &str, params: Option<&Value>, shared: &Shared) {
-    if method != SESSION_UPDATE {
+    if method != method::SESSION_UPDATE {
         // e.g. claude-agent-acp's `_auth/status_update`: extension notifications are optional
         // to understand (ACP "_" prefix), and nothing else is addressed to a client.
         tracing::debug!(method, "ignored notification");
@@ -739,21 +723,27 @@ fn handle_notification(method: &str, params: Option<&Value>, shared: &Shared) {
 /// (the safe choice: nothing runs unattended that the agent asked a human about), anything
 /// else gets -32601 saying `why`. Shared by our client and by agentctl without a client.
 pub fn default_answer_to_agent_request(id: Value, method: &str, why: &str) -> Value {
-    if method == REQUEST_PERMISSION {
+    if method == method::SESSION_REQUEST_PERMISSION {
         use agent_client_protocol::v1::schema::{
             RequestPermissionOutcome, RequestPermissionResponse,
         };
         let result = RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled);
         match serde_json::to_value(result) {
-            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            Err(error) => json!({"jsonrpc": "2.0", "id": id,
-                "error": {"code": INTERNAL_ERROR, "message": format!("cannot encode answer: {error}")}}),
+            Ok(result) => result_message(id, result),
+            Err(error) => error_message(
+                id,
+                INTERNAL_ERROR,
+                &format!("cannot encode answer: {error}"),
+            ),
         }
     } else {
         // The method is the agent's: only a bounded part of it goes back.
         let method: String = method.chars().take(PREVIEW_CHARS).collect();
-        json!({"jsonrpc": "2.0", "id": id,
-            "error": {"code": METHOD_NOT_FOUND, "message": format!("method not found: {method} ({why})")}})
+        error_message(
+            id,
+            METHOD_NOT_FOUND,
+            &format!("method not found: {method} ({why})"),
+        )
     }
 }
 
@@ -843,7 +833,7 @@ mod tests {
         assert_eq!(second.await.expect("join"), Ok(json!({"n": 2})));
         assert_eq!(
             first.await.expect("join"),
-            Err(RestoreFailure::JsonRpc {
+            Err(CallFailure::JsonRpc {
                 code: -32002,
                 message: "Resource not found".into()
             })
@@ -910,7 +900,7 @@ mod tests {
             .await;
             assert!(matches!(
                 call.await.expect("join"),
-                Err(RestoreFailure::MalformedResponse(_))
+                Err(CallFailure::MalformedResponse(_))
             ));
         }
     }
@@ -921,7 +911,7 @@ mod tests {
         let result = rpc
             .call("slow", json!({}), Some(Duration::from_millis(200)))
             .await;
-        assert_eq!(result, Err(RestoreFailure::Timeout));
+        assert_eq!(result, Err(CallFailure::Timeout));
         assert!(rpc.shared.lock().pending.is_empty());
         // A late answer is dropped without harm and the connection keeps working.
         let request = next_json(&mut from_client).await;
@@ -958,18 +948,15 @@ mod tests {
         });
         let _request = next_json(&mut from_client).await;
         drop(agent); // EOF on the client's read side
-        assert_eq!(
-            call.await.expect("join"),
-            Err(RestoreFailure::TransportClosed)
-        );
+        assert_eq!(call.await.expect("join"), Err(CallFailure::TransportClosed));
         assert!(rpc.is_closed());
         assert_eq!(
             rpc.call("b", json!({}), None).await,
-            Err(RestoreFailure::TransportClosed)
+            Err(CallFailure::TransportClosed)
         );
         assert_eq!(
             rpc.notify("n", json!({})),
-            Err(RestoreFailure::TransportClosed)
+            Err(CallFailure::TransportClosed)
         );
         assert!(
             updates.recv().await.is_none(),
@@ -1012,17 +999,15 @@ mod tests {
             let _ = agent.write_all(&vec![b'x'; 2 * 1024 * 1024]).await;
             let _ = agent.write_all(b"\n").await;
         });
-        let limit = AgentLimit::Line {
-            limit: crate::codec::LINE_LIMIT,
-        };
+        let limit = AgentLimit::Line { limit: LINE_LIMIT };
         assert_eq!(
             call.await.expect("join"),
-            Err(RestoreFailure::AgentLimit(limit))
+            Err(CallFailure::AgentLimit(limit))
         );
         assert!(rpc.is_closed());
         assert_eq!(
             rpc.call("b", json!({}), None).await,
-            Err(RestoreFailure::AgentLimit(limit)),
+            Err(CallFailure::AgentLimit(limit)),
             "later calls name the reason too"
         );
         // The agent's stdin was closed: it sees EOF.
@@ -1051,7 +1036,7 @@ mod tests {
         });
         assert_eq!(
             call.await.expect("join"),
-            Err(RestoreFailure::AgentLimit(AgentLimit::Input {
+            Err(CallFailure::AgentLimit(AgentLimit::Input {
                 limit: OUTGOING_CAPACITY
             }))
         );
@@ -1154,13 +1139,13 @@ mod tests {
                     ("result", _) => prop_assert_eq!(result, Ok(body)),
                     (_, Some(code)) => {
                         let got = match result {
-                            Err(RestoreFailure::JsonRpc { code, .. }) => Some(code),
+                            Err(CallFailure::JsonRpc { code, .. }) => Some(code),
                             _ => None,
                         };
                         prop_assert_eq!(got, Some(code));
                     }
                     (_, None) => {
-                        let malformed = matches!(result, Err(RestoreFailure::MalformedResponse(_)));
+                        let malformed = matches!(result, Err(CallFailure::MalformedResponse(_)));
                         prop_assert!(malformed);
                     }
                 }
@@ -1215,7 +1200,7 @@ mod tests {
                     None => prop_assert_eq!(result, (Ok(json!("done")), false)),
                     Some(_) => prop_assert_eq!(
                         result,
-                        (Err(RestoreFailure::AgentLimit(AgentLimit::Line { limit: LIMIT })), true)
+                        (Err(CallFailure::AgentLimit(AgentLimit::Line { limit: LIMIT })), true)
                     ),
                 }
             }

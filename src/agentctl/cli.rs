@@ -257,14 +257,14 @@ pub struct LimitArgs {
         env = "KANDEV_REPLAY_LINE_LIMIT_MIB",
         value_name = "MIB",
         default_value_t = 8,
-        value_parser = clap::value_parser!(u64).range(1..=crate::codec::MAX_REPLAY_LINE_LIMIT_MIB)
+        value_parser = clap::value_parser!(u64).range(1..=crate::jsonrpc::codec::MAX_REPLAY_LINE_LIMIT_MIB)
     )]
     pub replay_line_limit_mib: u64,
 }
 
 impl LimitArgs {
     fn replay_line_limit(self) -> usize {
-        crate::codec::mib(self.replay_line_limit_mib)
+        crate::jsonrpc::codec::mib(self.replay_line_limit_mib)
     }
 }
 

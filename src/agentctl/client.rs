@@ -12,10 +12,11 @@ use serde_json::Value;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 
-use crate::codec::{Frame, LINE_LIMIT, LineReader};
+use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
 
+use super::AgentctlError;
 use super::socket::{self, Hello, Mode};
-use super::{AgentctlError, wire};
+use crate::jsonrpc;
 
 /// After the client said goodbye (disconnect or stdin EOF), how long to wait for serve to close
 /// the connection. Waiting matters: once connect exits, serve has already released the client
@@ -81,7 +82,7 @@ pub async fn connect(
                     if write.write_all(&bytes).await.is_err() || write.flush().await.is_err() {
                         return StdinEnd::SocketClosed;
                     }
-                    if wire::is_disconnect(line) {
+                    if jsonrpc::is_disconnect(line) {
                         return StdinEnd::Disconnect;
                     }
                 }
@@ -225,7 +226,7 @@ async fn pump_socket_to_stdout(
                 }
                 if first && detect_busy {
                     let busy = serde_json::from_slice::<Value>(line)
-                        .is_ok_and(|value| wire::is_busy_error(&value));
+                        .is_ok_and(|value| socket::is_busy_error(&value));
                     if busy {
                         return Err(PumpEnd::Busy);
                     }

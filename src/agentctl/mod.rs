@@ -18,7 +18,7 @@
 //! serve also records the session history for resume-context injection (DESIGN §3) and exits
 //! non-zero when the agent exits, so the pod dies and the operator sees a lost pod.
 //!
-//! Layout: [`wire`] (JSON-RPC line classification), [`hub`] (the synchronous bridge state
+//! Layout (JSON-RPC framing and messages are [`crate::jsonrpc`]'s): [`hub`] (the synchronous bridge state
 //! machine: id rewriting, caching, events, what to record), [`events`] (the events format, shared
 //! with the operator's follower), [`journal`] (the event journal), [`serve`] (processes, sockets,
 //! history I/O around the hub), [`client`] (`connect` and `events`), [`launch`] (which argv
@@ -36,7 +36,6 @@ pub mod launch;
 pub mod serve;
 pub mod socket;
 pub mod time;
-pub mod wire;
 
 use std::path::PathBuf;
 
@@ -131,7 +130,7 @@ pub enum AgentctlError {
         "the agent was cut off: {limit}; agentctl exits too so the pod is seen as lost \
          (a session/load may use --replay-line-limit-mib)"
     )]
-    AgentCutOff { limit: crate::resume::AgentLimit },
+    AgentCutOff { limit: crate::jsonrpc::AgentLimit },
     #[error("{what} sent a line longer than {limit} bytes; connection closed")]
     LineTooLong { what: &'static str, limit: usize },
     #[error("{context}: {source}")]

@@ -8,12 +8,12 @@
 //! Small helper tasks only move bytes: the agent's stdout and stdin, each client's read and
 //! write halves, each events subscriber, and the history writer.
 //!
-//! Memory is bounded: every line is read with [`crate::codec`] (1 MiB; the replay line limit
+//! Memory is bounded: every line is read with [`crate::jsonrpc::codec`] (1 MiB; the replay line limit
 //! from the agent while a `session/load` is open), the driver's queue is bounded (readers wait:
 //! the agent's stdout and the clients' sockets are backpressured), a client that does not read
 //! its lines within [`CLIENT_STALL`] is disconnected, and an agent that writes an over-long line
 //! or leaves [`AGENT_INPUT_CAPACITY`] messages unread on its stdin is cut off: its client's open
-//! requests are answered with [`wire::AGENT_PROTOCOL_LIMIT`], the agent is killed, and serve
+//! requests are answered with [`crate::jsonrpc::code::AGENT_PROTOCOL_LIMIT`], the agent is killed, and serve
 //! exits non-zero like for any agent exit.
 
 use std::collections::HashMap;
@@ -33,16 +33,17 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 
+use super::AgentctlError;
 use super::events::{Event, EventLine};
 use super::hub::{ConnId, Hub, HubConfig, Output, inject_history};
 use super::journal::Journal;
 use super::launch::LaunchPlan;
 use super::socket::{self, Hello, Mode};
 use super::time::now_rfc3339;
-use super::{AgentctlError, wire};
-use crate::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 use crate::history::{HistoryEntry, HistoryStore};
-use crate::resume::AgentLimit;
+use crate::jsonrpc;
+use crate::jsonrpc::AgentLimit;
+use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
 
 /// How long a new connection may take to send its hello line.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -514,9 +515,9 @@ impl Driver {
                 }
                 None => {
                     tracing::warn!(conn, "connection without a valid hello line; closed");
-                    let error = wire::error_message(
+                    let error = jsonrpc::error_message(
                         Value::Null,
-                        wire::INVALID_REQUEST,
+                        jsonrpc::code::INVALID_REQUEST,
                         r#"agentctl: the first line must be {"mode":"acp"} or {"mode":"events"}"#,
                     );
                     let _ = write_line(&mut writer, &error.to_string()).await;
@@ -577,7 +578,7 @@ impl Driver {
                         tracing::warn!(conn, "second ACP client refused: busy");
                         let mut writer = writer;
                         self.tasks.spawn(async move {
-                            let _ = write_line(&mut writer, wire::BUSY_LINE).await;
+                            let _ = write_line(&mut writer, socket::BUSY_LINE).await;
                             let _ = writer.shutdown().await;
                             drop(reader);
                         });

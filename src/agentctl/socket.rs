@@ -5,9 +5,12 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::net::{UnixListener, UnixStream};
 
 use super::AgentctlError;
+use crate::jsonrpc::code::BUSY;
+use crate::jsonrpc::error_message;
 
 /// `sockaddr_un.sun_path` is 108 bytes on Linux, including the terminating NUL.
 pub const MAX_SOCKET_PATH_BYTES: usize = 107;
@@ -152,10 +155,37 @@ pub async fn connect(path: &Path) -> Result<UnixStream, AgentctlError> {
         })
 }
 
+/// The message a busy agentctl sends before closing the connection.
+pub const BUSY_MESSAGE: &str = "agentctl busy: another client is connected";
+
+/// The busy error line, byte for byte as documented for `agentctl serve` (a literal, so the
+/// key order does not depend on serde_json's map features).
+pub const BUSY_LINE: &str = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"agentctl busy: another client is connected"}}"#;
+
+/// The busy error as a value.
+pub fn busy_message() -> Value {
+    error_message(Value::Null, BUSY, BUSY_MESSAGE)
+}
+
+/// Whether `value` is agentctl's busy error (how `agentctl connect` recognises it).
+pub fn is_busy_error(value: &Value) -> bool {
+    value.get("id") == Some(&Value::Null)
+        && value.pointer("/error/code").and_then(Value::as_i64) == Some(BUSY)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[test]
+    fn busy_line_is_exact_and_recognised() {
+        let parsed: Value = serde_json::from_str(BUSY_LINE).unwrap_or_default();
+        assert_eq!(parsed, busy_message());
+        assert!(is_busy_error(&busy_message()));
+        assert!(!is_busy_error(&error_message(json!(1), BUSY, "x")));
+    }
 
     #[test]
     fn socket_path_resolution() {

@@ -145,7 +145,7 @@ struct RunArgs {
     /// fails with reason AgentProtocolLimit, keeping the token. Agent pods get the same value
     /// (KANDEV_REPLAY_LINE_LIMIT_MIB, for agentctl).
     #[arg(long, default_value_t = 8, value_name = "MIB",
-        value_parser = clap::value_parser!(u64).range(1..=kandev_operator::codec::MAX_REPLAY_LINE_LIMIT_MIB))]
+        value_parser = clap::value_parser!(u64).range(1..=kandev_operator::jsonrpc::codec::MAX_REPLAY_LINE_LIMIT_MIB))]
     acp_replay_line_limit_mib: u64,
     /// Bytes an agent may write during one session/load, all lines together, in MiB. The replay
     /// is counted as it streams (never held in memory); an agent that writes more is cut off and
@@ -539,7 +539,7 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
         restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
         acp_limits: AcpLimits {
-            replay_line: kandev_operator::codec::mib(args.acp_replay_line_limit_mib),
+            replay_line: kandev_operator::jsonrpc::codec::mib(args.acp_replay_line_limit_mib),
             replay_budget: args.acp_replay_budget_mib.saturating_mul(1024 * 1024),
             ..AcpLimits::default()
         },

@@ -20,7 +20,8 @@ use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
 use crate::api::names::CONTAINER;
 use crate::api::{SessionState, TaskSessionStatus};
-use crate::resume::{PodLiveness, RestoreFailure, ResumeEvaluation, pod_liveness};
+use crate::jsonrpc::CallFailure;
+use crate::resume::{PodLiveness, ResumeEvaluation, pod_liveness};
 
 // ------------------------------------------------------------------------------------------
 // the rules (pure)
@@ -410,7 +411,7 @@ async fn attempt(
 
 /// Anything but an answer from the agent means the stream (exec, agentctl) is gone.
 fn stream_lost(error: &AcpError) -> bool {
-    !matches!(error.failure(), Some(RestoreFailure::JsonRpc { .. }))
+    !matches!(error.failure(), Some(CallFailure::JsonRpc { .. }))
 }
 
 /// Watches the pod used by the failed attempt for up to `grace`: lost when it is gone,

@@ -5,65 +5,13 @@
 //! Only two classes are conclusive enough to give up on the saved token: an explicit
 //! method-not-found and an explicit resource-not-found. Everything else keeps the token.
 
-/// JSON-RPC 2.0: the method does not exist / is not available.
-pub const METHOD_NOT_FOUND: i64 = -32601;
-/// JSON-RPC 2.0: invalid method parameters.
-pub const INVALID_PARAMS: i64 = -32602;
-/// JSON-RPC 2.0: internal error.
-pub const INTERNAL_ERROR: i64 = -32603;
-/// ACP: authentication required.
-pub const AUTH_REQUIRED: i64 = -32000;
-/// ACP: resource (here: the session) not found.
-pub const RESOURCE_NOT_FOUND: i64 = -32002;
-/// ACP / LSP convention: request cancelled.
-pub const REQUEST_CANCELLED: i64 = -32800;
-/// agentctl's own code (server-error range): it cut the agent off for breaking a bound of the
-/// connection ([`AgentLimit`]); the message names the bound.
-pub const AGENT_PROTOCOL_LIMIT: i64 = -32090;
+use crate::jsonrpc::CallFailure;
+use crate::jsonrpc::code::{
+    AGENT_PROTOCOL_LIMIT, AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND,
+    REQUEST_CANCELLED, RESOURCE_NOT_FOUND,
+};
 
-/// A bound of an agent connection that the agent broke. The agent is cut off; nothing about the
-/// session is learned, so the token is kept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AgentLimit {
-    /// It wrote a line longer than `limit` bytes.
-    Line { limit: usize },
-    /// It wrote more than `limit` bytes while one `session/load` replayed.
-    Replay { limit: u64 },
-    /// It left `limit` messages to it unread: it does not read its input.
-    Input { limit: usize },
-}
-
-impl std::fmt::Display for AgentLimit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Line { limit } => write!(f, "agent exceeded the line limit ({limit} bytes)"),
-            Self::Replay { limit } => {
-                write!(f, "agent exceeded the replay budget ({limit} bytes)")
-            }
-            Self::Input { limit } => write!(
-                f,
-                "agent does not read its input ({limit} messages to it queued)"
-            ),
-        }
-    }
-}
-
-/// How a `session/resume`, `session/load` or `session/new` call failed, as the ACP client saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RestoreFailure {
-    /// The agent answered with a JSON-RPC error.
-    JsonRpc { code: i64, message: String },
-    /// The stdio / exec stream closed before an answer arrived.
-    TransportClosed,
-    /// No answer within the deadline.
-    Timeout,
-    /// An answer arrived but could not be understood.
-    MalformedResponse(String),
-    /// The agent broke a bound of the connection and was cut off.
-    AgentLimit(AgentLimit),
-}
-
-/// What a [`RestoreFailure`] means for the saved resume token.
+/// What a [`CallFailure`] means for the saved resume token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RestoreErrorClass {
     /// -32601: the agent explicitly does not support the method.
@@ -141,9 +89,9 @@ impl std::fmt::Display for RestoreErrorClass {
 /// Maps a failure to its class by code only. The message is deliberately ignored: its wording
 /// is not a contract and differs between agents and versions, and guessing "session not found"
 /// from prose would risk discarding a good token.
-pub fn classify_restore_error(failure: &RestoreFailure) -> RestoreErrorClass {
+pub fn classify_restore_error(failure: &CallFailure) -> RestoreErrorClass {
     match failure {
-        RestoreFailure::JsonRpc { code, .. } => match *code {
+        CallFailure::JsonRpc { code, .. } => match *code {
             METHOD_NOT_FOUND => RestoreErrorClass::MethodNotFound,
             RESOURCE_NOT_FOUND => RestoreErrorClass::UnknownSession,
             AUTH_REQUIRED => RestoreErrorClass::AuthRequired,
@@ -153,10 +101,10 @@ pub fn classify_restore_error(failure: &RestoreFailure) -> RestoreErrorClass {
             AGENT_PROTOCOL_LIMIT => RestoreErrorClass::AgentProtocolLimit,
             other => RestoreErrorClass::Other(other),
         },
-        RestoreFailure::TransportClosed => RestoreErrorClass::Transport,
-        RestoreFailure::Timeout => RestoreErrorClass::Timeout,
-        RestoreFailure::MalformedResponse(_) => RestoreErrorClass::Malformed,
-        RestoreFailure::AgentLimit(_) => RestoreErrorClass::AgentProtocolLimit,
+        CallFailure::TransportClosed => RestoreErrorClass::Transport,
+        CallFailure::Timeout => RestoreErrorClass::Timeout,
+        CallFailure::MalformedResponse(_) => RestoreErrorClass::Malformed,
+        CallFailure::AgentLimit(_) => RestoreErrorClass::AgentProtocolLimit,
     }
 }
 
@@ -185,11 +133,12 @@ mod tests {
     }
 
     use super::*;
+    use crate::jsonrpc::AgentLimit;
     use RestoreErrorClass as C;
     use pretty_assertions::assert_eq;
 
-    fn rpc(code: i64, message: &str) -> RestoreFailure {
-        RestoreFailure::JsonRpc {
+    fn rpc(code: i64, message: &str) -> CallFailure {
+        CallFailure::JsonRpc {
             code,
             message: message.to_owned(),
         }
@@ -218,13 +167,13 @@ mod tests {
             (rpc(-32600, "Invalid request"), C::Other(-32600), false, "other"),
             (rpc(1, "custom"), C::Other(1), false, "other"),
             // §3 restore selection: transport and timeouts keep the token.
-            (RestoreFailure::TransportClosed, C::Transport, false, "transport_closed"),
-            (RestoreFailure::Timeout, C::Timeout, false, "timeout"),
-            (RestoreFailure::MalformedResponse("not json".into()), C::Malformed, false, "malformed_response"),
+            (CallFailure::TransportClosed, C::Transport, false, "transport_closed"),
+            (CallFailure::Timeout, C::Timeout, false, "timeout"),
+            (CallFailure::MalformedResponse("not json".into()), C::Malformed, false, "malformed_response"),
             // A bound broken by the agent keeps the token, whichever side cut it off.
-            (RestoreFailure::AgentLimit(AgentLimit::Line { limit: 1 << 20 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
-            (RestoreFailure::AgentLimit(AgentLimit::Replay { limit: 1 << 28 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
-            (RestoreFailure::AgentLimit(AgentLimit::Input { limit: 1024 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (CallFailure::AgentLimit(AgentLimit::Line { limit: 1 << 20 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (CallFailure::AgentLimit(AgentLimit::Replay { limit: 1 << 28 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (CallFailure::AgentLimit(AgentLimit::Input { limit: 1024 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
             (rpc(-32090, "agentctl cut off the agent: agent exceeded the line limit (1048576 bytes)"), C::AgentProtocolLimit, false, "agent_protocol_limit"),
         ];
         for (failure, class, fresh, name) in rows {
@@ -232,19 +181,6 @@ mod tests {
             assert_eq!(got, class, "{failure:?}");
             assert_eq!(got.allows_fresh_start(), fresh, "{failure:?}");
             assert_eq!(got.as_str(), name, "{failure:?}");
-        }
-    }
-
-    #[test]
-    fn agent_limits_name_the_bound() {
-        #[rustfmt::skip]
-        let rows = [
-            (AgentLimit::Line { limit: 1_048_576 }, "agent exceeded the line limit (1048576 bytes)"),
-            (AgentLimit::Replay { limit: 268_435_456 }, "agent exceeded the replay budget (268435456 bytes)"),
-            (AgentLimit::Input { limit: 1024 }, "agent does not read its input (1024 messages to it queued)"),
-        ];
-        for (limit, text) in rows {
-            assert_eq!(limit.to_string(), text);
         }
     }
 

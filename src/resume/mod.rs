@@ -20,11 +20,7 @@ mod stall;
 mod status;
 mod transition;
 
-pub use classify::{
-    AGENT_PROTOCOL_LIMIT, AUTH_REQUIRED, AgentLimit, INTERNAL_ERROR, INVALID_PARAMS,
-    METHOD_NOT_FOUND, REQUEST_CANCELLED, RESOURCE_NOT_FOUND, RestoreErrorClass, RestoreFailure,
-    classify_restore_error,
-};
+pub use classify::{RestoreErrorClass, classify_restore_error};
 pub use end::{EndFacts, EndStep, end_step};
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,

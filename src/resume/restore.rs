@@ -4,6 +4,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::classify::RestoreErrorClass;
+use crate::jsonrpc::method;
 
 /// A profile's `nativeSessionResume`: whether a saved token is restored over ACP.
 ///
@@ -106,9 +107,9 @@ impl RestoreMethod {
     /// The JSON-RPC method name.
     pub fn method_name(self) -> &'static str {
         match self {
-            Self::Resume => "session/resume",
-            Self::Load => "session/load",
-            Self::New => "session/new",
+            Self::Resume => method::SESSION_RESUME,
+            Self::Load => method::SESSION_LOAD,
+            Self::New => method::SESSION_NEW,
         }
     }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::api::{ConfigOptionValue, SessionConfigState};
+use crate::jsonrpc::method;
 
 /// What one `session/new`, `load` or `resume` answer says about the session's configuration:
 /// the current values, and what the agent lets a client set.
@@ -38,9 +39,9 @@ impl SetBack {
     /// The ACP method.
     pub fn method(&self) -> &'static str {
         match self {
-            Self::Mode(_) => "session/set_mode",
-            Self::Model(_) => "session/set_model",
-            Self::ConfigOption { .. } => "session/set_config_option",
+            Self::Mode(_) => method::SESSION_SET_MODE,
+            Self::Model(_) => method::SESSION_SET_MODEL,
+            Self::ConfigOption { .. } => method::SESSION_SET_CONFIG_OPTION,
         }
     }
 

@@ -7,8 +7,8 @@ use serde_json::{Map, Value, json};
 
 use super::{Hub, Output};
 use crate::agentctl::events::{AgentError, Event};
-use crate::agentctl::wire;
 use crate::api::SessionConfigState;
+use crate::jsonrpc;
 use crate::resume::{SetBack, apply_config_update, reported_config, set_back};
 
 impl Hub {
@@ -40,10 +40,11 @@ impl Hub {
                 method = call.method(),
                 "setting a saved value back after the restore"
             );
-            out.push(Output::ToAgent(json!({
-                "jsonrpc": "2.0", "id": agent_id, "method": call.method(),
-                "params": call.params(session_id),
-            })));
+            out.push(Output::ToAgent(jsonrpc::request_message(
+                json!(agent_id),
+                call.method(),
+                call.params(session_id),
+            )));
             self.set_backs
                 .insert(agent_id, (session_id.to_owned(), call));
         }
@@ -65,7 +66,7 @@ impl Hub {
                 config: config.clone(),
             })];
         }
-        let (code, message) = wire::error_parts(raw.get("error"));
+        let (code, message) = jsonrpc::error_parts(raw.get("error"));
         tracing::warn!(%session_id, method = call.method(), code, %message, "setting a saved value back failed; the restore stands");
         vec![Output::Event(Event::ConfigSetBackFailed {
             session_id,

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{Hub, Output};
 use crate::agentctl::events::{AgentError, Event, PromptOutcome};
-use crate::agentctl::wire;
+use crate::jsonrpc::{self, method};
 
 impl Hub {
     /// The state a new events subscriber starts from.
@@ -17,7 +17,7 @@ impl Hub {
             prompt_active: self
                 .pending
                 .values()
-                .any(|pending| pending.method == "session/prompt"),
+                .any(|pending| pending.method == method::SESSION_PROMPT),
             last_message_id: self
                 .current_session
                 .as_deref()
@@ -53,7 +53,7 @@ impl Hub {
                 stop_reason: result.get("stopReason").cloned().unwrap_or(Value::Null),
             },
             (None, error) => {
-                let (code, message) = wire::error_parts(error);
+                let (code, message) = jsonrpc::error_parts(error);
                 PromptOutcome::Failed {
                     error: AgentError { code, message },
                 }

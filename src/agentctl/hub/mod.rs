@@ -39,12 +39,13 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::events::Event;
-use super::wire::{self, Message};
 use crate::acp::{LAUNCH_META, SESSION_CONFIG_META};
 use crate::api::SessionConfigState;
-use crate::codec::WarnLimiter;
 use crate::history::HistoryEntry;
-use crate::resume::{AgentLimit, SetBack};
+use crate::jsonrpc::AgentLimit;
+use crate::jsonrpc::codec::WarnLimiter;
+use crate::jsonrpc::{self, Message, code, method};
+use crate::resume::SetBack;
 use crate::telemetry;
 
 pub use inject::{inject_history, prompt_text};
@@ -218,9 +219,9 @@ impl Hub {
             _ => Vec::new(),
         };
         self.init = InitState::Waiting { agent_id, clients };
-        vec![Output::ToAgent(wire::request_message(
+        vec![Output::ToAgent(jsonrpc::request_message(
             json!(agent_id),
-            "initialize",
+            method::INITIALIZE,
             initialize_params(),
         ))]
     }
@@ -275,7 +276,7 @@ impl Hub {
             // A reader that has not noticed its connection was closed.
             return Vec::new();
         }
-        match wire::parse_line(line) {
+        match jsonrpc::parse_line(line) {
             Err(invalid) => {
                 if let Some(suppressed) = self.warnings.allow() {
                     tracing::warn!(
@@ -289,7 +290,7 @@ impl Hub {
             }
             Ok(Message::Request { id, method, raw }) => self.client_request(conn, id, method, raw),
             Ok(Message::Notification { method, raw }) => {
-                if method == wire::DISCONNECT_METHOD {
+                if method == method::DISCONNECT {
                     tracing::info!(conn, "client disconnected; the agent keeps running");
                     let mut out = self.detach(conn);
                     out.push(Output::CloseClient(conn));
@@ -299,7 +300,7 @@ impl Hub {
                 }
             }
             Ok(Message::Response { id, raw }) => {
-                let key = wire::id_key(&id);
+                let key = jsonrpc::id_key(&id);
                 match self.agent_requests.get(&key) {
                     Some(request) if request.conn == conn => {
                         self.agent_requests.remove(&key);
@@ -321,7 +322,7 @@ impl Hub {
         if line.trim().is_empty() {
             return Vec::new();
         }
-        match wire::parse_line(line) {
+        match jsonrpc::parse_line(line) {
             Err(invalid) => {
                 if let Some(suppressed) = self.warnings.allow() {
                     tracing::warn!(
@@ -343,11 +344,11 @@ impl Hub {
     pub fn replaying(&self) -> bool {
         self.pending
             .values()
-            .any(|pending| pending.method == "session/load")
+            .any(|pending| pending.method == method::SESSION_LOAD)
     }
 
     /// serve cut the agent off for breaking `limit` (it is being killed): the connected
-    /// client's open requests are answered with [`wire::AGENT_PROTOCOL_LIMIT`] naming the
+    /// client's open requests are answered with [`code::AGENT_PROTOCOL_LIMIT`] naming the
     /// bound, so a restore fails with that reason rather than a closed stream.
     pub fn agent_cut_off(&mut self, limit: AgentLimit) -> Vec<Output> {
         let message = format!("agentctl cut off the agent: {limit}");
@@ -356,7 +357,7 @@ impl Hub {
             for (conn, id) in std::mem::take(clients) {
                 out.push(Output::ToClient(
                     conn,
-                    wire::error_message(id, wire::AGENT_PROTOCOL_LIMIT, &message),
+                    jsonrpc::error_message(id, code::AGENT_PROTOCOL_LIMIT, &message),
                 ));
             }
         }
@@ -364,7 +365,7 @@ impl Hub {
             if Some(pending.conn) == self.client {
                 out.push(Output::ToClient(
                     pending.conn,
-                    wire::error_message(pending.client_id, wire::AGENT_PROTOCOL_LIMIT, &message),
+                    jsonrpc::error_message(pending.client_id, code::AGENT_PROTOCOL_LIMIT, &message),
                 ));
             }
         }
@@ -384,7 +385,7 @@ impl Hub {
             for (conn, id) in std::mem::take(clients) {
                 out.push(Output::ToClient(
                     conn,
-                    wire::error_message(id, wire::INTERNAL_ERROR, message),
+                    jsonrpc::error_message(id, code::INTERNAL_ERROR, message),
                 ));
             }
         }
@@ -392,7 +393,7 @@ impl Hub {
             if Some(pending.conn) == self.client {
                 out.push(Output::ToClient(
                     pending.conn,
-                    wire::error_message(pending.client_id, wire::INTERNAL_ERROR, message),
+                    jsonrpc::error_message(pending.client_id, code::INTERNAL_ERROR, message),
                 ));
             }
         }
@@ -441,15 +442,15 @@ impl Hub {
         method: String,
         mut raw: Map<String, Value>,
     ) -> Vec<Output> {
-        if method == "initialize" {
+        if method == method::INITIALIZE {
             return match &mut self.init {
                 InitState::Ready(result) => vec![Output::ToClient(
                     conn,
-                    wire::result_message(id, result.clone()),
+                    jsonrpc::result_message(id, result.clone()),
                 )],
                 InitState::Failed { code, message } => vec![Output::ToClient(
                     conn,
-                    wire::error_message(id, *code, message),
+                    jsonrpc::error_message(id, *code, message),
                 )],
                 InitState::Waiting { clients, .. } => {
                     clients.push((conn, id));
@@ -487,7 +488,7 @@ impl Hub {
             self.launch_requests
                 .insert(key.clone(), LaunchRequest::Open(agent_id));
         }
-        if let (Some(cwd), "session/new" | "session/load" | "session/resume") =
+        if let (Some(cwd), method::SESSION_NEW | method::SESSION_LOAD | method::SESSION_RESUME) =
             (&self.config.session_cwd, method.as_str())
             && let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut)
         {
@@ -508,7 +509,7 @@ impl Hub {
         tracing::debug!(%method, %id, agent_id, "client request forwarded");
         let mut out = Vec::new();
         match (method.as_str(), &session_id) {
-            ("session/prompt", Some(session_id)) => {
+            (method::SESSION_PROMPT, Some(session_id)) => {
                 out.push(Output::Event(Event::PromptStarted {
                     session_id: session_id.clone(),
                 }));
@@ -535,7 +536,7 @@ impl Hub {
                     });
                 }
             }
-            ("session/load", Some(session_id)) => {
+            (method::SESSION_LOAD, Some(session_id)) => {
                 self.sessions.entry(session_id.clone()).or_default().loading += 1;
                 out.push(Output::ToAgent(Value::Object(raw)));
             }
@@ -628,7 +629,7 @@ impl Hub {
         }
         let mut out = Vec::new();
         match pending.method.as_str() {
-            "session/new" => {
+            method::SESSION_NEW => {
                 if let Some(session_id) = result
                     .and_then(|r| r.get("sessionId"))
                     .and_then(Value::as_str)
@@ -640,8 +641,8 @@ impl Hub {
                         self.config.history_injection.then(|| session_id.to_owned());
                 }
             }
-            "session/load" | "session/resume" => {
-                if pending.method == "session/load"
+            method::SESSION_LOAD | method::SESSION_RESUME => {
+                if pending.method == method::SESSION_LOAD
                     && let Some(recording) = pending
                         .session_id
                         .as_ref()
@@ -660,7 +661,7 @@ impl Hub {
                     self.inject_next_prompt_of = None;
                 }
             }
-            "session/prompt" => {
+            method::SESSION_PROMPT => {
                 if let Some(session_id) = &pending.session_id {
                     out.extend(self.flush_agent_text(session_id));
                     out.push(self.prompt_finished(session_id, result, error));
@@ -699,15 +700,15 @@ impl Hub {
             for (conn, id) in clients {
                 out.push(Output::ToClient(
                     conn,
-                    wire::result_message(id, result.clone()),
+                    jsonrpc::result_message(id, result.clone()),
                 ));
             }
         } else {
-            let (code, message) = wire::error_parts(raw.get("error"));
+            let (code, message) = jsonrpc::error_parts(raw.get("error"));
             for (conn, id) in clients {
                 out.push(Output::ToClient(
                     conn,
-                    wire::error_message(id, code, &message),
+                    jsonrpc::error_message(id, code, &message),
                 ));
             }
             self.init = InitState::Failed {
@@ -731,7 +732,7 @@ impl Hub {
             }
             Some(conn) => {
                 self.agent_requests
-                    .insert(wire::id_key(&id), AgentRequest { conn, id, method });
+                    .insert(jsonrpc::id_key(&id), AgentRequest { conn, id, method });
                 vec![Output::ToClient(conn, Value::Object(raw))]
             }
             None => {
@@ -745,7 +746,7 @@ impl Hub {
 
     fn agent_notification(&mut self, method: String, raw: Map<String, Value>) -> Vec<Output> {
         let mut out = Vec::new();
-        if method == "session/update"
+        if method == method::SESSION_UPDATE
             && let Some(params) = raw.get("params")
         {
             out.extend(self.record_update(params));

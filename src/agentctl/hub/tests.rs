@@ -245,9 +245,9 @@ fn invalid_client_lines_get_errors_and_change_nothing() {
     let mut hub = ready_hub(HubConfig::default());
     hub.attach(1, false).ok();
     let rows = [
-        ("garbage", json!(null), wire::PARSE_ERROR),
-        ("[]", json!(null), wire::INVALID_REQUEST),
-        (r#"{"id":4,"method":"x"}"#, json!(4), wire::INVALID_REQUEST),
+        ("garbage", json!(null), code::PARSE_ERROR),
+        ("[]", json!(null), code::INVALID_REQUEST),
+        (r#"{"id":4,"method":"x"}"#, json!(4), code::INVALID_REQUEST),
     ];
     for (text, id, code) in rows {
         let out = hub.client_line(1, text);
@@ -272,7 +272,7 @@ fn agent_requests_go_to_the_client_or_get_safe_defaults() {
         vec![json!({"jsonrpc":"2.0","id":"p1","result":{"outcome":{"outcome":"cancelled"}}})]
     );
     let out = hub.agent_line(&line(read.clone()));
-    assert_eq!(to_agent(&out)[0]["error"]["code"], wire::METHOD_NOT_FOUND);
+    assert_eq!(to_agent(&out)[0]["error"]["code"], code::METHOD_NOT_FOUND);
     // Connected: forwarded as is, and the client's answer goes back.
     hub.attach(1, false).ok();
     let out = hub.agent_line(&line(permission.clone()));
@@ -288,7 +288,7 @@ fn agent_requests_go_to_the_client_or_get_safe_defaults() {
     hub.agent_line(&line(read));
     let out = hub.client_closed(1);
     assert_eq!(to_agent(&out)[0]["id"], 9);
-    assert_eq!(to_agent(&out)[0]["error"]["code"], wire::METHOD_NOT_FOUND);
+    assert_eq!(to_agent(&out)[0]["error"]["code"], code::METHOD_NOT_FOUND);
 }
 
 #[test]
@@ -897,7 +897,7 @@ fn agent_exit_fails_open_requests_and_closes_the_client() {
     assert_eq!(records(&out).len(), 1, "partial turn text is kept");
     let replies = to_client(&out);
     assert_eq!(replies[0].1["id"], 42);
-    assert_eq!(replies[0].1["error"]["code"], wire::INTERNAL_ERROR);
+    assert_eq!(replies[0].1["error"]["code"], code::INTERNAL_ERROR);
     assert_eq!(out.last(), Some(&Output::CloseClient(1)));
     assert_eq!(
         Event::AgentExited {
@@ -928,7 +928,7 @@ fn a_cut_off_agent_fails_the_open_requests_with_the_limit() {
         to_client(&out),
         vec![(
             3,
-            json!({"jsonrpc":"2.0","id":"load-1","error":{"code":wire::AGENT_PROTOCOL_LIMIT,
+            json!({"jsonrpc":"2.0","id":"load-1","error":{"code":code::AGENT_PROTOCOL_LIMIT,
                 "message":"agentctl cut off the agent: agent exceeded the line limit (1024 bytes)"}})
         )]
     );
@@ -978,5 +978,5 @@ fn agent_requests_beyond_the_open_bound_are_answered_here() {
     let answered = to_agent(&out);
     assert_eq!(answered.len(), 1);
     assert_eq!(answered[0]["id"], "one-too-many");
-    assert_eq!(answered[0]["error"]["code"], wire::METHOD_NOT_FOUND);
+    assert_eq!(answered[0]["error"]["code"], code::METHOD_NOT_FOUND);
 }

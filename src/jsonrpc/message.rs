@@ -1,24 +1,15 @@
-//! JSON-RPC 2.0 lines as agentctl sees them: one JSON message per line, classified into
-//! request / notification / response, or rejected with the error the spec prescribes.
+//! JSON-RPC 2.0 lines: one JSON message per line, classified into request / notification /
+//! response, or rejected with the error the spec prescribes; and the messages we build.
 //!
-//! agentctl forwards messages it does not understand, so it keeps each message as a raw JSON
-//! object (every field the agent or client sent survives) and only reads the few fields it
-//! needs: `id`, `method`, `params`.
+//! A message is kept as a raw JSON object (every field the peer sent survives, so agentctl can
+//! forward what it does not understand); only the few fields routing needs are read: `id`,
+//! `method`, `params`.
 
 use serde_json::{Map, Value, json};
 
-pub const JSONRPC_VERSION: &str = "2.0";
-/// Invalid JSON was received.
-pub const PARSE_ERROR: i64 = -32700;
-/// The JSON sent is not a valid JSON-RPC request object.
-pub const INVALID_REQUEST: i64 = -32600;
-pub use crate::resume::{AGENT_PROTOCOL_LIMIT, INTERNAL_ERROR, METHOD_NOT_FOUND};
-/// agentctl's own code: another ACP client is connected.
-pub const BUSY: i64 = -32001;
-/// The message a busy agentctl sends before closing the connection.
-pub const BUSY_MESSAGE: &str = "agentctl busy: another client is connected";
-/// Client → agentctl notification: "I am done; keep the agent running".
-pub use crate::acp::DISCONNECT_METHOD;
+use super::JSONRPC_VERSION;
+use super::code::{INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR};
+use super::method::DISCONNECT;
 
 /// One well-formed JSON-RPC message. `raw` is the whole object, for forwarding.
 #[derive(Clone, Debug, PartialEq)]
@@ -139,24 +130,23 @@ pub fn request_message(id: Value, method: &str, params: Value) -> Value {
     json!({"jsonrpc": JSONRPC_VERSION, "id": id, "method": method, "params": params})
 }
 
-/// The busy error line, byte for byte as documented for `agentctl serve` (a literal, so the
-/// key order does not depend on serde_json's map features).
-pub const BUSY_LINE: &str = r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32001,"message":"agentctl busy: another client is connected"}}"#;
-
-/// The busy error as a value.
-pub fn busy_message() -> Value {
-    error_message(Value::Null, BUSY, BUSY_MESSAGE)
-}
-
-/// Whether `value` is agentctl's busy error (how `agentctl connect` recognises it).
-pub fn is_busy_error(value: &Value) -> bool {
-    value.get("id") == Some(&Value::Null)
-        && value.pointer("/error/code").and_then(Value::as_i64) == Some(BUSY)
-}
-
 /// Whether `line` is the `_kandev/disconnect` notification.
 pub fn is_disconnect(line: &str) -> bool {
-    matches!(parse_line(line), Ok(Message::Notification { method, .. }) if method == DISCONNECT_METHOD)
+    matches!(parse_line(line), Ok(Message::Notification { method, .. }) if method == DISCONNECT)
+}
+
+/// `{"jsonrpc":"2.0","method":…,"params":…}`
+pub fn notification_message(method: &str, params: Value) -> Value {
+    json!({"jsonrpc": JSONRPC_VERSION, "method": method, "params": params})
+}
+
+/// One message as a line to write: its JSON and a newline.
+pub fn encode_line(message: &Value) -> Vec<u8> {
+    // Serializing a `Value` cannot fail, and compact JSON never contains a raw newline, so one
+    // message is exactly one line.
+    let mut line = message.to_string().into_bytes();
+    line.push(b'\n');
+    line
 }
 
 /// A stable map key for a JSON-RPC id (`1` and `"1"` stay distinct).
@@ -204,14 +194,6 @@ mod tests {
             let got = got.map_err(|e| (e.code, e.id));
             assert_eq!(got, expected, "{line}");
         }
-    }
-
-    #[test]
-    fn busy_line_is_exact_and_recognised() {
-        let parsed: Value = serde_json::from_str(BUSY_LINE).unwrap_or_default();
-        assert_eq!(parsed, busy_message());
-        assert!(is_busy_error(&busy_message()));
-        assert!(!is_busy_error(&error_message(json!(1), BUSY, "x")));
     }
 
     #[test]

@@ -2,9 +2,8 @@
 //! client writes (ACP over stdio, sockets and exec, the `agentctl events` feed) is read with
 //! [`LineReader`], so no peer can make us buffer more than one limited line.
 //!
-//! It sits at the crate root rather than in `acp` because three layers read lines with it:
-//! the ACP client, agentctl (the agent's stdout, its clients, `connect` and `events`) and the
-//! controller's event follower, and none of them should depend on another just for framing.
+//! Three layers read lines with it: the ACP client, agentctl (the agent's stdout, its clients,
+//! `connect` and `events`) and the controller's event follower.
 //!
 //! A line longer than the limit is never buffered whole: the bytes past the limit are read and
 //! dropped until the newline, and the caller learns how long the line was. What to do with such
