@@ -23,13 +23,21 @@ pub struct Operator {
 /// [`DEFAULT_RESYNC`], no fault point and no leader election.
 pub struct OperatorBuilder {
     log_prefix: String,
-    profiles: Option<(String, String)>,
+    profiles: Option<Profiles>,
     resync: Duration,
     fault: Option<String>,
     lease: Option<Lease>,
     args: Vec<String>,
     env: Vec<(String, String)>,
     kubeconfig: Option<PathBuf>,
+}
+
+/// Where `--agent-profiles` comes from.
+enum Profiles {
+    /// Written by the test into `target/e2e-logs/<file>`.
+    Written { file: String, yaml: String },
+    /// A file of the repository, passed as it is.
+    Repo(PathBuf),
 }
 
 struct Lease {
@@ -92,9 +100,21 @@ impl OperatorBuilder {
     }
 
     /// Agent profiles besides the built-in ones: `yaml` is written to `target/e2e-logs/<file>`
-    /// and passed with `--agent-profiles`.
+    /// and passed with `--agent-profiles` (for profiles a test generates).
     pub fn profiles(mut self, file: &str, yaml: &str) -> Self {
-        self.profiles = Some((file.to_string(), yaml.to_string()));
+        self.profiles = Some(Profiles::Written {
+            file: file.to_string(),
+            yaml: yaml.to_string(),
+        });
+        self
+    }
+
+    /// Agent profiles besides the built-in ones from `tests/data/profiles/<name>.yaml`, passed
+    /// with `--agent-profiles` as it is (tests/data/README.md says which test uses which).
+    pub fn profiles_file(mut self, name: &str) -> Self {
+        let path = repo_path(&format!("tests/data/profiles/{name}.yaml"));
+        assert!(path.is_file(), "no profiles file {}", path.display());
+        self.profiles = Some(Profiles::Repo(path));
         self
     }
 
@@ -142,13 +162,16 @@ impl OperatorBuilder {
     pub fn start(self) -> Operator {
         let dir = repo_path("target/e2e-logs");
         std::fs::create_dir_all(&dir).expect("log dir");
-        let profiles = self.profiles.as_ref().map(|(file, yaml)| {
-            // Replaced atomically: another operator may be reading the same file right now.
-            let path = dir.join(file);
-            let tmp = dir.join(format!("{}.tmp", unique(file)));
-            std::fs::write(&tmp, yaml).expect("profiles file");
-            std::fs::rename(&tmp, &path).expect("profiles file");
-            path
+        let profiles = self.profiles.as_ref().map(|profiles| match profiles {
+            Profiles::Written { file, yaml } => {
+                // Replaced atomically: another operator may be reading the same file right now.
+                let path = dir.join(file);
+                let tmp = dir.join(format!("{}.tmp", unique(file)));
+                std::fs::write(&tmp, yaml).expect("profiles file");
+                std::fs::rename(&tmp, &path).expect("profiles file");
+                path
+            }
+            Profiles::Repo(path) => path.clone(),
         });
         let log = dir.join(format!("{}.log", unique(&self.log_prefix)));
         let out = std::fs::File::create(&log).expect("operator log");
