@@ -68,6 +68,14 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{millis}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
 
+/// A free port on loopback (bound and released: a small race, fine for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// Runs `body`, then `cleanup` even if `body` panicked, then re-raises the panic.
 pub async fn with_cleanup<B, C>(body: B, cleanup: C)
 where

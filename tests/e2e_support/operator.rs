@@ -1,11 +1,15 @@
 //! The operator binary as a local child process of a test, against the cluster of $KUBECONFIG:
-//! its log (stdout and stderr) goes to `target/e2e-logs/<prefix>-<unique>.log`.
+//! its log (stdout and stderr) goes to `target/e2e-logs/<prefix>-<unique>.log`, its HTTP
+//! endpoints (`/metrics`) listen on a free loopback port.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::{repo_path, unique};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{WAIT, free_port, repo_path, unique};
 
 /// Reconcile period of a test operator unless a test sets another.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(2);
@@ -13,10 +17,16 @@ pub const DEFAULT_RESYNC: Duration = Duration::from_secs(2);
 /// The env variable of the operator's fault points (it exits with code 3 after that step).
 const FAULT_ENV: &str = "KANDEV_FAULT_EXIT_AFTER";
 
+/// The counter of finished reconciles in the operator's `/metrics` (registered as
+/// `kandev_reconciles` in src/controller/metrics.rs, one series per `result`: ok, error).
+pub const RECONCILES: &str = "kandev_reconciles_total";
+
 /// A running operator process, killed when dropped.
 pub struct Operator {
     child: tokio::process::Child,
     log: PathBuf,
+    /// `--http-address`: where `/metrics` is served.
+    http: String,
 }
 
 /// How to start an [`Operator`]; `Operator::builder()` gives one without agent profiles, with
@@ -90,6 +100,90 @@ impl Operator {
             ),
         }
     }
+
+    /// How many reconciles this operator has finished: `kandev_reconciles_total` of its
+    /// `/metrics`, summed over `result` (ok and error). Waits up to 10 s for the endpoint (it
+    /// listens a moment after the start), then fails the test.
+    pub async fn reconciles(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.metrics().await {
+                Ok(text) => return sum_of(&text, RECONCILES),
+                Err(e) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no /metrics from the operator at {}: {e}; log {}",
+                    self.http,
+                    self.log.display()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the operator has finished `more` reconciles since this call; fails the test
+    /// after [`WAIT`]. Use it where a test shows that something did NOT happen after a change
+    /// (instead of sleeping a few resync periods).
+    ///
+    /// What the growth proves: the controller never reconciles one object twice at once, and
+    /// every reconcile ends in a requeue (a resync period at the latest) while the change's own
+    /// watch event triggers one too. So of `more` reconciles counted after the call, at most one
+    /// began before it (with the cache as it was before the change): with `more >= 2`, at least
+    /// `more - 1` looks at the state the test made. That holds for one object; the counter is the
+    /// operator's, over every session it sees, so it proves looks at the test's session when
+    /// that session is the only one there is (a fresh namespace per test, one test at a time;
+    /// another session only makes the count grow sooner, never later).
+    pub async fn await_reconciles(&self, more: u64) {
+        let from = self.reconciles().await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let now = self.reconciles().await;
+            if now >= from + more {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the operator finished {} reconciles in {WAIT:?}, not {more}; log {}",
+                now.saturating_sub(from),
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The body of `GET /metrics` (HTTP/1.0: not chunked, ends with the connection).
+    async fn metrics(&self) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(&self.http).await?;
+        let head = format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.http);
+        stream.write_all(head.as_bytes()).await?;
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer))
+            .await
+            .map_err(|_| std::io::Error::other("no answer within 10s"))??;
+        match answer.split_once("\r\n\r\n") {
+            Some((head, body))
+                if head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200") =>
+            {
+                Ok(body.to_string())
+            }
+            _ => Err(std::io::Error::other(format!("GET /metrics: {answer}"))),
+        }
+    }
+}
+
+/// The sum of the samples of `metric` (every label set) in an OpenMetrics text.
+pub fn sum_of(text: &str, metric: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(metric)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once('}')?.1,
+                None => rest,
+            };
+            // "<value>" or "<value> <timestamp>"; a counter's value may be written as a float.
+            value.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .map(|v| v as u64)
+        .sum()
 }
 
 impl OperatorBuilder {
@@ -176,10 +270,12 @@ impl OperatorBuilder {
         let log = dir.join(format!("{}.log", unique(&self.log_prefix)));
         let out = std::fs::File::create(&log).expect("operator log");
         let err = out.try_clone().expect("operator log");
+        let http = format!("127.0.0.1:{}", free_port());
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kandev-operator"));
         cmd.args(["run", "--acp-timeout-seconds", "30"])
             .args(["--resync-seconds", &self.resync.as_secs().to_string()])
-            .args(["--agentctl-image", "kandev.dev/agentctl:e2e"]);
+            .args(["--agentctl-image", "kandev.dev/agentctl:e2e"])
+            .args(["--http-address", &http]);
         if let Some(profiles) = &profiles {
             cmd.arg("--agent-profiles").arg(profiles);
         }
@@ -209,6 +305,6 @@ impl OperatorBuilder {
         }
         let child = cmd.spawn().expect("start kandev-operator");
         eprintln!("operator log: {}", log.display());
-        Operator { child, log }
+        Operator { child, log, http }
     }
 }
