@@ -10,58 +10,34 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use e2e_support::operator::Operator;
+use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, needs_resume, state_is};
-use e2e_support::{client_with_crds, kubectl, unique, wait_for, with_cleanup};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod};
+use e2e_support::{kubectl, unique, wait_for};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
     ExecutorPhase, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState, TaskState,
 };
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
 /// Longest a single plugin run may take before the test fails.
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 
-/// Agent profiles of the test operator: an echoing test agent whose session id is known to
-/// every later agent (so `session/resume` restores it), the same with ACP message ids, and one whose first agent never answers
-/// a prompt (the pod dies mid-turn) while the agents of later pods answer.
-const TEST_PROFILES: &str = r#"
-profiles:
-  plugin-echo:
-    launch: ["kandev-test-agent", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
-    nativeSessionResume: true
-    historyContextInjection: false
-  plugin-echo-ids:
-    launch: ["kandev-test-agent", "--message-ids", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
-    nativeSessionResume: true
-    historyContextInjection: false
-  plugin-hang:
-    launch: ["kandev-test-agent", "--on-prompt", "hang", "--new-session-id", "plugin-session", "--known-session", "plugin-session"]
-    nativeSessionResume: true
-    historyContextInjection: false
-  plugin-hang-once:
-    launch:
-      - sh
-      - -c
-      - >-
-        if [ -e .kandev/hung-once ]; then
-        exec kandev-test-agent --new-session-id plugin-session --known-session plugin-session;
-        fi;
-        mkdir -p .kandev && touch .kandev/hung-once &&
-        exec kandev-test-agent --on-prompt hang --new-session-id plugin-session --known-session plugin-session
-    nativeSessionResume: true
-    historyContextInjection: false
-"#;
-
-/// The operator for the plugin's tests, with [`TEST_PROFILES`] and without leader election.
-fn start_operator() -> Operator {
+/// The operator for the plugin's tests, without leader election, with the profiles of
+/// `tests/data/profiles/plugin.yaml`: an echoing test agent whose session id is known to every
+/// later agent (so `session/resume` restores it), the same with ACP message ids, and one whose
+/// first agent never answers a prompt (the pod dies mid-turn) while the agents of later pods
+/// answer.
+fn plugin_operator() -> OperatorBuilder {
     Operator::builder()
         .log_prefix("plugin-operator")
-        .profiles("plugin-test-profiles.yaml", TEST_PROFILES)
-        .start()
+        .profiles_file("plugin")
+}
+
+fn start_operator() -> Operator {
+    plugin_operator().start()
 }
 
 /// What one plugin run did.
@@ -138,29 +114,7 @@ async fn via_kubectl(args: &[&str]) -> Run {
 /// A cluster client with the CRDs installed, and a fresh namespace whose default ServiceAccount
 /// exists (pods are refused before it does).
 async fn setup() -> Sessions {
-    let client = client_with_crds().await;
-    let name = unique("plugin");
-    e2e_support::restricted_namespace(&client, &name).await;
-    Sessions::new(&client, &name)
-}
-
-/// Deletes the namespace's sessions (while the operator still runs, so its finalizer is
-/// removed), waits for them to go, then deletes the namespace.
-async fn cleanup(sessions: &Sessions) {
-    let api = sessions.sessions();
-    let _ = api
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await;
-    for _ in 0..60 {
-        match api.list(&ListParams::default()).await {
-            Ok(list) if list.items.is_empty() => break,
-            Err(_) => break,
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-    let _ = Api::<Namespace>::all(sessions.client.clone())
-        .delete(&sessions.namespace, &DeleteParams::default())
-        .await;
+    Sessions::fresh("plugin").await
 }
 
 /// The session's only live pod.
@@ -350,7 +304,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
             .json();
         assert_eq!(json["namespace"], ns.as_str());
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
     drop(operator);
 }
 
@@ -463,7 +417,7 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             run.stdout
         );
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
     drop(operator);
 }
 
@@ -510,7 +464,7 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
             Some(token.as_str())
         );
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
     drop(operator);
 }
 
@@ -660,7 +614,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             run.stderr
         );
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
 }
 
 /// `agentctl events` processes exec'd into `pod` right now (kwok runs exec'd commands on this
@@ -811,11 +765,7 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
         drop(operator);
     };
     // The session's finalizer needs an operator to go.
-    let after = async {
-        let _operator = start_operator();
-        cleanup(&sessions).await;
-    };
-    with_cleanup(body, after).await;
+    sessions.run_with_operator(plugin_operator(), body).await;
 }
 
 /// Sessions end: `kubectl kandev complete` stops an idle agent and deletes the template's PVC
@@ -937,7 +887,7 @@ async fn sessions_end_completed_or_cancelled() {
             "retention Retain (the default) keeps the workspace"
         );
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
     drop(operator);
 }
 
@@ -1030,7 +980,7 @@ async fn completion_through_kubectl_lists_verbs_flags_and_sessions() {
             complete_via_kubectl(&["--as", "kandev-e2e-nobody", "-n", &ns, "status", ""]).await;
         assert_eq!(lines, [":4"]);
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
 }
 
 /// A Role to read sessions and wait on them, bound to `group` and to ServiceAccount `reader`.
@@ -1219,5 +1169,5 @@ async fn output_formats_and_kubectl_identity_flags() {
         assert_eq!(ts["spec"]["end"], json!("Completed"));
         assert!(ts["metadata"].get("managedFields").is_none(), "{ts:#?}");
     };
-    with_cleanup(body, cleanup(&sessions)).await;
+    sessions.run(body).await;
 }

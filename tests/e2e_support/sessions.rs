@@ -1,14 +1,26 @@
-//! TaskSessions in one namespace, as the e2e tests create, lose, resume and inspect them.
+//! TaskSessions in one namespace, as the e2e tests create, lose, resume and inspect them, and
+//! the namespace of one test: [`Sessions::fresh`] makes it, [`Sessions::run`] tears it down after
+//! the test, also when the test panics.
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::Condition;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::operator::OperatorBuilder;
+use super::{client_with_crds, restricted_namespace, unique, with_cleanup};
+
 /// The first prompt of the sessions that [`Sessions::create`] makes.
 pub const FIRST_PROMPT: &str = "Say hello.";
+
+/// How long a teardown waits for a running operator to lift the finalizers of the deleted
+/// sessions before it removes them itself.
+const LIFT_WITHIN: Duration = Duration::from_secs(30);
 
 /// The kandev objects of one namespace.
 #[derive(Clone)]
@@ -25,10 +37,83 @@ impl Sessions {
         }
     }
 
+    /// A test's own namespace: the CRDs installed (see [`client_with_crds`]), and a new
+    /// namespace `<prefix>-<unique>` that enforces the restricted Pod Security Standard. Run the
+    /// test in [`Sessions::run`] so that it goes afterwards.
+    pub async fn fresh(prefix: &str) -> Self {
+        Self::fresh_on(&client_with_crds().await, prefix).await
+    }
+
+    /// [`Sessions::fresh`] with `client`, without installing the CRDs (the tests of the cluster
+    /// itself, and of the CRDs' installation).
+    pub async fn fresh_on(client: &Client, prefix: &str) -> Self {
+        let sessions = Self::new(client, &unique(prefix));
+        sessions.ensure_namespace().await;
+        sessions
+    }
+
+    /// Runs `body`, then [`Sessions::teardown`], also when `body` panics (the panic goes on
+    /// afterwards). An operator the test started before `run` (so that it outlives `body`)
+    /// lifts the finalizers as it would for a user.
+    pub async fn run(&self, body: impl Future<Output = ()>) {
+        with_cleanup(body, self.teardown()).await;
+    }
+
+    /// [`Sessions::run`] for a test whose operators do not outlive `body` (restarted, crashed,
+    /// stopped by the test): an operator of `operator` runs during the teardown, to lift the
+    /// finalizers.
+    pub async fn run_with_operator(
+        &self,
+        operator: OperatorBuilder,
+        body: impl Future<Output = ()>,
+    ) {
+        let teardown = async {
+            let _operator = operator.start();
+            self.teardown().await;
+        };
+        with_cleanup(body, teardown).await;
+    }
+
+    /// Deletes the namespace's sessions and waits up to [`LIFT_WITHIN`] for them to go (a
+    /// running operator lifts its finalizer); removes the finalizers of those left (no operator
+    /// is left to do it), then deletes the namespace without waiting for it to go.
+    pub async fn teardown(&self) {
+        let api = self.sessions();
+        let _ = api
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        let deadline = tokio::time::Instant::now() + LIFT_WITHIN;
+        loop {
+            match api.list(&ListParams::default()).await {
+                // Gone, or no CRD to list.
+                Ok(list) if list.items.is_empty() => break,
+                Err(_) => break,
+                Ok(list) if tokio::time::Instant::now() >= deadline => {
+                    let lift = json!({"metadata": {"finalizers": null}});
+                    for ts in list.items {
+                        let name = ts.name_any();
+                        eprintln!(
+                            "teardown of {}: removing the finalizers of {name}",
+                            self.namespace
+                        );
+                        let _ = api
+                            .patch(&name, &PatchParams::default(), &Patch::Merge(&lift))
+                            .await;
+                    }
+                    break;
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.namespace, &DeleteParams::default())
+            .await;
+    }
+
     /// Creates the namespace if it does not exist, enforcing the restricted Pod Security
-    /// Standard (see [`super::restricted_namespace`]).
+    /// Standard (see [`restricted_namespace`]).
     pub async fn ensure_namespace(&self) {
-        super::restricted_namespace(&self.client, &self.namespace).await;
+        restricted_namespace(&self.client, &self.namespace).await;
     }
 
     pub fn sessions(&self) -> Api<TaskSession> {
