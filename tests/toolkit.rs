@@ -1,6 +1,7 @@
 //! The offline parts of the e2e toolkit (`tests/e2e_support/`), checked without a cluster: the
-//! agent profiles of `tests/data/profiles/` load as the operator loads them, and the reconcile
-//! count is read from the operator's real exposition.
+//! agent profiles of `tests/data/profiles/` load as the operator loads them, the reconcile count
+//! is read from the operator's real exposition, and Events are ordered and matched as the e2e
+//! tests assert them.
 
 mod e2e_support;
 
@@ -8,6 +9,10 @@ use std::time::Duration;
 
 use e2e_support::operator::{RECONCILES, sum_of};
 use e2e_support::repo_path;
+use e2e_support::sessions::{in_order, occurred};
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::metrics::Metrics;
 
@@ -53,4 +58,62 @@ fn the_reconcile_count_sums_every_result_of_the_real_exposition() {
     metrics.reconciled(None, Duration::from_millis(4));
     metrics.reconciled(Some("kube"), Duration::from_millis(5));
     assert_eq!(sum_of(&metrics.render(), RECONCILES), 3);
+}
+
+fn event(reason: &str, event_time: Option<&str>, created: &str) -> Event {
+    let at = |t: &str| t.parse::<Timestamp>().expect("timestamp");
+    let mut event = Event {
+        reason: Some(reason.into()),
+        event_time: event_time.map(|t| MicroTime(at(t))),
+        ..Event::default()
+    };
+    event.metadata.creation_timestamp = Some(Time(at(created)));
+    event
+}
+
+/// Events created within one second are ordered by their microsecond eventTime; an Event
+/// without one (another writer's) by its creation.
+#[test]
+fn events_are_ordered_by_event_time_then_creation() {
+    let mut events = [
+        event(
+            "Resumed",
+            Some("2026-01-01T00:00:01.000300Z"),
+            "2026-01-01T00:00:01Z",
+        ),
+        event("Other", None, "2026-01-01T00:00:00Z"),
+        event(
+            "AgentLost",
+            Some("2026-01-01T00:00:01.000100Z"),
+            "2026-01-01T00:00:01Z",
+        ),
+        event(
+            "ResumeRequested",
+            Some("2026-01-01T00:00:01.000200Z"),
+            "2026-01-01T00:00:01Z",
+        ),
+    ];
+    events.sort_by_key(occurred);
+    let reasons: Vec<&str> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
+    assert_eq!(
+        reasons,
+        ["Other", "AgentLost", "ResumeRequested", "Resumed"]
+    );
+}
+
+#[test]
+fn events_in_order_is_a_subsequence() {
+    let reasons: Vec<String> = [
+        "Starting",
+        "DecoyPod",
+        "AgentLost",
+        "ResumeRequested",
+        "Resumed",
+    ]
+    .map(String::from)
+    .to_vec();
+    assert!(in_order(&reasons, &["Starting", "AgentLost", "Resumed"]));
+    assert!(in_order(&reasons, &[]));
+    assert!(!in_order(&reasons, &["AgentLost", "Starting"]));
+    assert!(!in_order(&reasons, &["Starting", "NodeLost"]));
 }

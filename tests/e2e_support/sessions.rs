@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::Condition;
@@ -21,6 +22,10 @@ pub const FIRST_PROMPT: &str = "Say hello.";
 /// How long a teardown waits for a running operator to lift the finalizers of the deleted
 /// sessions before it removes them itself.
 const LIFT_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long [`Sessions::event_reasons_with`] and [`Sessions::assert_events_in_order`] wait for
+/// the Events (published beside the reconciles, so one may land a moment after its status).
+const EVENTS_WITHIN: Duration = Duration::from_secs(15);
 
 /// The kandev objects of one namespace.
 #[derive(Clone)]
@@ -236,18 +241,46 @@ impl Sessions {
     /// (the operator publishes its Events beside its reconciles, so one may land a moment after
     /// the status it goes with); as they are after 15 s otherwise.
     pub async fn event_reasons_with(&self, name: &str, expected: &[&str]) -> Vec<String> {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        self.event_reasons_until(name, |reasons| {
+            expected.iter().all(|e| reasons.iter().any(|r| r == e))
+        })
+        .await
+    }
+
+    /// Asserts that the session's Events have `expected` among them in this order (others may
+    /// come between), waiting up to 15 s for them as [`Sessions::event_reasons_with`] does;
+    /// returns the reasons, oldest first.
+    pub async fn assert_events_in_order(&self, name: &str, expected: &[&str]) -> Vec<String> {
+        let reasons = self
+            .event_reasons_until(name, |reasons| in_order(reasons, expected))
+            .await;
+        assert!(
+            in_order(&reasons, expected),
+            "Events of {name}: {expected:?} not in this order among {reasons:?}"
+        );
+        reasons
+    }
+
+    /// The session's Event reasons once `done` holds for them, or as they are after
+    /// [`EVENTS_WITHIN`].
+    async fn event_reasons_until(
+        &self,
+        name: &str,
+        done: impl Fn(&[String]) -> bool,
+    ) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + EVENTS_WITHIN;
         loop {
             let reasons = self.event_reasons(name).await;
-            let all = expected.iter().all(|e| reasons.iter().any(|r| r == e));
-            if all || tokio::time::Instant::now() > deadline {
+            if done(&reasons) || tokio::time::Instant::now() > deadline {
                 return reasons;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
-    /// Reasons of the session's Events, oldest first.
+    /// Reasons of the session's Events, oldest first: by the time of the first occurrence, the
+    /// operator's `eventTime` (microseconds), else `creationTimestamp` (whole seconds). A repeat
+    /// folded into an Event's series (its count and `lastObservedTime`) keeps the Event's place.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut list = events
@@ -257,7 +290,7 @@ impl Sessions {
             .await
             .expect("list events")
             .items;
-        list.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+        list.sort_by_key(occurred);
         list.into_iter().filter_map(|e| e.reason).collect()
     }
 
@@ -274,6 +307,23 @@ impl Sessions {
             .await
             .expect("annotate");
     }
+}
+
+/// When `event` first occurred: `eventTime` (set by an `events.k8s.io/v1` writer such as the
+/// operator), else the core/v1 `firstTimestamp`, else when the object was created.
+pub fn occurred(event: &Event) -> Option<Timestamp> {
+    event
+        .event_time
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| event.first_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| event.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// Whether `expected` is a subsequence of `reasons`.
+pub fn in_order(reasons: &[String], expected: &[&str]) -> bool {
+    let mut reasons = reasons.iter();
+    expected.iter().all(|wanted| reasons.any(|r| r == wanted))
 }
 
 pub fn state_is(state: SessionState) -> impl Condition<TaskSession> {
