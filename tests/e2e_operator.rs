@@ -9,51 +9,29 @@ use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, unique, wait_for};
+use e2e_support::{unique, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::names::pod_name;
 use kandev_operator::api::{CredentialRef, SessionState, TaskSession, TaskState};
 use kandev_operator::controller::conditions;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
 
-/// The tests' namespace: it enforces the restricted Pod Security Standard, so every agent pod
-/// these tests launch is also proof that the operator's pods pass it.
-const NS: &str = "kandev-e2e-operator";
-/// Reconcile period of the operator under test: "no relaunch for several periods" is measured
-/// in these.
-const RESYNC: Duration = Duration::from_secs(2);
-
-/// Agent profiles of the test operator, besides the built-in ones.
-const TEST_PROFILES: &str = r#"
-profiles:
-  test-inconclusive:
-    launch: ["kandev-test-agent", "--advertise", "resume,load", "--on-resume", "error:-32603"]
-    nativeSessionResume: true
-    historyContextInjection: false
-  test-new-fails:
-    launch: ["kandev-test-agent", "--on-new", "error:-32603"]
-    nativeSessionResume: true
-    historyContextInjection: false
-"#;
-
-/// A test operator: [`TEST_PROFILES`], reconciling every [`RESYNC`], without leader election
+/// A test operator: the profiles of `tests/data/profiles/operator.yaml` besides the built-in
+/// ones, reconciling every [`e2e_support::operator::DEFAULT_RESYNC`], without leader election
 /// unless the caller adds it.
 fn operator() -> OperatorBuilder {
-    Operator::builder()
-        .profiles("test-profiles.yaml", TEST_PROFILES)
-        .resync(RESYNC)
+    Operator::builder().profiles_file("operator")
 }
 
-/// A cluster client with the CRDs installed, and the kandev objects of [`NS`] (created and
-/// labelled restricted when missing).
+/// A cluster client with the CRDs installed, and a namespace of the test's own: it enforces the
+/// restricted Pod Security Standard, so every agent pod these tests launch is also proof that
+/// the operator's pods pass it.
 async fn setup() -> Sessions {
-    let sessions = Sessions::new(&client_with_crds().await, NS);
-    sessions.ensure_namespace().await;
-    sessions
+    Sessions::fresh("kandev-e2e-operator").await
 }
 
 async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
@@ -143,89 +121,554 @@ async fn assert_stalled(sessions: &Sessions, name: &str, reason: &str, says: &st
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
     let sessions = setup().await;
-    let nowhere = ["--pod-node-selector", "e2e.kandev.dev/nowhere=true"];
-    let short = ["--launch-deadline-seconds", "4"];
+    let body = async {
+        let nowhere = ["--pod-node-selector", "e2e.kandev.dev/nowhere=true"];
+        let short = ["--launch-deadline-seconds", "4"];
 
-    // First launches.
-    let unschedulable = unique("stall-sched");
-    let unpullable = unique("stall-image");
-    let no_secret = unique("stall-secret");
-    {
-        let _operator = operator().args(&nowhere).args(&short).start();
-        sessions.create(&unschedulable, "claude-code").await;
-        assert_stalled(
-            &sessions,
-            &unschedulable,
-            "Unschedulable",
-            "not scheduled within 4s",
-        )
-        .await;
-    }
-    {
-        let _operator = operator().args(&short).start();
-        let mut ts = sessions.new_session(
-            &unpullable,
-            "claude-code",
-            json!({"template": {"size": "1Gi"}}),
-        );
-        ts.spec.image = Some("registry.invalid/kandev/agentctl:e2e".into());
-        sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create");
-        let mut ts = sessions.new_session(
-            &no_secret,
-            "claude-code",
-            json!({"template": {"size": "1Gi"}}),
-        );
-        ts.spec.credentials = vec![CredentialRef {
-            env: "ANTHROPIC_API_KEY".into(),
-            secret_name: "e2e-no-such-secret".into(),
-            key: "api-key".into(),
-        }];
-        sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create");
-        assert_stalled(
-            &sessions,
-            &unpullable,
-            "ImagePullBackOff",
-            "registry.invalid/kandev/agentctl:e2e",
-        )
-        .await;
-        assert_stalled(
-            &sessions,
-            &no_secret,
-            "CreateContainerConfigError",
-            "e2e-no-such-secret",
-        )
-        .await;
+        // First launches.
+        let unschedulable = unique("stall-sched");
+        let unpullable = unique("stall-image");
+        let no_secret = unique("stall-secret");
+        {
+            let _operator = operator().args(&nowhere).args(&short).start();
+            sessions.create(&unschedulable, "claude-code").await;
+            assert_stalled(
+                &sessions,
+                &unschedulable,
+                "Unschedulable",
+                "not scheduled within 4s",
+            )
+            .await;
+        }
+        {
+            let _operator = operator().args(&short).start();
+            let mut ts = sessions.new_session(
+                &unpullable,
+                "claude-code",
+                json!({"template": {"size": "1Gi"}}),
+            );
+            ts.spec.image = Some("registry.invalid/kandev/agentctl:e2e".into());
+            sessions
+                .sessions()
+                .create(&PostParams::default(), &ts)
+                .await
+                .expect("create");
+            let mut ts = sessions.new_session(
+                &no_secret,
+                "claude-code",
+                json!({"template": {"size": "1Gi"}}),
+            );
+            ts.spec.credentials = vec![CredentialRef {
+                env: "ANTHROPIC_API_KEY".into(),
+                secret_name: "e2e-no-such-secret".into(),
+                key: "api-key".into(),
+            }];
+            sessions
+                .sessions()
+                .create(&PostParams::default(), &ts)
+                .await
+                .expect("create");
+            assert_stalled(
+                &sessions,
+                &unpullable,
+                "ImagePullBackOff",
+                "registry.invalid/kandev/agentctl:e2e",
+            )
+            .await;
+            assert_stalled(
+                &sessions,
+                &no_secret,
+                "CreateContainerConfigError",
+                "e2e-no-such-secret",
+            )
+            .await;
 
-        // A claimed workspace PVC that does not exist yet: the first launch waits (Stalled after
-        // the deadline, never FAILED) and starts once the PVC is applied.
-        let late = unique("late-pvc");
-        let claim = format!("{late}-ws");
-        let ts = sessions.new_session(&late, "claude-code", json!({"claimName": claim}));
-        sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
+            // A claimed workspace PVC that does not exist yet: the first launch waits (Stalled after
+            // the deadline, never FAILED) and starts once the PVC is applied.
+            let late = unique("late-pvc");
+            let claim = format!("{late}-ws");
+            let ts = sessions.new_session(&late, "claude-code", json!({"claimName": claim}));
+            sessions
+                .sessions()
+                .create(&PostParams::default(), &ts)
+                .await
+                .expect("create");
+            let ts = wait_for(
+                &sessions.sessions(),
+                &late,
+                "WorkspaceMissing",
+                stalled_with("WorkspaceMissing"),
+            )
             .await
-            .expect("create");
-        let ts = wait_for(
-            &sessions.sessions(),
-            &late,
-            "WorkspaceMissing",
-            stalled_with("WorkspaceMissing"),
-        )
-        .await
-        .expect("session");
+            .expect("session");
+            let status = ts.status.expect("status");
+            assert_eq!(status.state, SessionState::Created, "{status:#?}");
+            let condition =
+                conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
+            assert!(condition.message.contains(&claim), "{condition:?}");
+            let claims: Api<PersistentVolumeClaim> =
+                Api::namespaced(sessions.client.clone(), &sessions.namespace);
+            let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+                "metadata": {"name": claim},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+            }))
+            .expect("pvc");
+            claims
+                .create(&PostParams::default(), &pvc)
+                .await
+                .expect("create the workspace PVC");
+            started_and_waiting(&sessions, &late).await;
+        }
+
+        // A resume: the token is kept.
+        let resumed = unique("stall-resume");
+        let (token, pod) = {
+            let _operator = operator().start();
+            // The stalled first launch starts with a new token (and its task description).
+            sessions.annotate(&unschedulable, "s1").await;
+            wait_for(
+                &sessions.sessions(),
+                &unschedulable,
+                "handled s1",
+                handled("s1"),
+            )
+            .await;
+            assert!(sessions.token_of(&unschedulable).await.is_some(), "started");
+            sessions.create(&resumed, "claude-code").await;
+            started_and_waiting(&sessions, &resumed).await
+        };
+        sessions.delete_pod(&pod).await;
+        {
+            let _operator = operator().args(&nowhere).args(&short).start();
+            wait_for(
+                &sessions.sessions(),
+                &resumed,
+                "needsResume",
+                needs_resume(),
+            )
+            .await
+            .expect("session");
+            sessions.annotate(&resumed, "r1").await;
+            let ts = wait_for(&sessions.sessions(), &resumed, "handled r1", handled("r1"))
+                .await
+                .expect("session");
+            let status = ts.status.expect("status");
+            let condition =
+                conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
+            assert_eq!(condition.reason, "Unschedulable", "{condition:?}");
+            assert!(status.needs_resume, "{status:#?}");
+            assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+            assert!(
+                sessions.live_pods(&resumed).await.is_empty(),
+                "the stalled pod is removed"
+            );
+            assert_eq!(
+                sessions.token_of(&resumed).await.as_deref(),
+                Some(token.as_str()),
+                "token kept"
+            );
+        }
+
+        // A new token supersedes a latched request: its pod goes, the new request's pod replaces it.
+        let latched_pod = |token: &'static str| {
+            let pods = sessions.pods();
+            let name = pod_name(&resumed, token);
+            async move {
+                wait_for(
+                    &pods,
+                    &name,
+                    "the latched request's pod",
+                    |p: Option<&Pod>| p.is_some(),
+                )
+                .await
+                .expect("pod")
+            }
+        };
+        {
+            let _operator = operator().args(&nowhere).start();
+            sessions.annotate(&resumed, "r2").await;
+            latched_pod("r2").await;
+            sessions.annotate(&resumed, "r3").await;
+            let superseded = |ts: Option<&TaskSession>| {
+                ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
+                    s.active_resume_request.as_deref() == Some("r3")
+                        && s.recent_resume_requests.iter().any(|t| t == "r2")
+                })
+            };
+            let ts = wait_for(
+                &sessions.sessions(),
+                &resumed,
+                "r3 supersedes r2",
+                superseded,
+            )
+            .await
+            .expect("session");
+            let status = ts.status.expect("status");
+            let condition =
+                conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+            assert_eq!(condition.reason, "Superseded", "{condition:?}");
+            latched_pod("r3").await;
+            let live: Vec<String> = sessions
+                .live_pods(&resumed)
+                .await
+                .iter()
+                .map(|p| p.name_any())
+                .collect();
+            assert_eq!(
+                live,
+                [pod_name(&resumed, "r3")],
+                "only the new request's pod"
+            );
+            assert!(
+                sessions
+                    .event_reasons_with(&resumed, &["ResumeSuperseded"])
+                    .await
+                    .iter()
+                    .any(|r| r == "ResumeSuperseded")
+            );
+        }
+
+        // On a healthy operator, a new token supersedes r3 and resumes the same agent session.
+        let _operator = operator().start();
+        sessions.annotate(&resumed, "r4").await;
+        let ts = wait_for(&sessions.sessions(), &resumed, "handled r4", handled("r4"))
+            .await
+            .expect("session");
         let status = ts.status.expect("status");
-        assert_eq!(status.state, SessionState::Created, "{status:#?}");
-        let condition = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
-        assert!(condition.message.contains(&claim), "{condition:?}");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert!(!status.needs_resume);
+        for old in ["r1", "r2", "r3"] {
+            assert!(
+                status.recent_resume_requests.iter().any(|t| t == old),
+                "{old} remembered"
+            );
+        }
+        assert_eq!(
+            sessions.token_of(&resumed).await.as_deref(),
+            Some(token.as_str()),
+            "same token back"
+        );
+        let live: Vec<String> = sessions
+            .live_pods(&resumed)
+            .await
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        assert_eq!(live, [pod_name(&resumed, "r4")], "one agentctl pod");
+    };
+    sessions.run_with_operator(operator(), body).await;
+}
+
+/// New session → pod Running → WAITING_FOR_INPUT with a token; pod lost → needsResume and no new
+/// pod; annotate → the same token restored by session/resume, once per token.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn lost_session_is_resumed_lazily_with_the_same_token() {
+    let sessions = setup().await;
+    let operator = operator().start();
+    let name = unique("resume");
+    let body = async {
+        sessions.create(&name, "claude-code").await;
+
+        let (token, pod) = started_and_waiting(&sessions, &name).await;
+        let spec = pod.spec.as_ref().expect("pod spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(
+            pod.labels().get("kandev.dev/managed").map(String::as_str),
+            Some("true")
+        );
+
+        // Lost pod: marked, not relaunched.
+        sessions.delete_pod(&pod).await;
+        let ts = wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
+            .await
+            .expect("session");
+        let status = ts.status.expect("status");
+        assert_eq!(
+            status.resume_reason.map(|r| r.as_str()),
+            Some("agent_not_running")
+        );
+        assert!(conditions::is_true(
+            &status.conditions,
+            conditions::NEEDS_RESUME
+        ));
+        // A pod that only carries the session's labels is not its agent: labels prove nothing, the
+        // controller ownerReference does.
+        let stray: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("{name}-stray"), "labels": pod.labels()},
+            "spec": {"containers": [{"name": "agentctl", "image": "stray", "securityContext": {
+                         "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
+                     "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                     "nodeSelector": {"e2e.kandev.dev/nowhere": "true"}},
+        }))
+        .expect("pod");
+        sessions
+            .pods()
+            .create(&PostParams::default(), &stray)
+            .await
+            .expect("stray pod");
+        // Several looks at the session with the stray pod there.
+        operator.await_reconciles(4).await;
+        let ts = sessions.sessions().get(&name).await.expect("session");
+        assert!(
+            ts.status.expect("status").needs_resume,
+            "a stray pod with the session's labels made the session look running"
+        );
+        let decoys = sessions
+            .event_reasons_with(&name, &["DecoyPod"])
+            .await
+            .iter()
+            .filter(|r| *r == "DecoyPod")
+            .count();
+        assert_eq!(decoys, 1, "the decoy is reported once");
+        sessions.delete_pod(&stray).await;
+        assert!(
+            sessions.live_pods(&name).await.is_empty(),
+            "lazy recovery: nothing relaunched"
+        );
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str()),
+            "token kept while lost"
+        );
+
+        // Resume on annotation.
+        sessions.annotate(&name, "r1").await;
+        let ts = wait_for(&sessions.sessions(), &name, "handled r1", handled("r1"))
+            .await
+            .expect("session");
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_eq!(status.task_state, TaskState::Review);
+        assert!(!status.needs_resume);
+        let resumed =
+            conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed condition");
+        assert_eq!(
+            (resumed.status.as_str(), resumed.reason.as_str()),
+            ("True", "Restored"),
+            "{resumed:?}"
+        );
+        assert!(
+            resumed.message.contains("session/resume"),
+            "{}",
+            resumed.message
+        );
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str()),
+            "same token back"
+        );
+        let after = sessions.live_pods(&name).await;
+        assert_eq!(after.len(), 1, "one pod after the resume");
+        // One Event per step the user cares about: the first launch, the loss, the accepted
+        // request (which names the pod it launches), the outcome.
+        let reasons = sessions
+            .assert_events_in_order(
+                &name,
+                &["Starting", "AgentLost", "ResumeRequested", "Resumed"],
+            )
+            .await;
+
+        // The same token again: nothing happens.
+        let resumed_events = reasons.iter().filter(|r| *r == "Resumed").count();
+        sessions.annotate(&name, "r1").await;
+        let touch = json!({"metadata": {"annotations": {"e2e.kandev.dev/touch": "1"}}});
+        sessions
+            .sessions()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&touch))
+            .await
+            .expect("touch");
+        operator.await_reconciles(2).await;
+        let same = sessions.live_pods(&name).await;
+        assert_eq!(
+            same.iter().map(|p| p.uid()).collect::<Vec<_>>(),
+            after.iter().map(|p| p.uid()).collect::<Vec<_>>()
+        );
+        let reasons = sessions.event_reasons(&name).await;
+        assert_eq!(
+            reasons.iter().filter(|r| *r == "Resumed").count(),
+            resumed_events,
+            "no second resume"
+        );
+
+        // A new token after another loss: a new resume.
+        sessions.delete_pod(&after[0]).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "r2").await;
+        wait_for(&sessions.sessions(), &name, "handled r2", handled("r2")).await;
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str()),
+            "same token again"
+        );
+        let live = sessions.live_pods(&name).await;
+        assert_eq!(live.len(), 1);
+
+        // GitOps rollback: the manifest goes back to r1 while the agent is lost. r1 was handled
+        // before, so nothing starts; the session stays lost and resumable (DESIGN §3 handshake).
+        sessions.delete_pod(&live[0]).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "r1").await;
+        operator.await_reconciles(3).await;
+        assert!(
+            sessions.live_pods(&name).await.is_empty(),
+            "a re-applied old token started a pod"
+        );
+        let status = sessions
+            .sessions()
+            .get(&name)
+            .await
+            .expect("session")
+            .status
+            .expect("status");
+        assert_eq!(status.last_handled_resume_request.as_deref(), Some("r2"));
+        assert_eq!(status.recent_resume_requests, ["r1", "r2"]);
+        assert_eq!(status.active_resume_request, None);
+        assert!(status.needs_resume, "{status:#?}");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+    };
+    sessions.run(body).await;
+}
+
+/// -32002 from the real agent (the token is unknown to it) → fresh session, WAITING_FOR_INPUT,
+/// token replaced; -32603 from the scriptable agent → token kept, condition explains.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn rejected_and_inconclusive_restores() {
+    let sessions = setup().await;
+    let _operator = operator().start();
+    let body = async {
+        // Unknown session: claude-agent-acp answers -32002 for a UUID it has never seen.
+        let name = unique("unknown");
+        sessions.create(&name, "claude-code").await;
+        let (_, pod) = started_and_waiting(&sessions, &name).await;
+        let unknown = "0badc0de-0000-4000-8000-000000000000";
+        let patch = json!({"status": {"resumeToken": unknown}});
+        sessions
+            .executors()
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("set token");
+        sessions.delete_pod(&pod).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "u1").await;
+        let ts = wait_for(&sessions.sessions(), &name, "handled u1", handled("u1"))
+            .await
+            .expect("session");
+        let status = ts.status.expect("status");
+        assert_eq!(
+            status.state,
+            SessionState::WaitingForInput,
+            "token rejected is not FAILED: {status:#?}"
+        );
+        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+        assert_eq!(
+            (resumed.status.as_str(), resumed.reason.as_str()),
+            ("False", "TokenRejected")
+        );
+        let token = sessions.token_of(&name).await.expect("a new token");
+        assert_ne!(token, unknown, "the rejected token is replaced");
+        assert!(
+            sessions
+                .event_reasons_with(&name, &["TokenRejected"])
+                .await
+                .iter()
+                .any(|r| r == "TokenRejected")
+        );
+
+        // Inconclusive: -32603 on resume keeps the token and says why.
+        let name = unique("inconclusive");
+        sessions.create(&name, "test-inconclusive").await;
+        let (token, pod) = started_and_waiting(&sessions, &name).await;
+        sessions.delete_pod(&pod).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "i1").await;
+        let ts = wait_for(&sessions.sessions(), &name, "handled i1", handled("i1"))
+            .await
+            .expect("session");
+        let status = ts.status.expect("status");
+        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+        assert_eq!(resumed.status, "False");
+        assert!(
+            resumed.message.contains("token is kept"),
+            "{}",
+            resumed.message
+        );
+        assert!(status.needs_resume, "still needs a resume");
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str()),
+            "token kept"
+        );
+        assert!(
+            sessions.live_pods(&name).await.is_empty(),
+            "the failed attempt's pod is removed"
+        );
+    };
+    sessions.run(body).await;
+}
+
+/// Terminal sessions refuse a resume; a missing PVC fails the session with the reason; an
+/// invalid TaskSession is refused by the API server and the operator keeps working.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn refusals_and_bad_input() {
+    let sessions = setup().await;
+    let _operator = operator().start();
+    let body = async {
+        let invalid = sessions.new_session(
+            &unique("invalid"),
+            "Not A Profile!",
+            json!({"template": {"size": "1Gi"}}),
+        );
+        let err = sessions
+            .sessions()
+            .create(&PostParams::default(), &invalid)
+            .await
+            .expect_err("refused");
+        assert!(
+            err.to_string().contains("agent must be a profile name"),
+            "{err}"
+        );
+
+        // The agent cannot start a session: FAILED, and no agent pod left idling.
+        let name = unique("newfails");
+        sessions.create(&name, "test-new-fails").await;
+        let message = failed_with(&sessions, &name).await;
+        assert!(message.contains("starting the agent failed"), "{message}");
+        assert!(
+            sessions
+                .event_reasons_with(&name, &["LaunchFailed"])
+                .await
+                .iter()
+                .any(|r| r == "LaunchFailed"),
+            "LaunchFailed event"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !sessions.live_pods(&name).await.is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the pod of a failed first launch is deleted"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let agent_not_running = |ts: Option<&TaskSession>| {
+            ts.and_then(|t| t.status.as_ref())
+                .is_some_and(|s| !conditions::is_true(&s.conditions, conditions::AGENT_RUNNING))
+        };
+        wait_for(
+            &sessions.sessions(),
+            &name,
+            "AgentRunning not True",
+            agent_not_running,
+        )
+        .await;
+
+        // The user's workspace PVC (claimName) vanished while the session was lost: the resume ends
+        // FAILED with reason WorkspaceLost (never on an empty replacement), and Resumed reports this
+        // request's outcome.
+        let name = unique("pvcgone");
+        let claim = format!("{name}-ws");
         let claims: Api<PersistentVolumeClaim> =
             Api::namespaced(sessions.client.clone(), &sessions.namespace);
         let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
@@ -237,555 +680,90 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             .create(&PostParams::default(), &pvc)
             .await
             .expect("create the workspace PVC");
-        started_and_waiting(&sessions, &late).await;
-        sessions.delete(&late).await;
-        let _ = claims.delete(&claim, &Default::default()).await;
-    }
-    sessions.delete(&unpullable).await;
-    sessions.delete(&no_secret).await;
-
-    // A resume: the token is kept.
-    let resumed = unique("stall-resume");
-    let (token, pod) = {
-        let _operator = operator().start();
-        // The stalled first launch starts with a new token (and its task description).
-        sessions.annotate(&unschedulable, "s1").await;
-        wait_for(
-            &sessions.sessions(),
-            &unschedulable,
-            "handled s1",
-            handled("s1"),
-        )
-        .await;
-        assert!(sessions.token_of(&unschedulable).await.is_some(), "started");
-        sessions.create(&resumed, "claude-code").await;
-        started_and_waiting(&sessions, &resumed).await
-    };
-    sessions.delete_pod(&pod).await;
-    {
-        let _operator = operator().args(&nowhere).args(&short).start();
-        wait_for(
-            &sessions.sessions(),
-            &resumed,
-            "needsResume",
-            needs_resume(),
-        )
-        .await
-        .expect("session");
-        sessions.annotate(&resumed, "r1").await;
-        let ts = wait_for(&sessions.sessions(), &resumed, "handled r1", handled("r1"))
-            .await
-            .expect("session");
-        let status = ts.status.expect("status");
-        let condition = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
-        assert_eq!(condition.reason, "Unschedulable", "{condition:?}");
-        assert!(status.needs_resume, "{status:#?}");
-        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-        assert!(
-            sessions.live_pods(&resumed).await.is_empty(),
-            "the stalled pod is removed"
-        );
-        assert_eq!(
-            sessions.token_of(&resumed).await.as_deref(),
-            Some(token.as_str()),
-            "token kept"
-        );
-    }
-
-    // A new token supersedes a latched request: its pod goes, the new request's pod replaces it.
-    let latched_pod = |token: &'static str| {
-        let pods = sessions.pods();
-        let name = pod_name(&resumed, token);
-        async move {
-            wait_for(
-                &pods,
-                &name,
-                "the latched request's pod",
-                |p: Option<&Pod>| p.is_some(),
-            )
-            .await
-            .expect("pod")
-        }
-    };
-    {
-        let _operator = operator().args(&nowhere).start();
-        sessions.annotate(&resumed, "r2").await;
-        latched_pod("r2").await;
-        sessions.annotate(&resumed, "r3").await;
-        let superseded = |ts: Option<&TaskSession>| {
-            ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
-                s.active_resume_request.as_deref() == Some("r3")
-                    && s.recent_resume_requests.iter().any(|t| t == "r2")
-            })
-        };
-        let ts = wait_for(
-            &sessions.sessions(),
-            &resumed,
-            "r3 supersedes r2",
-            superseded,
-        )
-        .await
-        .expect("session");
-        let status = ts.status.expect("status");
-        let condition = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-        assert_eq!(condition.reason, "Superseded", "{condition:?}");
-        latched_pod("r3").await;
-        let live: Vec<String> = sessions
-            .live_pods(&resumed)
-            .await
-            .iter()
-            .map(|p| p.name_any())
-            .collect();
-        assert_eq!(
-            live,
-            [pod_name(&resumed, "r3")],
-            "only the new request's pod"
-        );
-        assert!(
-            sessions
-                .event_reasons_with(&resumed, &["ResumeSuperseded"])
-                .await
-                .iter()
-                .any(|r| r == "ResumeSuperseded")
-        );
-    }
-
-    // On a healthy operator, a new token supersedes r3 and resumes the same agent session.
-    let _operator = operator().start();
-    sessions.annotate(&resumed, "r4").await;
-    let ts = wait_for(&sessions.sessions(), &resumed, "handled r4", handled("r4"))
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-    assert!(!status.needs_resume);
-    for old in ["r1", "r2", "r3"] {
-        assert!(
-            status.recent_resume_requests.iter().any(|t| t == old),
-            "{old} remembered"
-        );
-    }
-    assert_eq!(
-        sessions.token_of(&resumed).await.as_deref(),
-        Some(token.as_str()),
-        "same token back"
-    );
-    let live: Vec<String> = sessions
-        .live_pods(&resumed)
-        .await
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
-    assert_eq!(live, [pod_name(&resumed, "r4")], "one agentctl pod");
-    sessions.delete(&unschedulable).await;
-    sessions.delete(&resumed).await;
-}
-
-/// New session → pod Running → WAITING_FOR_INPUT with a token; pod lost → needsResume and no new
-/// pod; annotate → the same token restored by session/resume, once per token.
-#[tokio::test]
-#[ignore = "e2e: needs the cluster (make e2e)"]
-async fn lost_session_is_resumed_lazily_with_the_same_token() {
-    let sessions = setup().await;
-    let _operator = operator().start();
-    let name = unique("resume");
-    sessions.create(&name, "claude-code").await;
-
-    let (token, pod) = started_and_waiting(&sessions, &name).await;
-    let spec = pod.spec.as_ref().expect("pod spec");
-    assert_eq!(spec.automount_service_account_token, Some(false));
-    assert_eq!(
-        pod.labels().get("kandev.dev/managed").map(String::as_str),
-        Some("true")
-    );
-
-    // Lost pod: marked, not relaunched.
-    sessions.delete_pod(&pod).await;
-    let ts = wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    assert_eq!(
-        status.resume_reason.map(|r| r.as_str()),
-        Some("agent_not_running")
-    );
-    assert!(conditions::is_true(
-        &status.conditions,
-        conditions::NEEDS_RESUME
-    ));
-    // A pod that only carries the session's labels is not its agent: labels prove nothing, the
-    // controller ownerReference does.
-    let stray: Pod = serde_json::from_value(json!({
-        "metadata": {"name": format!("{name}-stray"), "labels": pod.labels()},
-        "spec": {"containers": [{"name": "agentctl", "image": "stray", "securityContext": {
-                     "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
-                 "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                 "nodeSelector": {"e2e.kandev.dev/nowhere": "true"}},
-    }))
-    .expect("pod");
-    sessions
-        .pods()
-        .create(&PostParams::default(), &stray)
-        .await
-        .expect("stray pod");
-    tokio::time::sleep(RESYNC * 4).await;
-    let ts = sessions.sessions().get(&name).await.expect("session");
-    assert!(
-        ts.status.expect("status").needs_resume,
-        "a stray pod with the session's labels made the session look running"
-    );
-    let decoys = sessions
-        .event_reasons_with(&name, &["DecoyPod"])
-        .await
-        .iter()
-        .filter(|r| *r == "DecoyPod")
-        .count();
-    assert_eq!(decoys, 1, "the decoy is reported once");
-    sessions.delete_pod(&stray).await;
-    assert!(
-        sessions.live_pods(&name).await.is_empty(),
-        "lazy recovery: nothing relaunched"
-    );
-    assert_eq!(
-        sessions.token_of(&name).await.as_deref(),
-        Some(token.as_str()),
-        "token kept while lost"
-    );
-
-    // Resume on annotation.
-    sessions.annotate(&name, "r1").await;
-    let ts = wait_for(&sessions.sessions(), &name, "handled r1", handled("r1"))
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-    assert_eq!(status.task_state, TaskState::Review);
-    assert!(!status.needs_resume);
-    let resumed =
-        conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed condition");
-    assert_eq!(
-        (resumed.status.as_str(), resumed.reason.as_str()),
-        ("True", "Restored"),
-        "{resumed:?}"
-    );
-    assert!(
-        resumed.message.contains("session/resume"),
-        "{}",
-        resumed.message
-    );
-    assert_eq!(
-        sessions.token_of(&name).await.as_deref(),
-        Some(token.as_str()),
-        "same token back"
-    );
-    let after = sessions.live_pods(&name).await;
-    assert_eq!(after.len(), 1, "one pod after the resume");
-    // One Event per step the user cares about: the first launch, the loss, the accepted
-    // request (which names the pod it launches), the outcome.
-    let steps = ["Starting", "AgentLost", "ResumeRequested", "Resumed"];
-    let reasons = sessions.event_reasons_with(&name, &steps).await;
-    for expected in steps {
-        assert!(
-            reasons.iter().any(|r| r == expected),
-            "event {expected} missing from {reasons:?}"
-        );
-    }
-
-    // The same token again: nothing happens.
-    let resumed_events = reasons.iter().filter(|r| *r == "Resumed").count();
-    sessions.annotate(&name, "r1").await;
-    let touch = json!({"metadata": {"annotations": {"e2e.kandev.dev/touch": "1"}}});
-    sessions
-        .sessions()
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&touch))
-        .await
-        .expect("touch");
-    tokio::time::sleep(RESYNC * 2).await;
-    let same = sessions.live_pods(&name).await;
-    assert_eq!(
-        same.iter().map(|p| p.uid()).collect::<Vec<_>>(),
-        after.iter().map(|p| p.uid()).collect::<Vec<_>>()
-    );
-    let reasons = sessions.event_reasons(&name).await;
-    assert_eq!(
-        reasons.iter().filter(|r| *r == "Resumed").count(),
-        resumed_events,
-        "no second resume"
-    );
-
-    // A new token after another loss: a new resume.
-    sessions.delete_pod(&after[0]).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "r2").await;
-    wait_for(&sessions.sessions(), &name, "handled r2", handled("r2")).await;
-    assert_eq!(
-        sessions.token_of(&name).await.as_deref(),
-        Some(token.as_str()),
-        "same token again"
-    );
-    let live = sessions.live_pods(&name).await;
-    assert_eq!(live.len(), 1);
-
-    // GitOps rollback: the manifest goes back to r1 while the agent is lost. r1 was handled
-    // before, so nothing starts; the session stays lost and resumable (DESIGN §3 handshake).
-    sessions.delete_pod(&live[0]).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "r1").await;
-    tokio::time::sleep(RESYNC * 3).await;
-    assert!(
-        sessions.live_pods(&name).await.is_empty(),
-        "a re-applied old token started a pod"
-    );
-    let status = sessions
-        .sessions()
-        .get(&name)
-        .await
-        .expect("session")
-        .status
-        .expect("status");
-    assert_eq!(status.last_handled_resume_request.as_deref(), Some("r2"));
-    assert_eq!(status.recent_resume_requests, ["r1", "r2"]);
-    assert_eq!(status.active_resume_request, None);
-    assert!(status.needs_resume, "{status:#?}");
-    assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-    sessions.delete(&name).await;
-}
-
-/// -32002 from the real agent (the token is unknown to it) → fresh session, WAITING_FOR_INPUT,
-/// token replaced; -32603 from the scriptable agent → token kept, condition explains.
-#[tokio::test]
-#[ignore = "e2e: needs the cluster (make e2e)"]
-async fn rejected_and_inconclusive_restores() {
-    let sessions = setup().await;
-    let _operator = operator().start();
-
-    // Unknown session: claude-agent-acp answers -32002 for a UUID it has never seen.
-    let name = unique("unknown");
-    sessions.create(&name, "claude-code").await;
-    let (_, pod) = started_and_waiting(&sessions, &name).await;
-    let unknown = "0badc0de-0000-4000-8000-000000000000";
-    let patch = json!({"status": {"resumeToken": unknown}});
-    sessions
-        .executors()
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("set token");
-    sessions.delete_pod(&pod).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "u1").await;
-    let ts = wait_for(&sessions.sessions(), &name, "handled u1", handled("u1"))
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    assert_eq!(
-        status.state,
-        SessionState::WaitingForInput,
-        "token rejected is not FAILED: {status:#?}"
-    );
-    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-    assert_eq!(
-        (resumed.status.as_str(), resumed.reason.as_str()),
-        ("False", "TokenRejected")
-    );
-    let token = sessions.token_of(&name).await.expect("a new token");
-    assert_ne!(token, unknown, "the rejected token is replaced");
-    assert!(
+        let ts = sessions.new_session(&name, "claude-code", json!({"claimName": claim}));
         sessions
-            .event_reasons_with(&name, &["TokenRejected"])
+            .sessions()
+            .create(&PostParams::default(), &ts)
             .await
-            .iter()
-            .any(|r| r == "TokenRejected")
-    );
-    sessions.delete(&name).await;
-
-    // Inconclusive: -32603 on resume keeps the token and says why.
-    let name = unique("inconclusive");
-    sessions.create(&name, "test-inconclusive").await;
-    let (token, pod) = started_and_waiting(&sessions, &name).await;
-    sessions.delete_pod(&pod).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "i1").await;
-    let ts = wait_for(&sessions.sessions(), &name, "handled i1", handled("i1"))
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-    assert_eq!(resumed.status, "False");
-    assert!(
-        resumed.message.contains("token is kept"),
-        "{}",
-        resumed.message
-    );
-    assert!(status.needs_resume, "still needs a resume");
-    assert_eq!(
-        sessions.token_of(&name).await.as_deref(),
-        Some(token.as_str()),
-        "token kept"
-    );
-    assert!(
-        sessions.live_pods(&name).await.is_empty(),
-        "the failed attempt's pod is removed"
-    );
-    sessions.delete(&name).await;
-}
-
-/// Terminal sessions refuse a resume; a missing PVC fails the session with the reason; an
-/// invalid TaskSession is refused by the API server and the operator keeps working.
-#[tokio::test]
-#[ignore = "e2e: needs the cluster (make e2e)"]
-async fn refusals_and_bad_input() {
-    let sessions = setup().await;
-    let _operator = operator().start();
-
-    let invalid = sessions.new_session(
-        &unique("invalid"),
-        "Not A Profile!",
-        json!({"template": {"size": "1Gi"}}),
-    );
-    let err = sessions
-        .sessions()
-        .create(&PostParams::default(), &invalid)
-        .await
-        .expect_err("refused");
-    assert!(
-        err.to_string().contains("agent must be a profile name"),
-        "{err}"
-    );
-
-    // The agent cannot start a session: FAILED, and no agent pod left idling.
-    let name = unique("newfails");
-    sessions.create(&name, "test-new-fails").await;
-    let message = failed_with(&sessions, &name).await;
-    assert!(message.contains("starting the agent failed"), "{message}");
-    assert!(
-        sessions
-            .event_reasons_with(&name, &["LaunchFailed"])
-            .await
-            .iter()
-            .any(|r| r == "LaunchFailed"),
-        "LaunchFailed event"
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !sessions.live_pods(&name).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the pod of a failed first launch is deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let agent_not_running = |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| !conditions::is_true(&s.conditions, conditions::AGENT_RUNNING))
-    };
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "AgentRunning not True",
-        agent_not_running,
-    )
-    .await;
-    sessions.delete(&name).await;
-
-    // The user's workspace PVC (claimName) vanished while the session was lost: the resume ends
-    // FAILED with reason WorkspaceLost (never on an empty replacement), and Resumed reports this
-    // request's outcome.
-    let name = unique("pvcgone");
-    let claim = format!("{name}-ws");
-    let claims: Api<PersistentVolumeClaim> =
-        Api::namespaced(sessions.client.clone(), &sessions.namespace);
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": claim},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    }))
-    .expect("pvc");
-    claims
-        .create(&PostParams::default(), &pvc)
-        .await
-        .expect("create the workspace PVC");
-    let ts = sessions.new_session(&name, "claude-code", json!({"claimName": claim}));
-    sessions
-        .sessions()
-        .create(&PostParams::default(), &ts)
-        .await
-        .expect("create");
-    started_and_waiting(&sessions, &name).await;
-    sessions.lose_pods(&name).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    claims
-        .delete(&claim, &Default::default())
-        .await
-        .expect("delete the workspace PVC");
-    let gone = |pvc: Option<&PersistentVolumeClaim>| pvc.is_none();
-    wait_for(&claims, &claim, "deleted", gone).await;
-    sessions.annotate(&name, "p1").await;
-    let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    assert_eq!(status.state, SessionState::Failed, "{status:#?}");
-    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-    assert_eq!(
-        (resumed.status.as_str(), resumed.reason.as_str()),
-        ("False", "WorkspaceLost"),
-        "{resumed:?}"
-    );
-    assert!(
-        sessions.live_pods(&name).await.is_empty(),
-        "no pod on a lost workspace"
-    );
-    sessions.delete(&name).await;
-
-    // The same for a workspace from a template: it is not recreated empty.
-    let name = unique("tplgone");
-    let claim = format!("{name}-workspace");
-    sessions.create(&name, "claude-code").await;
-    started_and_waiting(&sessions, &name).await;
-    sessions.lose_pods(&name).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    claims
-        .delete(&claim, &Default::default())
-        .await
-        .expect("delete the template's PVC");
-    wait_for(&claims, &claim, "deleted", gone).await;
-    sessions.annotate(&name, "p1").await;
-    let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
-        .await
-        .expect("session");
-    let status = ts.status.expect("status");
-    assert_eq!(status.state, SessionState::Failed, "{status:#?}");
-    let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
-    assert_eq!(ready.reason, "WorkspaceLost", "{ready:?}");
-    assert!(
-        claims.get_opt(&claim).await.expect("get").is_none(),
-        "the template's PVC is not recreated"
-    );
-    sessions.delete(&name).await;
-
-    for terminal in ["COMPLETED", "CANCELLED"] {
-        let name = unique("terminal");
-        sessions.create(&name, "claude-code").await;
+            .expect("create");
         started_and_waiting(&sessions, &name).await;
-        sessions.set_status(&name, json!({"state": terminal})).await;
-        sessions.annotate(&name, "t1").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled t1", handled("t1"))
+        sessions.lose_pods(&name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        claims
+            .delete(&claim, &Default::default())
+            .await
+            .expect("delete the workspace PVC");
+        let gone = |pvc: Option<&PersistentVolumeClaim>| pvc.is_none();
+        wait_for(&claims, &claim, "deleted", gone).await;
+        sessions.annotate(&name, "p1").await;
+        let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
             .await
             .expect("session");
         let status = ts.status.expect("status");
-        assert_eq!(status.state.as_str(), terminal);
+        assert_eq!(status.state, SessionState::Failed, "{status:#?}");
         let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
         assert_eq!(
             (resumed.status.as_str(), resumed.reason.as_str()),
-            ("False", "TerminalState")
+            ("False", "WorkspaceLost"),
+            "{resumed:?}"
         );
         assert!(
-            sessions
-                .event_reasons_with(&name, &["ResumeRefused"])
-                .await
-                .iter()
-                .any(|r| r == "ResumeRefused")
+            sessions.live_pods(&name).await.is_empty(),
+            "no pod on a lost workspace"
         );
-        sessions.delete(&name).await;
-    }
+
+        // The same for a workspace from a template: it is not recreated empty.
+        let name = unique("tplgone");
+        let claim = format!("{name}-workspace");
+        sessions.create(&name, "claude-code").await;
+        started_and_waiting(&sessions, &name).await;
+        sessions.lose_pods(&name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        claims
+            .delete(&claim, &Default::default())
+            .await
+            .expect("delete the template's PVC");
+        wait_for(&claims, &claim, "deleted", gone).await;
+        sessions.annotate(&name, "p1").await;
+        let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
+            .await
+            .expect("session");
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::Failed, "{status:#?}");
+        let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
+        assert_eq!(ready.reason, "WorkspaceLost", "{ready:?}");
+        assert!(
+            claims.get_opt(&claim).await.expect("get").is_none(),
+            "the template's PVC is not recreated"
+        );
+
+        for terminal in ["COMPLETED", "CANCELLED"] {
+            let name = unique("terminal");
+            sessions.create(&name, "claude-code").await;
+            started_and_waiting(&sessions, &name).await;
+            sessions.set_status(&name, json!({"state": terminal})).await;
+            sessions.annotate(&name, "t1").await;
+            let ts = wait_for(&sessions.sessions(), &name, "handled t1", handled("t1"))
+                .await
+                .expect("session");
+            let status = ts.status.expect("status");
+            assert_eq!(status.state.as_str(), terminal);
+            let resumed =
+                conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+            assert_eq!(
+                (resumed.status.as_str(), resumed.reason.as_str()),
+                ("False", "TerminalState")
+            );
+            assert!(
+                sessions
+                    .event_reasons_with(&name, &["ResumeRefused"])
+                    .await
+                    .iter()
+                    .any(|r| r == "ResumeRefused")
+            );
+        }
+    };
+    sessions.run(body).await;
 }
 
 /// The operator dies right after persisting STARTING, then right after creating the pod; each
@@ -795,68 +773,70 @@ async fn refusals_and_bad_input() {
 async fn operator_restarts_mid_resume_leave_exactly_one_pod() {
     let sessions = setup().await;
     let name = unique("restart");
-    let first_pod = {
-        let _operator = operator().start();
-        sessions.create(&name, "claude-code").await;
-        started_and_waiting(&sessions, &name).await.1
-    };
-    let token = sessions.token_of(&name).await.expect("token");
-    {
-        // A restarted operator re-attaches to the running pod instead of relaunching it.
-        let _operator = operator().start();
-        tokio::time::sleep(RESYNC * 3).await;
-        let live = sessions.live_pods(&name).await;
-        assert_eq!(
-            live.iter().map(|p| p.uid()).collect::<Vec<_>>(),
-            vec![first_pod.uid()]
-        );
-        let ts = sessions.sessions().get(&name).await.expect("session");
-        assert_eq!(
-            ts.status.map(|s| s.state),
-            Some(SessionState::WaitingForInput)
-        );
-    }
-    for (step, request) in [("starting", "s1"), ("pod-created", "s2")] {
-        let pod = sessions.live_pods(&name).await.into_iter().next();
-        if let Some(pod) = pod {
-            sessions.delete_pod(&pod).await;
-        }
-        {
+    let body = async {
+        let first_pod = {
             let _operator = operator().start();
-            wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+            sessions.create(&name, "claude-code").await;
+            started_and_waiting(&sessions, &name).await.1
+        };
+        let token = sessions.token_of(&name).await.expect("token");
+        {
+            // A restarted operator re-attaches to the running pod instead of relaunching it.
+            let restarted = operator().start();
+            restarted.await_reconciles(3).await;
+            let live = sessions.live_pods(&name).await;
+            assert_eq!(
+                live.iter().map(|p| p.uid()).collect::<Vec<_>>(),
+                vec![first_pod.uid()]
+            );
+            let ts = sessions.sessions().get(&name).await.expect("session");
+            assert_eq!(
+                ts.status.map(|s| s.state),
+                Some(SessionState::WaitingForInput)
+            );
         }
-        sessions.annotate(&name, request).await;
-        let mut crashing = operator().fault(step).start();
-        assert_eq!(
-            crashing.exited(Duration::from_secs(60)).await,
-            Some(3),
-            "fault point {step}"
-        );
-        let _operator = operator().start();
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            &format!("handled {request}"),
-            handled(request),
-        )
-        .await;
-        let live = sessions.live_pods(&name).await;
-        assert_eq!(
-            live.len(),
-            1,
-            "after a crash at {step}: {:?}",
-            live.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            sessions.token_of(&name).await.as_deref(),
-            Some(token.as_str())
-        );
-    }
-    sessions.delete(&name).await;
+        for (step, request) in [("starting", "s1"), ("pod-created", "s2")] {
+            let pod = sessions.live_pods(&name).await.into_iter().next();
+            if let Some(pod) = pod {
+                sessions.delete_pod(&pod).await;
+            }
+            {
+                let _operator = operator().start();
+                wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+            }
+            sessions.annotate(&name, request).await;
+            let mut crashing = operator().fault(step).start();
+            assert_eq!(
+                crashing.exited(Duration::from_secs(60)).await,
+                Some(3),
+                "fault point {step}"
+            );
+            let _operator = operator().start();
+            wait_for(
+                &sessions.sessions(),
+                &name,
+                &format!("handled {request}"),
+                handled(request),
+            )
+            .await;
+            let live = sessions.live_pods(&name).await;
+            assert_eq!(
+                live.len(),
+                1,
+                "after a crash at {step}: {:?}",
+                live.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                sessions.token_of(&name).await.as_deref(),
+                Some(token.as_str())
+            );
+        }
+    };
+    sessions.run_with_operator(operator(), body).await;
 }
 
-async fn lease_holder(client: &Client, lease: &str) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+async fn lease_holder(sessions: &Sessions, lease: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(sessions.client.clone(), &sessions.namespace);
     leases
         .get_opt(lease)
         .await
@@ -866,13 +846,13 @@ async fn lease_holder(client: &Client, lease: &str) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
-async fn wait_lease_holder(client: &Client, lease: &str, identity: &str, within: Duration) {
+async fn wait_lease_holder(sessions: &Sessions, lease: &str, identity: &str, within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
-    while lease_holder(client, lease).await.as_deref() != Some(identity) {
+    while lease_holder(sessions, lease).await.as_deref() != Some(identity) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "{identity} did not hold lease {lease} within {within:?} (holder: {:?})",
-            lease_holder(client, lease).await
+            lease_holder(sessions, lease).await
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -884,52 +864,54 @@ async fn wait_lease_holder(client: &Client, lease: &str, identity: &str, within:
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn two_replicas_elect_one_leader_and_fail_over() {
     let sessions = setup().await;
-    let client = &sessions.client;
-    let lease = unique("lease");
-    let leader = operator().leader_election(&lease, NS, "replica-a").start();
-    wait_lease_holder(client, &lease, "replica-a", Duration::from_secs(30)).await;
-    let follower = operator().leader_election(&lease, NS, "replica-b").start();
+    let ns = sessions.namespace.clone();
+    let body = async {
+        let lease = unique("lease");
+        let leader = operator().leader_election(&lease, &ns, "replica-a").start();
+        wait_lease_holder(&sessions, &lease, "replica-a", Duration::from_secs(30)).await;
+        let follower = operator().leader_election(&lease, &ns, "replica-b").start();
 
-    let name = unique("ha");
-    sessions.create(&name, "claude-code").await;
-    let (token, pod) = started_and_waiting(&sessions, &name).await;
-    assert_eq!(
-        lease_holder(client, &lease).await.as_deref(),
-        Some("replica-a")
-    );
-    let follower_log = std::fs::read_to_string(follower.log()).unwrap_or_default();
-    assert!(
-        !follower_log.contains("became the leader"),
-        "only one leader: {follower_log}"
-    );
+        let name = unique("ha");
+        sessions.create(&name, "claude-code").await;
+        let (token, pod) = started_and_waiting(&sessions, &name).await;
+        assert_eq!(
+            lease_holder(&sessions, &lease).await.as_deref(),
+            Some("replica-a")
+        );
+        let follower_log = std::fs::read_to_string(follower.log()).unwrap_or_default();
+        assert!(
+            !follower_log.contains("became the leader"),
+            "only one leader: {follower_log}"
+        );
 
-    drop(leader);
-    // The lease lasts 15 s without renewal.
-    wait_lease_holder(client, &lease, "replica-b", Duration::from_secs(45)).await;
-    sessions.delete_pod(&pod).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "ha1").await;
-    wait_for(&sessions.sessions(), &name, "handled ha1", handled("ha1")).await;
-    assert_eq!(
-        sessions.token_of(&name).await.as_deref(),
-        Some(token.as_str())
-    );
+        drop(leader);
+        // The lease lasts 15 s without renewal.
+        wait_lease_holder(&sessions, &lease, "replica-b", Duration::from_secs(45)).await;
+        sessions.delete_pod(&pod).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "ha1").await;
+        wait_for(&sessions.sessions(), &name, "handled ha1", handled("ha1")).await;
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
 
-    // A leader that is shut down (SIGTERM) releases the lease on its way out: the next replica
-    // need not wait out a lease duration.
-    let mut follower = follower;
-    let _third = operator().leader_election(&lease, NS, "replica-c").start();
-    assert_eq!(
-        follower.terminate(Duration::from_secs(30)).await,
-        Some(0),
-        "a clean exit; log {}",
-        follower.log().display()
-    );
-    let holder = lease_holder(client, &lease).await;
-    assert!(
-        holder.as_deref() != Some("replica-b"),
-        "released on shutdown: holder {holder:?}"
-    );
-    wait_lease_holder(client, &lease, "replica-c", Duration::from_secs(30)).await;
-    sessions.delete(&name).await;
+        // A leader that is shut down (SIGTERM) releases the lease on its way out: the next replica
+        // need not wait out a lease duration.
+        let mut follower = follower;
+        let _third = operator().leader_election(&lease, &ns, "replica-c").start();
+        assert_eq!(
+            follower.terminate(Duration::from_secs(30)).await,
+            Some(0),
+            "a clean exit; log {}",
+            follower.log().display()
+        );
+        let holder = lease_holder(&sessions, &lease).await;
+        assert!(
+            holder.as_deref() != Some("replica-b"),
+            "released on shutdown: holder {holder:?}"
+        );
+        wait_lease_holder(&sessions, &lease, "replica-c", Duration::from_secs(30)).await;
+    };
+    sessions.run_with_operator(operator(), body).await;
 }
