@@ -26,7 +26,7 @@ use std::time::Duration;
 use e2e_support::git::{GitDaemon, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, pod_sh as sh, unique, wait_for};
+use e2e_support::{pod_sh as sh, unique, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
     AgentActivity, ConfigOptionValue, ExecutorPhase, ExecutorRunning, RESUME_ANNOTATION,
@@ -37,8 +37,6 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-const NS: &str = "kandev-e2e-resume-cases";
-const RESYNC: Duration = Duration::from_secs(2);
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
 
 /// Where the scripted agent logs, relative to its working directory (the workspace): under
@@ -150,13 +148,11 @@ fn operator(name: &str, args: &[&str], injection: bool) -> OperatorBuilder {
     Operator::builder()
         .log_prefix("resume-cases-operator")
         .profiles("resume-cases-profiles.yaml", &profiles.to_string())
-        .resync(RESYNC)
 }
 
+/// A cluster client with the CRDs installed, and a namespace of the test's own.
 async fn setup() -> Sessions {
-    let sessions = Sessions::new(&client_with_crds().await, NS);
-    sessions.ensure_namespace().await;
-    sessions
+    Sessions::fresh("kandev-e2e-resume-cases").await
 }
 
 async fn executor(sessions: &Sessions, name: &str) -> ExecutorRunning {
@@ -210,147 +206,149 @@ async fn resumed_condition(sessions: &Sessions, name: &str) -> (String, String, 
 async fn case_c_sends_the_task_description_again_exactly_once() {
     const TASK: &str = "Fix the flaky login test.\nKeep the fix small.";
     let sessions = setup().await;
-    let _operator = operator(
+    let operator = operator(
         "case-c",
         &["--on-prompt", "hang", "--unique-session-ids"],
         false,
     )
     .start();
-    let name = unique("case-c");
-    sessions.create_with_task(&name, "case-c", Some(TASK)).await;
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "RUNNING",
-        state_is(SessionState::Running),
-    )
-    .await
-    .expect("session");
-    let first_token = sessions.token_of(&name).await.expect("a token");
-    let log = AgentLog::of(&sessions, &name).await;
-    let processes = log
-        .wait("the first prompt", |p| {
-            p.len() == 1 && !AgentLog::prompts(&p[0]).is_empty()
-        })
-        .await;
-    assert_eq!(AgentLog::prompts(&processes[0]), [TASK]);
-
-    sessions.lose_pods(&name).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    // While the launch runs, the session is STARTING and remembers where it goes back to: a
-    // prompt is re-sent, so RUNNING. (A watch sees every state the operator persists.)
-    let starting = {
-        let api = sessions.sessions();
-        let name = name.clone();
-        tokio::spawn(async move {
-            wait_for(
-                &api,
-                &name,
-                "STARTING with previousState RUNNING",
-                |ts: Option<&TaskSession>| {
-                    ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
-                        s.state == SessionState::Starting
-                            && s.previous_state == Some(SessionState::Running)
-                            && s.active_resume_request.as_deref() == Some("c1")
-                    })
-                },
-            )
-            .await
-            .is_some()
-        })
-    };
-    // Its initial list done before the request.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let patch = json!({"metadata": {"annotations": {
-        RESUME_ANNOTATION: "c1", RESUME_FRESH_ANNOTATION: "c1"}}});
-    sessions
-        .sessions()
-        .patch(
+    let body = async {
+        let name = unique("case-c");
+        sessions.create_with_task(&name, "case-c", Some(TASK)).await;
+        wait_for(
+            &sessions.sessions(),
             &name,
-            &PatchParams::apply("kandev-e2e-user"),
-            &Patch::Merge(&patch),
+            "RUNNING",
+            state_is(SessionState::Running),
         )
         .await
-        .expect("request a fresh resume");
-    let ts = wait_for(&sessions.sessions(), &name, "handled c1", handled("c1"))
-        .await
         .expect("session");
-    assert!(
-        starting.await.expect("the STARTING watch"),
-        "never STARTING"
-    );
-    let generation = ts.metadata.generation;
-    let status = ts.status.expect("status");
-    assert_eq!(status.state, SessionState::Running, "{status:#?}");
-    assert!(!status.needs_resume, "{status:#?}");
-    assert_eq!(
-        status.previous_state, None,
-        "cleared once the launch is done"
-    );
-    assert_eq!(status.executor_ref.as_deref(), Some(name.as_str()));
-    assert_eq!(status.observed_generation, generation);
-    let (ok, reason, message) = resumed_condition(&sessions, &name).await;
-    assert_eq!((ok.as_str(), reason.as_str()), ("True", "Started"));
-    assert!(message.contains("sent the task description"), "{message}");
-    let token = sessions.token_of(&name).await.expect("a token");
-    assert_ne!(token, first_token, "a fresh session has a new token");
-    // The executor record of the new launch.
-    let pod = the_pod(&sessions, &name).await;
-    let er = executor(&sessions, &name).await.status.expect("ER status");
-    assert_eq!(er.status, Some(ExecutorPhase::Running));
-    assert_eq!(
-        er.activity,
-        Some(AgentActivity::Working),
-        "the prompt hangs"
-    );
-    assert!(er.resumable);
-    assert_eq!(er.pod_name.as_deref(), Some(pod.name_any().as_str()));
-    assert_eq!(er.pod_uid, pod.metadata.uid);
-    assert_eq!(er.agent_execution_id, pod.metadata.uid);
-    assert!(er.last_seen_at.is_some());
-    assert_eq!(
-        er.last_message_uuid, None,
-        "no message of the new session yet"
-    );
-    let capabilities = er.capabilities.expect("capabilities");
-    assert_eq!(
-        capabilities.agent_name.as_deref(),
-        Some("kandev-test-agent")
-    );
-    assert_eq!(
-        capabilities.agent_version.as_deref(),
-        Some(env!("CARGO_PKG_VERSION")),
-        "the test agent reports this crate's version"
-    );
-    assert!(capabilities.load_session && capabilities.session_resume);
-    assert_eq!(capabilities.protocol_version, Some(1));
+        let first_token = sessions.token_of(&name).await.expect("a token");
+        let log = AgentLog::of(&sessions, &name).await;
+        let processes = log
+            .wait("the first prompt", |p| {
+                p.len() == 1 && !AgentLog::prompts(&p[0]).is_empty()
+            })
+            .await;
+        assert_eq!(AgentLog::prompts(&processes[0]), [TASK]);
 
-    // Several reconcile periods later: still exactly once (no retry, no second dispatch).
-    tokio::time::sleep(RESYNC * 4).await;
-    let processes = log.per_process();
-    assert_eq!(processes.len(), 2, "one new agent process: {processes:?}");
-    let resumed = &processes[1];
-    assert_eq!(
-        AgentLog::prompts(resumed),
-        [TASK],
-        "the description, once and unwrapped: {resumed:?}"
-    );
-    let calls: Vec<&str> = resumed
-        .iter()
-        .filter(|l| !l.starts_with("prompt-text "))
-        .map(|l| l.split(' ').next().unwrap_or_default())
-        .collect();
-    assert_eq!(
-        calls,
-        ["initialize", "session/new", "session/prompt"],
-        "a fresh start restores nothing: {resumed:?}"
-    );
-    assert!(
-        resumed.contains(&format!("session/prompt {token}")),
-        "{resumed:?}"
-    );
-    assert_eq!(sessions.live_pods(&name).await.len(), 1);
-    sessions.delete(&name).await;
+        sessions.lose_pods(&name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        // While the launch runs, the session is STARTING and remembers where it goes back to: a
+        // prompt is re-sent, so RUNNING. (A watch sees every state the operator persists.)
+        let starting = {
+            let api = sessions.sessions();
+            let name = name.clone();
+            tokio::spawn(async move {
+                wait_for(
+                    &api,
+                    &name,
+                    "STARTING with previousState RUNNING",
+                    |ts: Option<&TaskSession>| {
+                        ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
+                            s.state == SessionState::Starting
+                                && s.previous_state == Some(SessionState::Running)
+                                && s.active_resume_request.as_deref() == Some("c1")
+                        })
+                    },
+                )
+                .await
+                .is_some()
+            })
+        };
+        // Its initial list done before the request.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let patch = json!({"metadata": {"annotations": {
+            RESUME_ANNOTATION: "c1", RESUME_FRESH_ANNOTATION: "c1"}}});
+        sessions
+            .sessions()
+            .patch(
+                &name,
+                &PatchParams::apply("kandev-e2e-user"),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .expect("request a fresh resume");
+        let ts = wait_for(&sessions.sessions(), &name, "handled c1", handled("c1"))
+            .await
+            .expect("session");
+        assert!(
+            starting.await.expect("the STARTING watch"),
+            "never STARTING"
+        );
+        let generation = ts.metadata.generation;
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::Running, "{status:#?}");
+        assert!(!status.needs_resume, "{status:#?}");
+        assert_eq!(
+            status.previous_state, None,
+            "cleared once the launch is done"
+        );
+        assert_eq!(status.executor_ref.as_deref(), Some(name.as_str()));
+        assert_eq!(status.observed_generation, generation);
+        let (ok, reason, message) = resumed_condition(&sessions, &name).await;
+        assert_eq!((ok.as_str(), reason.as_str()), ("True", "Started"));
+        assert!(message.contains("sent the task description"), "{message}");
+        let token = sessions.token_of(&name).await.expect("a token");
+        assert_ne!(token, first_token, "a fresh session has a new token");
+        // The executor record of the new launch.
+        let pod = the_pod(&sessions, &name).await;
+        let er = executor(&sessions, &name).await.status.expect("ER status");
+        assert_eq!(er.status, Some(ExecutorPhase::Running));
+        assert_eq!(
+            er.activity,
+            Some(AgentActivity::Working),
+            "the prompt hangs"
+        );
+        assert!(er.resumable);
+        assert_eq!(er.pod_name.as_deref(), Some(pod.name_any().as_str()));
+        assert_eq!(er.pod_uid, pod.metadata.uid);
+        assert_eq!(er.agent_execution_id, pod.metadata.uid);
+        assert!(er.last_seen_at.is_some());
+        assert_eq!(
+            er.last_message_uuid, None,
+            "no message of the new session yet"
+        );
+        let capabilities = er.capabilities.expect("capabilities");
+        assert_eq!(
+            capabilities.agent_name.as_deref(),
+            Some("kandev-test-agent")
+        );
+        assert_eq!(
+            capabilities.agent_version.as_deref(),
+            Some(env!("CARGO_PKG_VERSION")),
+            "the test agent reports this crate's version"
+        );
+        assert!(capabilities.load_session && capabilities.session_resume);
+        assert_eq!(capabilities.protocol_version, Some(1));
+
+        // Several looks at the session later: still exactly once (no retry, no second dispatch).
+        operator.await_reconciles(4).await;
+        let processes = log.per_process();
+        assert_eq!(processes.len(), 2, "one new agent process: {processes:?}");
+        let resumed = &processes[1];
+        assert_eq!(
+            AgentLog::prompts(resumed),
+            [TASK],
+            "the description, once and unwrapped: {resumed:?}"
+        );
+        let calls: Vec<&str> = resumed
+            .iter()
+            .filter(|l| !l.starts_with("prompt-text "))
+            .map(|l| l.split(' ').next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            calls,
+            ["initialize", "session/new", "session/prompt"],
+            "a fresh start restores nothing: {resumed:?}"
+        );
+        assert!(
+            resumed.contains(&format!("session/prompt {token}")),
+            "{resumed:?}"
+        );
+        assert_eq!(sessions.live_pods(&name).await.len(), 1);
+    };
+    sessions.run(body).await;
 }
 
 /// History injection after a fresh-start resume: the agent does not know the saved session
@@ -364,93 +362,95 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
     const TASK: &str = "Say hello.";
     let sessions = setup().await;
     let _operator = operator("inject", &["--unique-session-ids"], true).start();
-    let name = unique("inject");
-    sessions.create_with_task(&name, "inject", Some(TASK)).await;
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
-    let old_token = sessions.token_of(&name).await.expect("a token");
-    let log = AgentLog::of(&sessions, &name).await;
-    last_message_is(&sessions, &name, Some(&format!("{old_token}/m-1"))).await;
+    let body = async {
+        let name = unique("inject");
+        sessions.create_with_task(&name, "inject", Some(TASK)).await;
+        wait_for(
+            &sessions.sessions(),
+            &name,
+            "WAITING_FOR_INPUT",
+            state_is(SessionState::WaitingForInput),
+        )
+        .await
+        .expect("session");
+        let old_token = sessions.token_of(&name).await.expect("a token");
+        let log = AgentLog::of(&sessions, &name).await;
+        last_message_is(&sessions, &name, Some(&format!("{old_token}/m-1"))).await;
 
-    sessions.lose_pods(&name).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "h1").await;
-    wait_for(&sessions.sessions(), &name, "handled h1", handled("h1")).await;
-    let (ok, reason, _) = resumed_condition(&sessions, &name).await;
-    assert_eq!((ok.as_str(), reason.as_str()), ("False", "TokenRejected"));
-    let token = sessions.token_of(&name).await.expect("a token");
-    assert_ne!(token, old_token, "the rejected token is replaced");
-    let er = executor(&sessions, &name).await;
-    assert_eq!(
-        er.status.and_then(|s| s.last_message_uuid),
-        None,
-        "the old session's message id went with its token"
-    );
-    let processes = log.per_process();
-    assert_eq!(processes.len(), 2, "{processes:?}");
-    assert_eq!(
-        AgentLog::prompts(&processes[1]),
-        Vec::<String>::new(),
-        "a rejected token boots idle: nothing sent on its own"
-    );
-    assert!(
-        processes[1].contains(&format!("session/resume {old_token}")),
-        "{processes:?}"
-    );
-
-    for prompt in ["What did you do so far?", "And then?"] {
-        let output = tokio::process::Command::new(PLUGIN)
-            .args(["prompt", &name, prompt, "-n", NS])
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .expect("run kubectl-kandev prompt");
+        sessions.lose_pods(&name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "h1").await;
+        wait_for(&sessions.sessions(), &name, "handled h1", handled("h1")).await;
+        let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+        assert_eq!((ok.as_str(), reason.as_str()), ("False", "TokenRejected"));
+        let token = sessions.token_of(&name).await.expect("a token");
+        assert_ne!(token, old_token, "the rejected token is replaced");
+        let er = executor(&sessions, &name).await;
         assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
+            er.status.and_then(|s| s.last_message_uuid),
+            None,
+            "the old session's message id went with its token"
         );
-    }
-    let processes = log.per_process();
-    let prompts = AgentLog::prompts(&processes[1]);
-    assert_eq!(prompts.len(), 2, "{prompts:?}");
-    let wrapped = &prompts[0];
-    assert!(
-        wrapped.starts_with("RESUME CONTEXT FOR CONTINUING TASK"),
-        "{wrapped}"
-    );
-    let history = format!("[USER]: {TASK}\n[ASSISTANT]: echo: {TASK}");
-    let mut at = 0;
-    for part in [
-        "=== EXECUTION HISTORY ===",
-        history.as_str(),
-        "=== CURRENT REQUEST ===",
-        "What did you do so far?",
-        "=== INSTRUCTIONS ===",
-    ] {
-        let found = wrapped[at..].find(part).unwrap_or_else(|| {
-            panic!("{part:?} (in this order) in the wrapped prompt:\n{wrapped}")
-        });
-        at += found + part.len();
-    }
-    assert_eq!(prompts[1], "And then?", "wrapped once, not twice");
-    // The new session's answers carry their ids (m-1, m-2 of the new agent process).
-    last_message_is(&sessions, &name, Some(&format!("{token}/m-2"))).await;
-    let er = executor(&sessions, &name).await.status.expect("ER status");
-    assert_eq!(er.activity, Some(AgentActivity::Idle));
-    assert!(
-        er.journal_cursor.is_some_and(|c| c >= 4),
-        "the journal's entries were applied: {:?}",
-        er.journal_cursor
-    );
-    sessions.delete(&name).await;
+        let processes = log.per_process();
+        assert_eq!(processes.len(), 2, "{processes:?}");
+        assert_eq!(
+            AgentLog::prompts(&processes[1]),
+            Vec::<String>::new(),
+            "a rejected token boots idle: nothing sent on its own"
+        );
+        assert!(
+            processes[1].contains(&format!("session/resume {old_token}")),
+            "{processes:?}"
+        );
+
+        for prompt in ["What did you do so far?", "And then?"] {
+            let output = tokio::process::Command::new(PLUGIN)
+                .args(["prompt", &name, prompt, "-n", &sessions.namespace])
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .expect("run kubectl-kandev prompt");
+            assert_eq!(
+                output.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let processes = log.per_process();
+        let prompts = AgentLog::prompts(&processes[1]);
+        assert_eq!(prompts.len(), 2, "{prompts:?}");
+        let wrapped = &prompts[0];
+        assert!(
+            wrapped.starts_with("RESUME CONTEXT FOR CONTINUING TASK"),
+            "{wrapped}"
+        );
+        let history = format!("[USER]: {TASK}\n[ASSISTANT]: echo: {TASK}");
+        let mut at = 0;
+        for part in [
+            "=== EXECUTION HISTORY ===",
+            history.as_str(),
+            "=== CURRENT REQUEST ===",
+            "What did you do so far?",
+            "=== INSTRUCTIONS ===",
+        ] {
+            let found = wrapped[at..].find(part).unwrap_or_else(|| {
+                panic!("{part:?} (in this order) in the wrapped prompt:\n{wrapped}")
+            });
+            at += found + part.len();
+        }
+        assert_eq!(prompts[1], "And then?", "wrapped once, not twice");
+        // The new session's answers carry their ids (m-1, m-2 of the new agent process).
+        last_message_is(&sessions, &name, Some(&format!("{token}/m-2"))).await;
+        let er = executor(&sessions, &name).await.status.expect("ER status");
+        assert_eq!(er.activity, Some(AgentActivity::Idle));
+        assert!(
+            er.journal_cursor.is_some_and(|c| c >= 4),
+            "the journal's entries were applied: {:?}",
+            er.journal_cursor
+        );
+    };
+    sessions.run(body).await;
 }
 
 /// A repository session is resumed with its worktree intact: before the loss the workspace
@@ -473,116 +473,118 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
         false,
     )
     .start();
-    let repos = Repositories::new();
-    let upstream = repos.create("app");
-    let daemon = GitDaemon::start(repos.path()).await;
-    let name = unique("repo-resume");
-    let mut ts: TaskSession = sessions.new_session_with_task(
-        &name,
-        "repo-agent",
-        None,
-        json!({"template": {"size": "1Gi"}}),
-    );
-    ts.spec.repository = Some(
-        serde_json::from_value(
-            json!({"url": daemon.url("app"), "branch": "kandev/resume", "baseBranch": "develop"}),
+    let body = async {
+        let repos = Repositories::new();
+        let upstream = repos.create("app");
+        let daemon = GitDaemon::start(repos.path()).await;
+        let name = unique("repo-resume");
+        let mut ts: TaskSession = sessions.new_session_with_task(
+            &name,
+            "repo-agent",
+            None,
+            json!({"template": {"size": "1Gi"}}),
+        );
+        ts.spec.repository = Some(
+            serde_json::from_value(
+                json!({"url": daemon.url("app"), "branch": "kandev/resume", "baseBranch": "develop"}),
+            )
+            .expect("repository"),
+        );
+        sessions
+            .sessions()
+            .create(&PostParams::default(), &ts)
+            .await
+            .expect("create TaskSession");
+        wait_for(
+            &sessions.sessions(),
+            &name,
+            "WAITING_FOR_INPUT",
+            state_is(SessionState::WaitingForInput),
         )
-        .expect("repository"),
-    );
-    sessions
-        .sessions()
-        .create(&PostParams::default(), &ts)
         .await
-        .expect("create TaskSession");
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
-    let first = executor(&sessions, &name)
-        .await
-        .status
-        .and_then(|s| s.worktree)
-        .expect("worktree");
-    assert_eq!(first.branch.as_deref(), Some("kandev/resume"));
-    assert_eq!(first.commit.as_deref(), Some(upstream.develop.as_str()));
-    let log = AgentLog::of(&sessions, &name).await;
-    // Nothing prompted yet: `kubectl kandev history` runs `agentctl history` in the pod, which
-    // exits 3 saying there is no recorded history (kwok's exec status carries no exit code, so
-    // the plugin goes by agentctl's words here); the plugin says so and succeeds.
-    let output = tokio::process::Command::new(PLUGIN)
-        .args(["history", &name, "-n", NS])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .expect("run kubectl-kandev history");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
-    assert!(stderr.contains("has no recorded history yet"), "{stderr}");
+        .expect("session");
+        let first = executor(&sessions, &name)
+            .await
+            .status
+            .and_then(|s| s.worktree)
+            .expect("worktree");
+        assert_eq!(first.branch.as_deref(), Some("kandev/resume"));
+        assert_eq!(first.commit.as_deref(), Some(upstream.develop.as_str()));
+        let log = AgentLog::of(&sessions, &name).await;
+        // Nothing prompted yet: `kubectl kandev history` runs `agentctl history` in the pod, which
+        // exits 3 saying there is no recorded history (kwok's exec status carries no exit code, so
+        // the plugin goes by agentctl's words here); the plugin says so and succeeds.
+        let output = tokio::process::Command::new(PLUGIN)
+            .args(["history", &name, "-n", &sessions.namespace])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .expect("run kubectl-kandev history");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+        assert!(stderr.contains("has no recorded history yet"), "{stderr}");
 
-    let client = sessions.client.clone();
-    let pod = the_pod(&sessions, &name).await;
-    let head = sh(
-        &client,
-        &pod,
-        "git -c user.name=agent -c user.email=agent@e2e.invalid commit -q --allow-empty \
-         -m 'work of the agent' && echo local > LOCAL.md && git add LOCAL.md && \
-         git -c user.name=agent -c user.email=agent@e2e.invalid commit -q -m 'add LOCAL.md' && \
-         echo changed >> DEVELOP.md && git rev-parse HEAD",
-    )
-    .await;
-    assert_ne!(
-        head, upstream.develop,
-        "the workspace has commits of its own"
-    );
-    let before = sh(
-        &client,
-        &pod,
-        "git rev-parse --abbrev-ref HEAD && git status --porcelain && cat LOCAL.md",
-    )
-    .await;
-    assert_eq!(before, "kandev/resume\n M DEVELOP.md\nlocal");
+        let client = sessions.client.clone();
+        let pod = the_pod(&sessions, &name).await;
+        let head = sh(
+            &client,
+            &pod,
+            "git -c user.name=agent -c user.email=agent@e2e.invalid commit -q --allow-empty \
+             -m 'work of the agent' && echo local > LOCAL.md && git add LOCAL.md && \
+             git -c user.name=agent -c user.email=agent@e2e.invalid commit -q -m 'add LOCAL.md' && \
+             echo changed >> DEVELOP.md && git rev-parse HEAD",
+        )
+        .await;
+        assert_ne!(
+            head, upstream.develop,
+            "the workspace has commits of its own"
+        );
+        let before = sh(
+            &client,
+            &pod,
+            "git rev-parse --abbrev-ref HEAD && git status --porcelain && cat LOCAL.md",
+        )
+        .await;
+        assert_eq!(before, "kandev/resume\n M DEVELOP.md\nlocal");
 
-    drop(daemon);
-    sessions.delete_pod(&pod).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "w1").await;
-    wait_for(&sessions.sessions(), &name, "handled w1", handled("w1")).await;
-    let (ok, reason, _) = resumed_condition(&sessions, &name).await;
-    assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
-    let pod = the_pod(&sessions, &name).await;
-    let after = sh(
-        &client,
-        &pod,
-        "git rev-parse --abbrev-ref HEAD && git status --porcelain && cat LOCAL.md && \
-         tail -n 1 DEVELOP.md && git rev-parse HEAD",
-    )
-    .await;
-    assert_eq!(after, format!("{before}\nchanged\n{head}"));
-    let worktree = executor(&sessions, &name)
-        .await
-        .status
-        .and_then(|s| s.worktree)
-        .expect("worktree");
-    assert_eq!(
-        worktree,
-        WorktreeStatus {
-            commit: Some(head),
-            ..first
-        },
-        "the worktree as agentctl found it at the new start"
-    );
-    let processes = log.per_process();
-    assert_eq!(processes.len(), 2, "{processes:?}");
-    assert!(
-        processes[1].contains(&"session/resume repo-session".to_string()),
-        "{processes:?}"
-    );
-    sessions.delete(&name).await;
+        drop(daemon);
+        sessions.delete_pod(&pod).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "w1").await;
+        wait_for(&sessions.sessions(), &name, "handled w1", handled("w1")).await;
+        let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+        assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
+        let pod = the_pod(&sessions, &name).await;
+        let after = sh(
+            &client,
+            &pod,
+            "git rev-parse --abbrev-ref HEAD && git status --porcelain && cat LOCAL.md && \
+             tail -n 1 DEVELOP.md && git rev-parse HEAD",
+        )
+        .await;
+        assert_eq!(after, format!("{before}\nchanged\n{head}"));
+        let worktree = executor(&sessions, &name)
+            .await
+            .status
+            .and_then(|s| s.worktree)
+            .expect("worktree");
+        assert_eq!(
+            worktree,
+            WorktreeStatus {
+                commit: Some(head),
+                ..first
+            },
+            "the worktree as agentctl found it at the new start"
+        );
+        let processes = log.per_process();
+        assert_eq!(processes.len(), 2, "{processes:?}");
+        assert!(
+            processes[1].contains(&"session/resume repo-session".to_string()),
+            "{processes:?}"
+        );
+    };
+    sessions.run(body).await;
 }
 
 /// Waits until the ExecutorRunning's `sessionConfig` is `expected`.
@@ -619,57 +621,59 @@ async fn a_resume_sets_the_sessions_mode_back() {
         false,
     )
     .start();
-    let name = unique("config");
-    // The scripted agent switches its mode on this prompt (a current_mode_update).
-    sessions
-        .create_with_task(&name, "config-agent", Some("set-mode plan"))
-        .await;
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
-    let planned = SessionConfigState {
-        mode: Some("plan".into()),
-        model: Some("small".into()),
-        config_options: vec![ConfigOptionValue {
-            id: "effort".into(),
-            value: "low".into(),
-        }],
-    };
-    session_config_is(&sessions, &name, planned.clone()).await;
-    let log = AgentLog::of(&sessions, &name).await;
+    let body = async {
+        let name = unique("config");
+        // The scripted agent switches its mode on this prompt (a current_mode_update).
+        sessions
+            .create_with_task(&name, "config-agent", Some("set-mode plan"))
+            .await;
+        wait_for(
+            &sessions.sessions(),
+            &name,
+            "WAITING_FOR_INPUT",
+            state_is(SessionState::WaitingForInput),
+        )
+        .await
+        .expect("session");
+        let planned = SessionConfigState {
+            mode: Some("plan".into()),
+            model: Some("small".into()),
+            config_options: vec![ConfigOptionValue {
+                id: "effort".into(),
+                value: "low".into(),
+            }],
+        };
+        session_config_is(&sessions, &name, planned.clone()).await;
+        let log = AgentLog::of(&sessions, &name).await;
 
-    sessions.lose_pods(&name).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-    sessions.annotate(&name, "m1").await;
-    wait_for(&sessions.sessions(), &name, "handled m1", handled("m1")).await;
-    let (ok, reason, _) = resumed_condition(&sessions, &name).await;
-    assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
-    let processes = log
-        .wait("the mode set back", |processes| {
-            processes.len() == 2 && processes[1].iter().any(|l| l.starts_with("set "))
-        })
-        .await;
-    let restored = &processes[1];
-    let resume_at = restored
-        .iter()
-        .position(|l| l == "session/resume config-session")
-        .unwrap_or_else(|| panic!("no resume: {restored:?}"));
-    let set_backs: Vec<&String> = restored.iter().filter(|l| l.starts_with("set ")).collect();
-    assert_eq!(set_backs, vec!["set mode plan"], "{restored:?}");
-    let set_at = restored
-        .iter()
-        .position(|l| l == "set mode plan")
-        .expect("set mode");
-    assert!(set_at > resume_at, "{restored:?}");
-    assert!(
-        AgentLog::prompts(restored).is_empty(),
-        "a restore sends no prompt: {restored:?}"
-    );
-    session_config_is(&sessions, &name, planned).await;
-    sessions.delete(&name).await;
+        sessions.lose_pods(&name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.annotate(&name, "m1").await;
+        wait_for(&sessions.sessions(), &name, "handled m1", handled("m1")).await;
+        let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+        assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
+        let processes = log
+            .wait("the mode set back", |processes| {
+                processes.len() == 2 && processes[1].iter().any(|l| l.starts_with("set "))
+            })
+            .await;
+        let restored = &processes[1];
+        let resume_at = restored
+            .iter()
+            .position(|l| l == "session/resume config-session")
+            .unwrap_or_else(|| panic!("no resume: {restored:?}"));
+        let set_backs: Vec<&String> = restored.iter().filter(|l| l.starts_with("set ")).collect();
+        assert_eq!(set_backs, vec!["set mode plan"], "{restored:?}");
+        let set_at = restored
+            .iter()
+            .position(|l| l == "set mode plan")
+            .expect("set mode");
+        assert!(set_at > resume_at, "{restored:?}");
+        assert!(
+            AgentLog::prompts(restored).is_empty(),
+            "a restore sends no prompt: {restored:?}"
+        );
+        session_config_is(&sessions, &name, planned).await;
+    };
+    sessions.run(body).await;
 }
