@@ -11,10 +11,8 @@ use std::time::Duration;
 use e2e_support::jaeger::{Jaeger, Span};
 use e2e_support::operator::Operator;
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, unique, wait_for};
+use e2e_support::{unique, wait_for};
 use kandev_operator::api::SessionState;
-
-const NS: &str = "kandev-e2e-tracing";
 
 /// The spans of `trace` named `name`.
 fn named<'a>(trace: &'a [Span], name: &str) -> Vec<&'a Span> {
@@ -41,82 +39,83 @@ fn resume_trace(traces: &[Vec<Span>]) -> Option<&Vec<Span>> {
 #[ignore = "e2e: needs the cluster and jaeger-all-in-one (make e2e)"]
 async fn a_resume_is_one_trace_from_the_operator_into_the_pod() {
     let jaeger = Jaeger::start().await;
-    let sessions = Sessions::new(&client_with_crds().await, NS);
-    sessions.ensure_namespace().await;
-    let mut operator = Operator::builder()
-        .log_prefix("operator-tracing")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp_endpoint)
-        // Small batches, so that agentctl's spans arrive while the test waits.
-        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
-        .start();
-    let name = unique("traced");
-    sessions.create(&name, "claude-code").await;
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
-
-    sessions.lose_pods(&name).await;
-    wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
+    let sessions = Sessions::fresh("kandev-e2e-tracing").await;
+    let body = async {
+        let mut operator = Operator::builder()
+            .log_prefix("operator-tracing")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &jaeger.otlp_endpoint)
+            // Small batches, so that agentctl's spans arrive while the test waits.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+            .start();
+        let name = unique("traced");
+        sessions.create(&name, "claude-code").await;
+        wait_for(
+            &sessions.sessions(),
+            &name,
+            "WAITING_FOR_INPUT",
+            state_is(SessionState::WaitingForInput),
+        )
         .await
         .expect("session");
-    sessions.annotate(&name, "trace-1").await;
-    wait_for(
-        &sessions.sessions(),
-        &name,
-        "handled trace-1",
-        handled("trace-1"),
-    )
-    .await
-    .expect("session");
-    // SIGTERM: the operator flushes its last spans before it exits.
-    assert_eq!(operator.terminate(Duration::from_secs(30)).await, Some(0));
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let trace = loop {
-        let traces = jaeger
-            .traces("kandev-operator", "acp.session.restore")
-            .await;
-        if let Some(trace) = resume_trace(&traces) {
-            break trace.clone();
+        sessions.lose_pods(&name).await;
+        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
+            .await
+            .expect("session");
+        sessions.annotate(&name, "trace-1").await;
+        wait_for(
+            &sessions.sessions(),
+            &name,
+            "handled trace-1",
+            handled("trace-1"),
+        )
+        .await
+        .expect("session");
+        // SIGTERM: the operator flushes its last spans before it exits.
+        assert_eq!(operator.terminate(Duration::from_secs(30)).await, Some(0));
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let trace = loop {
+            let traces = jaeger
+                .traces("kandev-operator", "acp.session.restore")
+                .await;
+            if let Some(trace) = resume_trace(&traces) {
+                break trace.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no trace with the resume and agentctl's span in jaeger; traces: {traces:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+
+        // reconcile → acp.session.restore → acp.session.resume|load → agentctl.forward
+        let restore = named(&trace, "acp.session.restore");
+        assert_eq!(restore.len(), 1, "{trace:#?}");
+        let restore = restore[0];
+        assert_eq!(restore.service, "kandev-operator");
+        let reconcile = parent_of(&trace, restore)
+            .unwrap_or_else(|| panic!("the restore's parent is not in the trace: {trace:#?}"));
+        assert_eq!(reconcile.name, "reconcile", "{trace:#?}");
+        // The root, or under kube-runtime's own span when the log filter lets kube's spans in.
+        if let Some(above) = parent_of(&trace, reconcile) {
+            assert_eq!(above.name, "reconciling object", "{trace:#?}");
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no trace with the resume and agentctl's span in jaeger; traces: {traces:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let step = trace
+            .iter()
+            .find(|s| {
+                (s.name == "acp.session.resume" || s.name == "acp.session.load")
+                    && s.parent.as_deref() == Some(restore.span_id.as_str())
+            })
+            .unwrap_or_else(|| panic!("no resume or load under the restore: {trace:#?}"));
+        let forwarded = trace
+            .iter()
+            .find(|s| {
+                s.name == "agentctl.forward" && s.parent.as_deref() == Some(step.span_id.as_str())
+            })
+            .unwrap_or_else(|| panic!("no agentctl.forward under {}: {trace:#?}", step.name));
+        assert_eq!(forwarded.service, "kandev-agentctl", "{trace:#?}");
     };
-
-    // reconcile → acp.session.restore → acp.session.resume|load → agentctl.forward
-    let restore = named(&trace, "acp.session.restore");
-    assert_eq!(restore.len(), 1, "{trace:#?}");
-    let restore = restore[0];
-    assert_eq!(restore.service, "kandev-operator");
-    let reconcile = parent_of(&trace, restore)
-        .unwrap_or_else(|| panic!("the restore's parent is not in the trace: {trace:#?}"));
-    assert_eq!(reconcile.name, "reconcile", "{trace:#?}");
-    // The root, or under kube-runtime's own span when the log filter lets kube's spans in.
-    if let Some(above) = parent_of(&trace, reconcile) {
-        assert_eq!(above.name, "reconciling object", "{trace:#?}");
-    }
-    let step = trace
-        .iter()
-        .find(|s| {
-            (s.name == "acp.session.resume" || s.name == "acp.session.load")
-                && s.parent.as_deref() == Some(restore.span_id.as_str())
-        })
-        .unwrap_or_else(|| panic!("no resume or load under the restore: {trace:#?}"));
-    let forwarded = trace
-        .iter()
-        .find(|s| {
-            s.name == "agentctl.forward" && s.parent.as_deref() == Some(step.span_id.as_str())
-        })
-        .unwrap_or_else(|| panic!("no agentctl.forward under {}: {trace:#?}", step.name));
-    assert_eq!(forwarded.service, "kandev-agentctl", "{trace:#?}");
-
-    sessions.delete(&name).await;
+    // The operator under test is stopped in the test: another lifts the finalizer.
+    sessions.run_with_operator(Operator::builder(), body).await;
 }
