@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, state_is};
-use e2e_support::{client_with_crds, kubectl, unique, wait_for, wait_for_within};
+use e2e_support::{kubectl, unique, wait_for, wait_for_within};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kandev_operator::api::{PROMPTED_ANNOTATION, SessionState, TaskSession};
 use kandev_operator::controller::conditions;
@@ -19,26 +19,18 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-const NS: &str = "kandev-e2e-reach";
 /// The cluster's one node (e2e/cluster.sh).
 const NODE: &str = "kwok-node-0";
 /// The harness's annotation: the pid of the pod's process (agentctl serve).
 const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 
-const PROFILES: &str = r#"
-profiles:
-  reach-agent:
-    launch: ["kandev-test-agent", "--new-session-id", "s-reach", "--known-session", "s-reach"]
-    nativeSessionResume: true
-    historyContextInjection: false
-"#;
-
 /// An operator that declares an agent unreachable after 4 s without an answer (each contact
-/// waits 10 s for one) and a node lost after 2 s.
+/// waits 10 s for one) and a node lost after 2 s; its agent `reach-agent`
+/// (`tests/data/profiles/reach.yaml`) has one known session.
 fn operator() -> OperatorBuilder {
     Operator::builder()
         .log_prefix("reach")
-        .profiles("reach-profiles.yaml", PROFILES)
+        .profiles_file("reach")
         .resync(Duration::from_secs(2))
         .args(&[
             "--acp-timeout-seconds",
@@ -103,15 +95,10 @@ async fn assert_lost_then_resumed(sessions: &Sessions, name: &str, uid: &str, re
             .all(|p| p.uid().as_deref() != Some(uid)),
         "the session is lost only once its pod is gone"
     );
-    let events = sessions
-        .event_reasons_with(name, &[reason, "AgentLost"])
+    // The cause (said before the deletion), then AgentLost.
+    sessions
+        .assert_events_in_order(name, &[reason, "AgentLost"])
         .await;
-    let said = events.iter().position(|r| r == reason);
-    let lost = events.iter().position(|r| r == "AgentLost");
-    assert!(
-        said.is_some() && lost.is_some() && said < lost,
-        "{reason} (before the deletion), then AgentLost: {events:?}"
-    );
     assert_eq!(sessions.token_of(name).await.as_deref(), Some("s-reach"));
 
     let token = format!("r-{}", reason.to_lowercase());
@@ -184,61 +171,61 @@ fn agent_running_false(reason: &str) -> impl Fn(Option<&TaskSession>) -> bool + 
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
-    let client = client_with_crds().await;
-    let sessions = Sessions::new(&client, NS);
-    sessions.ensure_namespace().await;
+    let sessions = Sessions::fresh("kandev-e2e-reach").await;
     let _operator = operator().start();
-    let name = unique("frozen");
-    let pod = running_session(&sessions, &name).await;
-    let uid = pod.uid().expect("uid");
-    let pid: i32 = pod
-        .annotations()
-        .get(PID_ANNOTATION)
-        .and_then(|p| p.parse().ok())
-        .expect("the harness's pid annotation");
+    let body = async {
+        let name = unique("frozen");
+        let pod = running_session(&sessions, &name).await;
+        let uid = pod.uid().expect("uid");
+        let pid: i32 = pod
+            .annotations()
+            .get(PID_ANNOTATION)
+            .and_then(|p| p.parse().ok())
+            .expect("the harness's pid annotation");
 
-    // agentctl serve stops answering; a client's nudge makes the operator read its journal.
-    let frozen = Frozen::new(pid);
-    let nudge = json!({"metadata": {"annotations": {PROMPTED_ANNOTATION: "after-freeze"}}});
-    sessions
-        .sessions()
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&nudge))
-        .await
-        .expect("nudge");
-    // Not declared before the limit: the pod still runs and the session is not lost yet.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let status = sessions
-        .sessions()
-        .get(&name)
-        .await
-        .expect("session")
-        .status
-        .expect("status");
-    assert!(!status.needs_resume, "{status:#?}");
+        // agentctl serve stops answering; a client's nudge makes the operator read its journal.
+        let frozen = Frozen::new(pid);
+        let nudge = json!({"metadata": {"annotations": {PROMPTED_ANNOTATION: "after-freeze"}}});
+        sessions
+            .sessions()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&nudge))
+            .await
+            .expect("nudge");
+        // Not declared before the limit: the pod still runs and the session is not lost yet.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let status = sessions
+            .sessions()
+            .get(&name)
+            .await
+            .expect("session")
+            .status
+            .expect("status");
+        assert!(!status.needs_resume, "{status:#?}");
 
-    // kwok removes a deleted pod's object at once, while the harness stops its process within
-    // its grace period (a frozen serve needs the SIGKILL): a real kubelet keeps the pod until
-    // the container is dead. Wait for the process too, so that the next serve finds the
-    // workspace's socket free.
-    wait_for_within(
-        &sessions.sessions(),
-        &name,
-        "AgentUnreachable",
-        Duration::from_secs(120),
-        lost_because("AgentUnreachable"),
-    )
-    .await
-    .expect("session");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !frozen.gone() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the frozen agentctl was not stopped with its pod"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_lost_then_resumed(&sessions, &name, &uid, "AgentUnreachable").await;
-    sessions.delete(&name).await;
+        // kwok removes a deleted pod's object at once, while the harness stops its process within
+        // its grace period (a frozen serve needs the SIGKILL): a real kubelet keeps the pod until
+        // the container is dead. Wait for the process too, so that the next serve finds the
+        // workspace's socket free.
+        wait_for_within(
+            &sessions.sessions(),
+            &name,
+            "AgentUnreachable",
+            Duration::from_secs(120),
+            lost_because("AgentUnreachable"),
+        )
+        .await
+        .expect("session");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !frozen.gone() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the frozen agentctl was not stopped with its pod"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_lost_then_resumed(&sessions, &name, &uid, "AgentUnreachable").await;
+    };
+    sessions.run(body).await;
 }
 
 /// DESIGN §3 case 1 is "running and reachable": a resume request on a running pod whose
@@ -248,92 +235,83 @@ async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone() {
-    let client = client_with_crds().await;
-    let sessions = Sessions::new(&client, NS);
-    sessions.ensure_namespace().await;
-    let _operator = operator().start();
-    let name = unique("frozen-request");
-    let pod = running_session(&sessions, &name).await;
-    let pid: i32 = pod
-        .annotations()
-        .get(PID_ANNOTATION)
-        .and_then(|p| p.parse().ok())
-        .expect("the harness's pid annotation");
+    let sessions = Sessions::fresh("kandev-e2e-reach").await;
+    let operator = operator().start();
+    let body = async {
+        let name = unique("frozen-request");
+        let pod = running_session(&sessions, &name).await;
+        let pid: i32 = pod
+            .annotations()
+            .get(PID_ANNOTATION)
+            .and_then(|p| p.parse().ok())
+            .expect("the harness's pid annotation");
 
-    // Healthy: a request is acknowledged as already running, after agentctl answered.
-    sessions.annotate(&name, "r-healthy").await;
-    let ts = wait_for(&sessions.sessions(), &name, "handled", handled("r-healthy"))
+        // Healthy: a request is acknowledged as already running, after agentctl answered.
+        sessions.annotate(&name, "r-healthy").await;
+        let ts = wait_for(&sessions.sessions(), &name, "handled", handled("r-healthy"))
+            .await
+            .expect("session");
+        let resumed = ts
+            .status
+            .as_ref()
+            .and_then(|s| conditions::find(&s.conditions, conditions::RESUMED))
+            .expect("Resumed")
+            .clone();
+        assert_eq!(resumed.reason, "AlreadyRunning", "{resumed:?}");
+
+        let frozen = Frozen::new(pid);
+        sessions.annotate(&name, "r-frozen").await;
+        // The request seen (agentctl contacted) and looked at again: still no answer.
+        operator.await_reconciles(3).await;
+        let status = sessions
+            .sessions()
+            .get(&name)
+            .await
+            .expect("session")
+            .status
+            .expect("status");
+        assert_eq!(
+            status.last_handled_resume_request.as_deref(),
+            Some("r-healthy"),
+            "a frozen agentctl is not 'already running': {status:#?}"
+        );
+        // The operator writes why before it deletes the pod. Stop the frozen process at once, as
+        // the kubelet would at the end of the grace period (kwok removes the pod's object at once,
+        // a kubelet only once the container is dead), so that the next serve finds the socket free.
+        wait_for_within(
+            &sessions.sessions(),
+            &name,
+            "AgentUnreachable",
+            Duration::from_secs(120),
+            agent_running_false("AgentUnreachable"),
+        )
         .await
         .expect("session");
-    let resumed = ts
-        .status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, conditions::RESUMED))
-        .expect("Resumed")
-        .clone();
-    assert_eq!(resumed.reason, "AlreadyRunning", "{resumed:?}");
-
-    let frozen = Frozen::new(pid);
-    sessions.annotate(&name, "r-frozen").await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let status = sessions
-        .sessions()
-        .get(&name)
+        drop(frozen);
+        let ts = wait_for_within(
+            &sessions.sessions(),
+            &name,
+            "handled r-frozen",
+            Duration::from_secs(120),
+            handled("r-frozen"),
+        )
         .await
-        .expect("session")
-        .status
-        .expect("status");
-    assert_eq!(
-        status.last_handled_resume_request.as_deref(),
-        Some("r-healthy"),
-        "a frozen agentctl is not 'already running': {status:#?}"
-    );
-    // The operator writes why before it deletes the pod. Stop the frozen process at once, as
-    // the kubelet would at the end of the grace period (kwok removes the pod's object at once,
-    // a kubelet only once the container is dead), so that the next serve finds the socket free.
-    wait_for_within(
-        &sessions.sessions(),
-        &name,
-        "AgentUnreachable",
-        Duration::from_secs(120),
-        agent_running_false("AgentUnreachable"),
-    )
-    .await
-    .expect("session");
-    drop(frozen);
-    let ts = wait_for_within(
-        &sessions.sessions(),
-        &name,
-        "handled r-frozen",
-        Duration::from_secs(120),
-        handled("r-frozen"),
-    )
-    .await
-    .expect("session");
-    let status = ts.status.expect("status");
-    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-    assert_eq!(
-        (resumed.status.as_str(), resumed.reason.as_str()),
-        ("True", "Restored"),
-        "{status:#?}"
-    );
-    assert_eq!(sessions.token_of(&name).await.as_deref(), Some("s-reach"));
-    let events = sessions
-        .event_reasons_with(&name, &["AgentUnreachable", "ResumeRequested", "Resumed"])
-        .await;
-    let at = |reason: &str| {
-        events
-            .iter()
-            .rposition(|r| r == reason)
-            .unwrap_or_else(|| panic!("no {reason} in {events:?}"))
+        .expect("session");
+        let status = ts.status.expect("status");
+        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+        assert_eq!(
+            (resumed.status.as_str(), resumed.reason.as_str()),
+            ("True", "Restored"),
+            "{status:#?}"
+        );
+        assert_eq!(sessions.token_of(&name).await.as_deref(), Some("s-reach"));
+        // The waiting request is latched as soon as the pod is gone, usually before a steady
+        // pass could declare the loss (AgentLost), so only the order of these is fixed.
+        sessions
+            .assert_events_in_order(&name, &["AgentUnreachable", "ResumeRequested", "Resumed"])
+            .await;
     };
-    // The waiting request is latched as soon as the pod is gone, usually before a steady
-    // pass could declare the loss (AgentLost), so only the order of these is fixed.
-    assert!(
-        at("AgentUnreachable") < at("ResumeRequested") && at("ResumeRequested") < at("Resumed"),
-        "{events:?}"
-    );
-    sessions.delete(&name).await;
+    sessions.run(body).await;
 }
 
 /// The cluster's node, deleted by the test and created again from its labels and annotations
@@ -394,32 +372,33 @@ async fn node_ready(client: &Client) {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_pod_on_a_deleted_node_is_lost_and_resumed_once_the_node_is_back() {
-    let client = client_with_crds().await;
-    let sessions = Sessions::new(&client, NS);
-    sessions.ensure_namespace().await;
+    let sessions = Sessions::fresh("kandev-e2e-reach").await;
+    let client = sessions.client.clone();
     let _operator = operator().start();
-    let name = unique("nodeless");
-    let pod = running_session(&sessions, &name).await;
-    let uid = pod.uid().expect("uid");
-    assert_eq!(
-        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-        Some(NODE)
-    );
+    let body = async {
+        let name = unique("nodeless");
+        let pod = running_session(&sessions, &name).await;
+        let uid = pod.uid().expect("uid");
+        assert_eq!(
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            Some(NODE)
+        );
 
-    let gone = NodeGone::delete(&client).await;
-    wait_for_within(
-        &sessions.sessions(),
-        &name,
-        "NodeLost",
-        Duration::from_secs(60),
-        lost_because("NodeLost"),
-    )
-    .await
-    .expect("session");
-    // The pod was force-deleted by the operator (not by the pod garbage collector, 40 s later):
-    // the session said why before it went.
-    drop(gone);
-    node_ready(&client).await;
-    assert_lost_then_resumed(&sessions, &name, &uid, "NodeLost").await;
-    sessions.delete(&name).await;
+        let gone = NodeGone::delete(&client).await;
+        wait_for_within(
+            &sessions.sessions(),
+            &name,
+            "NodeLost",
+            Duration::from_secs(60),
+            lost_because("NodeLost"),
+        )
+        .await
+        .expect("session");
+        // The pod was force-deleted by the operator (not by the pod garbage collector, 40 s later):
+        // the session said why before it went.
+        drop(gone);
+        node_ready(&client).await;
+        assert_lost_then_resumed(&sessions, &name, &uid, "NodeLost").await;
+    };
+    sessions.run(body).await;
 }
