@@ -16,30 +16,21 @@ use std::time::Duration;
 use e2e_support::faults::{FaultProxy, HttpFaultProxy};
 use e2e_support::operator::Operator;
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
-use e2e_support::{client_with_crds, kubectl, repo_path, unique, wait_for, wait_for_within};
-use k8s_openapi::api::core::v1::Namespace;
+use e2e_support::{kubectl, repo_path, unique, wait_for, wait_for_within};
 use kandev_operator::api::{SessionState, TaskSession};
 use kube::ResourceExt;
-use kube::api::Api;
 use serde_json::json;
-
-/// The test agent: one known session, every call logged into the workspace.
-const PROFILES: &str = r#"
-profiles:
-  faults-agent:
-    launch: ["kandev-test-agent", "--new-session-id", "s-faults", "--known-session", "s-faults", "--log", "calls.log"]
-    nativeSessionResume: true
-    historyContextInjection: false
-"#;
 
 /// Long enough for a resume that waits out a fault.
 const HANDLED_WITHIN: Duration = Duration::from_secs(240);
 
-/// A replica whose API server is the one in `kubeconfig` (a proxy's).
+/// A replica whose API server is the one in `kubeconfig` (a proxy's); its agent `faults-agent`
+/// (`tests/data/profiles/faults.yaml`) has one known session and logs every call into the
+/// workspace.
 fn replica(kubeconfig: &Path, lease: &str, ns: &str, identity: &str) -> Operator {
     Operator::builder()
         .log_prefix(&format!("faults-{identity}"))
-        .profiles("faults-profiles.yaml", PROFILES)
+        .profiles_file("faults")
         .kubeconfig(kubeconfig)
         .leader_election(lease, ns, identity)
         .start()
@@ -57,21 +48,33 @@ struct Scenario {
 }
 
 impl Scenario {
+    /// The namespace and the replicas.
     async fn start(kind: &str, kubeconfig: &Path) -> Self {
-        let ns = unique(&format!("faults-{kind}"));
-        let sessions = Sessions::new(&client_with_crds().await, &ns);
+        let sessions = Sessions::fresh(&format!("faults-{kind}")).await;
         let lease = unique("lease");
-        let a = replica(kubeconfig, &lease, &ns, &format!("{kind}-a"));
-        let b = replica(kubeconfig, &lease, &ns, &format!("{kind}-b"));
-        let name = unique(kind);
-        let token = lost_session(&sessions, &name).await;
+        let ns = &sessions.namespace;
+        let a = replica(kubeconfig, &lease, ns, &format!("{kind}-a"));
+        let b = replica(kubeconfig, &lease, ns, &format!("{kind}-b"));
         Scenario {
+            name: unique(kind),
+            token: String::new(),
             sessions,
-            name,
-            token,
             a,
             b,
         }
+    }
+
+    /// Starts and loses the session, then runs `test` on the scenario; tears the namespace down
+    /// afterwards (also when `test` panics) while the replicas run, so that they lift the
+    /// session's finalizer.
+    async fn run(mut self, test: impl AsyncFnOnce(&mut Scenario)) {
+        let sessions = self.sessions.clone();
+        sessions
+            .run(async {
+                self.token = lost_session(&self.sessions, &self.name).await;
+                test(&mut self).await;
+            })
+            .await;
     }
 
     /// Requests a resume and waits until the operator is in the middle of it.
@@ -90,11 +93,10 @@ impl Scenario {
         assert_one_leader(&mut [&mut self.a, &mut self.b]);
     }
 
-    /// `request` resumed the session once, at most one replica led, and the session is deleted.
-    async fn finish(mut self, request: &str) {
+    /// `request` resumed the session once, and at most one replica led.
+    async fn finish(&mut self, request: &str) {
         assert_resumed_once(&self.sessions, &self.name, request, &self.token).await;
         self.assert_one_leader();
-        cleanup(&self.sessions, &self.name).await;
     }
 }
 
@@ -107,9 +109,8 @@ fn latched(token: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
     }
 }
 
-/// A fresh namespace with a session started and then lost; returns its token.
+/// A session started and then lost; returns its token.
 async fn lost_session(sessions: &Sessions, name: &str) -> String {
-    sessions.ensure_namespace().await;
     sessions.create(name, "faults-agent").await;
     wait_for(
         &sessions.sessions(),
@@ -228,18 +229,6 @@ fn assert_one_leader(replicas: &mut [&mut Operator]) {
     assert!(leading.len() <= 1, "two replicas lead: {leading:?}");
 }
 
-/// Deletes the session while the replicas still run (they lift its finalizer), then the
-/// namespace.
-async fn cleanup(sessions: &Sessions, name: &str) {
-    sessions.delete(name).await;
-    let gone = |ts: Option<&TaskSession>| ts.is_none();
-    wait_for(&sessions.sessions(), name, "deleted", gone).await;
-    let namespaces: Api<Namespace> = Api::all(sessions.client.clone());
-    let _ = namespaces
-        .delete(&sessions.namespace, &Default::default())
-        .await;
-}
-
 /// One scenario at a time: the replicas of every scenario watch all namespaces, so two
 /// scenarios at once would be two leaders over the same sessions.
 #[tokio::test]
@@ -256,24 +245,32 @@ async fn a_resume_survives_a_sick_api_server() {
 /// The API black-holed for 20 s in the middle of a resume (connections hang, nothing answers).
 async fn a_resume_survives_the_api_black_holed_for_20s() {
     let proxy = FaultProxy::start().await;
-    let mut scenario = Scenario::start("hole", &proxy.kubeconfig).await;
-    scenario.resume_latched("h1").await;
-    proxy.add("hole", "timeout", json!({"timeout": 0})).await;
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    scenario.assert_one_leader();
-    proxy.remove("hole").await;
-    scenario.finish("h1").await;
+    let scenario = Scenario::start("hole", &proxy.kubeconfig).await;
+    scenario
+        .run(async |scenario| {
+            scenario.resume_latched("h1").await;
+            proxy.add("hole", "timeout", json!({"timeout": 0})).await;
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            scenario.assert_one_leader();
+            proxy.remove("hole").await;
+            scenario.finish("h1").await;
+        })
+        .await;
 }
 
 /// Every call 2 s slower (1 s each way) for a whole resume.
 async fn a_resume_survives_2s_of_latency_on_every_call() {
     let proxy = FaultProxy::start().await;
     let scenario = Scenario::start("slow", &proxy.kubeconfig).await;
-    proxy
-        .add("slow", "latency", json!({"latency": 1000, "jitter": 0}))
+    scenario
+        .run(async |scenario| {
+            proxy
+                .add("slow", "latency", json!({"latency": 1000, "jitter": 0}))
+                .await;
+            scenario.sessions.annotate(&scenario.name, "l1").await;
+            scenario.finish("l1").await;
+        })
         .await;
-    scenario.sessions.annotate(&scenario.name, "l1").await;
-    scenario.finish("l1").await;
 }
 
 /// The API server goes away in the middle of a resume (every connection closed, new ones
@@ -281,11 +278,15 @@ async fn a_resume_survives_2s_of_latency_on_every_call() {
 async fn a_resume_survives_the_api_server_going_away_for_15s() {
     let proxy = FaultProxy::start().await;
     let scenario = Scenario::start("down", &proxy.kubeconfig).await;
-    scenario.resume_latched("d1").await;
-    proxy.set_enabled(false).await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    proxy.set_enabled(true).await;
-    scenario.finish("d1").await;
+    scenario
+        .run(async |scenario| {
+            scenario.resume_latched("d1").await;
+            proxy.set_enabled(false).await;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            proxy.set_enabled(true).await;
+            scenario.finish("d1").await;
+        })
+        .await;
 }
 
 /// Every request answered 503 (ServiceUnavailable, a v1 Status) for 30 s in the middle of a
@@ -293,32 +294,40 @@ async fn a_resume_survives_the_api_server_going_away_for_15s() {
 /// exec opens all fail for a while.
 async fn a_resume_survives_503_for_30s() {
     let proxy = HttpFaultProxy::start().await;
-    let mut scenario = Scenario::start("unavailable", &proxy.kubeconfig).await;
-    scenario.resume_latched("u1").await;
-    proxy.fail(503, 30).await;
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    scenario.assert_one_leader();
-    assert!(
-        proxy.refused().await > 0,
-        "the replicas asked nothing while the API answered 503"
-    );
-    scenario.finish("u1").await;
+    let scenario = Scenario::start("unavailable", &proxy.kubeconfig).await;
+    scenario
+        .run(async |scenario| {
+            scenario.resume_latched("u1").await;
+            proxy.fail(503, 30).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            scenario.assert_one_leader();
+            assert!(
+                proxy.refused().await > 0,
+                "the replicas asked nothing while the API answered 503"
+            );
+            scenario.finish("u1").await;
+        })
+        .await;
 }
 
 /// kube-apiserver itself stopped (SIGTERM: it ends its watches and drains) in the middle of a
 /// resume, down for 5 s, and started again with the same flags and etcd.
 async fn a_resume_survives_a_kube_apiserver_restart() {
     let proxy = FaultProxy::start().await;
-    let mut scenario = Scenario::start("restart", &proxy.kubeconfig).await;
-    scenario.resume_latched("r1").await;
-    let restarted = std::process::Command::new("bash")
-        .arg(repo_path("e2e/cluster.sh"))
-        .args(["restart-apiserver", "5"])
-        .status()
-        .expect("run e2e/cluster.sh restart-apiserver");
-    assert!(restarted.success(), "kube-apiserver restarted");
-    scenario.assert_one_leader();
-    scenario.finish("r1").await;
+    let scenario = Scenario::start("restart", &proxy.kubeconfig).await;
+    scenario
+        .run(async |scenario| {
+            scenario.resume_latched("r1").await;
+            let restarted = std::process::Command::new("bash")
+                .arg(repo_path("e2e/cluster.sh"))
+                .args(["restart-apiserver", "5"])
+                .status()
+                .expect("run e2e/cluster.sh restart-apiserver");
+            assert!(restarted.success(), "kube-apiserver restarted");
+            scenario.assert_one_leader();
+            scenario.finish("r1").await;
+        })
+        .await;
 }
 
 /// Exec alone partitioned for 45 s in the middle of a resume: the API answers, but every exec
@@ -326,35 +335,40 @@ async fn a_resume_survives_a_kube_apiserver_restart() {
 /// deadline (30 s here), so the restore's first exec times out and is tried again.
 async fn a_resume_survives_exec_partitioned_for_45s() {
     let proxy = FaultProxy::start().await;
-    let mut scenario = Scenario::start("exec", &proxy.kubeconfig).await;
-    let (sessions, name, token) = (&scenario.sessions, &scenario.name, &scenario.token);
-    let node = "kwok-node-0";
-    let port = proxy.intercept_kubelet(&sessions.client, node).await;
-    // Whatever happens, the node's kubelet endpoint goes back before the proxy goes away.
-    let _restore = KubeletRestore { node, port };
+    let scenario = Scenario::start("exec", &proxy.kubeconfig).await;
+    scenario
+        .run(async |scenario| {
+            let node = "kwok-node-0";
+            let port = proxy
+                .intercept_kubelet(&scenario.sessions.client, node)
+                .await;
+            // Whatever happens, the node's kubelet endpoint goes back before the proxy goes away.
+            let _restore = KubeletRestore { node, port };
 
-    scenario.resume_latched("e1").await;
-    proxy
-        .add_to_kubelet("partition", "timeout", json!({"timeout": 0}))
+            scenario.resume_latched("e1").await;
+            proxy
+                .add_to_kubelet("partition", "timeout", json!({"timeout": 0}))
+                .await;
+            tokio::time::sleep(Duration::from_secs(45)).await;
+            proxy.remove_from_kubelet("partition").await;
+
+            // The exec stream may break inside the restore: then the request fails loudly with
+            // the token kept (transport_closed), and a new token resumes.
+            let (sessions, name, token) = (&scenario.sessions, &scenario.name, &scenario.token);
+            if resumed(sessions, name, "e1").await {
+                assert_resumed_once(sessions, name, "e1", token).await;
+            } else {
+                assert_eq!(
+                    sessions.token_of(name).await.as_deref(),
+                    Some(token.as_str()),
+                    "token kept"
+                );
+                sessions.annotate(name, "e2").await;
+                assert_resumed(sessions, name, "e2", token, 3).await;
+            }
+            scenario.assert_one_leader();
+        })
         .await;
-    tokio::time::sleep(Duration::from_secs(45)).await;
-    proxy.remove_from_kubelet("partition").await;
-
-    // The exec stream may break inside the restore: then the request fails loudly with the
-    // token kept (transport_closed), and a new token resumes.
-    if resumed(sessions, name, "e1").await {
-        assert_resumed_once(sessions, name, "e1", token).await;
-    } else {
-        assert_eq!(
-            sessions.token_of(name).await.as_deref(),
-            Some(token.as_str()),
-            "token kept"
-        );
-        sessions.annotate(name, "e2").await;
-        assert_resumed(sessions, name, "e2", token, 3).await;
-    }
-    scenario.assert_one_leader();
-    cleanup(&scenario.sessions, &scenario.name).await;
 }
 
 /// Points the node's kubelet endpoint back at the kubelet when dropped (also on a panic).
