@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e_support::{client, exec_output, install_crd, kubectl, unique, wait_for, with_cleanup};
+use e2e_support::sessions::Sessions;
+use e2e_support::{client, exec_output, install_crd, kubectl, unique, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Client;
 use kube::api::{Api, AttachParams, DeleteParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::wait::{Condition, conditions};
@@ -21,7 +21,6 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-const NS: &str = "default";
 const NODE: &str = "kwok-node-0";
 const HARNESS: &str = "kandev-e2e-harness";
 const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
@@ -32,7 +31,8 @@ const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 /// A pod the harness plays: its container runs `kandev-e2e-harness <args>` locally, with an
 /// emptyDir mounted at /run/kandev as working directory.
 /// A pod the harness plays, shaped like the operator's agentctl pods (`restartPolicy: Never`: a
-/// dead agent is a lost pod, not a restart).
+/// dead agent is a lost pod, not a restart), and like them admitted by the restricted Pod
+/// Security Standard of the tests' namespaces.
 fn managed_pod(name: &str, args: &[&str]) -> Pod {
     with_restart_policy(name, args, "Never")
 }
@@ -45,6 +45,7 @@ fn with_restart_policy(name: &str, args: &[&str], policy: &str) -> Pod {
         "spec": {
             "restartPolicy": policy,
             "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "main",
                 "image": "kandev.dev/e2e-not-pulled:0",
@@ -53,19 +54,12 @@ fn with_restart_policy(name: &str, args: &[&str], policy: &str) -> Pod {
                 "workingDir": "/run/kandev",
                 "env": [{"name": "E2E_MARKER", "value": name}],
                 "volumeMounts": [{"name": "run", "mountPath": "/run/kandev"}],
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
             }],
             "volumes": [{"name": "run", "emptyDir": {}}],
         }
     }))
     .expect("valid pod")
-}
-
-fn pods(client: &Client) -> Api<Pod> {
-    Api::namespaced(client.clone(), NS)
-}
-
-async fn delete_pod_quietly(client: &Client, name: &str) {
-    let _ = pods(client).delete(name, &DeleteParams::default()).await;
 }
 
 /// Running, on the kwok node, and played by the harness (pid annotation present).
@@ -88,12 +82,12 @@ fn is_lost() -> impl Condition<Pod> {
 }
 
 /// Creates a managed pod and waits until the harness plays it; returns the pod and the local pid.
-async fn start_played_pod(client: &Client, name: &str, args: &[&str]) -> (Pod, u32) {
-    start(client, managed_pod(name, args)).await
+async fn start_played_pod(sessions: &Sessions, name: &str, args: &[&str]) -> (Pod, u32) {
+    start(sessions, managed_pod(name, args)).await
 }
 
-async fn start(client: &Client, pod: Pod) -> (Pod, u32) {
-    let api = pods(client);
+async fn start(sessions: &Sessions, pod: Pod) -> (Pod, u32) {
+    let api = sessions.pods();
     let name = pod.metadata.name.clone().expect("name");
     api.create(&PostParams::default(), &pod)
         .await
@@ -169,11 +163,11 @@ fn uid_of(pod: &Pod) -> String {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn managed_pod_runs_on_the_kwok_node_as_a_local_process() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
     let name = unique("e2e-run");
-    with_cleanup(
-        async {
-            let (pod, pid) = start_played_pod(&client, &name, &["idle"]).await;
+    sessions
+        .run(async {
+            let (pod, pid) = start_played_pod(&sessions, &name, &["idle"]).await;
             let spec = pod.spec.as_ref().expect("spec");
             assert_eq!(spec.node_name.as_deref(), Some(NODE));
             let status = pod.status.as_ref().expect("status");
@@ -201,10 +195,7 @@ async fn managed_pod_runs_on_the_kwok_node_as_a_local_process() {
             assert_eq!(args[1..].to_vec(), vec!["idle".to_string()]);
             let env = environ(pid);
             assert_eq!(env.get("KANDEV_POD_NAME"), Some(&name));
-            assert_eq!(
-                env.get("KANDEV_POD_NAMESPACE").map(String::as_str),
-                Some(NS)
-            );
+            assert_eq!(env.get("KANDEV_POD_NAMESPACE"), Some(&sessions.namespace));
             assert_eq!(env.get("KANDEV_POD_UID"), Some(&uid_of(&pod)));
             assert_eq!(env.get("E2E_MARKER"), Some(&name));
             // workingDir /run/kandev is the emptyDir volume, mapped to a per-pod local directory.
@@ -214,10 +205,8 @@ async fn managed_pod_runs_on_the_kwok_node_as_a_local_process() {
                 "cwd {}",
                 wd.display()
             );
-        },
-        delete_pod_quietly(&client, &name),
-    )
-    .await;
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,17 +225,18 @@ async fn read_json<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Li
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
     let name = unique("e2e-exec");
-    with_cleanup(
-        async {
-            let (pod, idle_pid) = start_played_pod(&client, &name, &["idle"]).await;
+    sessions
+        .run(async {
+            let (pod, idle_pid) = start_played_pod(&sessions, &name, &["idle"]).await;
             let uid = uid_of(&pod);
             let ap = AttachParams::default()
                 .stdin(true)
                 .stdout(true)
                 .stderr(false);
-            let mut attached = pods(&client)
+            let mut attached = sessions
+                .pods()
                 .exec(&name, [HARNESS, "ndjson-echo"], &ap)
                 .await
                 .expect("exec through the API server");
@@ -317,10 +307,8 @@ async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
                 alive(idle_pid),
                 "the pod's own process must be untouched by the exec"
             );
-        },
-        delete_pod_quietly(&client, &name),
-    )
-    .await;
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -329,11 +317,11 @@ async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn deleting_the_pod_kills_its_local_process() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
     let name = unique("e2e-del");
-    with_cleanup(
-        async {
-            let (pod, pid) = start_played_pod(&client, &name, &["idle"]).await;
+    sessions
+        .run(async {
+            let (pod, pid) = start_played_pod(&sessions, &name, &["idle"]).await;
             assert!(alive(pid));
             // An exec session abandoned without {"bye":true}: kwok never closes the exec'd
             // process's stdin, so only the pod's death may end it (as in a real container).
@@ -341,7 +329,8 @@ async fn deleting_the_pod_kills_its_local_process() {
                 .stdin(true)
                 .stdout(true)
                 .stderr(false);
-            let mut attached = pods(&client)
+            let mut attached = sessions
+                .pods()
                 .exec(&name, [HARNESS, "ndjson-echo"], &ap)
                 .await
                 .expect("exec");
@@ -359,7 +348,7 @@ async fn deleting_the_pod_kills_its_local_process() {
                 "the abandoned exec'd process {echo_pid} should linger until the pod dies"
             );
 
-            let api = pods(&client);
+            let api = sessions.pods();
             api.delete(&name, &DeleteParams::default())
                 .await
                 .expect("delete pod");
@@ -375,8 +364,8 @@ async fn deleting_the_pod_kills_its_local_process() {
             );
             // Its kwok Exec went with it: nothing keeps serving exec for a pod that is gone.
             let execs: Api<DynamicObject> = Api::namespaced_with(
-                client.clone(),
-                NS,
+                sessions.client.clone(),
+                &sessions.namespace,
                 &ApiResource::from_gvk_with_plural(
                     &GroupVersionKind::gvk("kwok.x-k8s.io", "v1alpha1", "Exec"),
                     "execs",
@@ -391,10 +380,8 @@ async fn deleting_the_pod_kills_its_local_process() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             assert!(gone, "Exec {name} still exists");
-        },
-        delete_pod_quietly(&client, &name),
-    )
-    .await;
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -403,18 +390,18 @@ async fn deleting_the_pod_kills_its_local_process() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn killing_the_local_process_makes_the_pod_look_lost() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
     let name = unique("e2e-lost");
-    with_cleanup(
-        async {
-            let (_pod, pid) = start_played_pod(&client, &name, &["idle"]).await;
+    sessions
+        .run(async {
+            let (_pod, pid) = start_played_pod(&sessions, &name, &["idle"]).await;
             let killed = std::process::Command::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .status()
                 .expect("kill");
             assert!(killed.success());
             assert!(wait_dead(pid, Duration::from_secs(10)).await);
-            let api = pods(&client);
+            let api = sessions.pods();
             let pod = wait_for(&api, &name, "lost (Failed or gone)", is_lost()).await;
             if let Some(pod) = pod {
                 let status = pod.status.as_ref().expect("status");
@@ -444,10 +431,8 @@ async fn killing_the_local_process_makes_the_pod_look_lost() {
                     "pod came back: {phase:?}"
                 );
             }
-        },
-        delete_pod_quietly(&client, &name),
-    )
-    .await;
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,17 +444,18 @@ async fn killing_the_local_process_makes_the_pod_look_lost() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_crashed_container_with_restart_policy_always_is_restarted() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
     let name = unique("e2e-crash");
-    with_cleanup(
-        async {
-            let (_pod, pid) = start(&client, with_restart_policy(&name, &["idle"], "Always")).await;
+    sessions
+        .run(async {
+            let (_pod, pid) =
+                start(&sessions, with_restart_policy(&name, &["idle"], "Always")).await;
             let killed = std::process::Command::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .status()
                 .expect("kill");
             assert!(killed.success());
-            let api = pods(&client);
+            let api = sessions.pods();
             let waiting = |pod: Option<&Pod>| {
                 pod.and_then(|p| p.status.as_ref())
                     .and_then(|s| s.container_statuses.as_ref())
@@ -509,19 +495,17 @@ async fn a_crashed_container_with_restart_policy_always_is_restarted() {
                 .expect("pod");
             let new_pid = pid_of(&pod).expect("pid");
             assert!(alive(new_pid), "the restarted process runs");
-        },
-        delete_pod_quietly(&client, &name),
-    )
-    .await;
+        })
+        .await;
 }
 
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn pod_logs_show_the_local_process_output() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
     let name = unique("e2e-logs");
-    with_cleanup(
-        async {
+    sessions
+        .run(async {
             let mut pod = managed_pod(&name, &[]);
             let container = &mut pod.spec.as_mut().expect("spec").containers[0];
             container.command = Some(vec!["sh".into(), "-c".into()]);
@@ -529,7 +513,7 @@ async fn pod_logs_show_the_local_process_output() {
                 "echo \"hello from $KANDEV_POD_NAME\"; echo oops >&2; exec kandev-e2e-harness idle"
                     .into(),
             ]);
-            let api = pods(&client);
+            let api = sessions.pods();
             api.create(&PostParams::default(), &pod)
                 .await
                 .expect("create pod");
@@ -553,10 +537,8 @@ async fn pod_logs_show_the_local_process_output() {
                 logs.contains("oops\n"),
                 "stderr missing from logs: {logs:?}"
             );
-        },
-        delete_pod_quietly(&client, &name),
-    )
-    .await;
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -585,12 +567,13 @@ fn pod_with_claim(name: &str, claim: &str) -> Pod {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let (client, ns) = (&sessions.client, &sessions.namespace);
     let claim = unique("e2e-claim");
     let (first, second) = (unique("e2e-pvc-a"), unique("e2e-pvc-b"));
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), NS);
-    with_cleanup(
+        Api::namespaced(client.clone(), ns);
+    sessions.run(
         async {
             let pvc = serde_json::from_value(json!({
                 "metadata": {"name": claim},
@@ -603,24 +586,19 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
             })
             .await;
 
-            let api = pods(&client);
+            let api = sessions.pods();
             api.create(&PostParams::default(), &pod_with_claim(&first, &claim)).await.expect("create pod a");
             wait_for(&api, &first, "played", is_played()).await;
-            let wrote = exec_output(&client, NS, &first, &["sh", "-c", "echo \"written by $KANDEV_POD_NAME\" > marker && pwd"]).await;
-            assert!(wrote.trim_end().ends_with(&format!("volumes/{NS}/{claim}")), "workdir {wrote:?}");
+            let wrote = exec_output(client, ns, &first, &["sh", "-c", "echo \"written by $KANDEV_POD_NAME\" > marker && pwd"]).await;
+            assert!(wrote.trim_end().ends_with(&format!("volumes/{ns}/{claim}")), "workdir {wrote:?}");
             api.delete(&first, &DeleteParams::default()).await.expect("delete pod a");
             let uid = api.get_opt(&first).await.ok().flatten().and_then(|p| p.metadata.uid).unwrap_or_default();
             wait_for(&api, &first, "deleted", conditions::is_deleted(&uid)).await;
 
             api.create(&PostParams::default(), &pod_with_claim(&second, &claim)).await.expect("create pod b");
             wait_for(&api, &second, "played", is_played()).await;
-            let read = exec_output(&client, NS, &second, &["cat", "marker"]).await;
+            let read = exec_output(client, ns, &second, &["cat", "marker"]).await;
             assert_eq!(read.trim_end(), format!("written by {first}"));
-        },
-        async {
-            delete_pod_quietly(&client, &first).await;
-            delete_pod_quietly(&client, &second).await;
-            let _ = claims.delete(&claim, &DeleteParams::default()).await;
         },
     )
     .await;
@@ -640,15 +618,15 @@ fn storage_version(crd: &CustomResourceDefinition) -> &k8s_openapi::apiextension
         .expect("a storage version")
 }
 
-fn dynamic_api(client: &Client, crd: &CustomResourceDefinition) -> Api<DynamicObject> {
+fn dynamic_api(sessions: &Sessions, crd: &CustomResourceDefinition) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk(
         &crd.spec.group,
         &storage_version(crd).name,
         &crd.spec.names.kind,
     );
     Api::namespaced_with(
-        client.clone(),
-        NS,
+        sessions.client.clone(),
+        &sessions.namespace,
         &ApiResource::from_gvk_with_plural(&gvk, &crd.spec.names.plural),
     )
 }
@@ -670,13 +648,13 @@ fn valid_task_session(name: &str) -> Value {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn task_session_crd_installs_prints_columns_and_validates() {
-    let client = client().await;
-    let crd = install_crd(&client, "crds/tasksessions.kandev.dev.yaml").await;
-    let api = dynamic_api(&client, &crd);
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let crd = install_crd(&sessions.client, "crds/tasksessions.kandev.dev.yaml").await;
+    let api = dynamic_api(&sessions, &crd);
     let name = unique("e2e-ts");
     let bad = unique("e2e-ts-bad");
-    with_cleanup(
-        async {
+    sessions
+        .run(async {
             let obj: DynamicObject = serde_json::from_value(valid_task_session(&name)).expect("ts");
             api.create(&PostParams::default(), &obj)
                 .await
@@ -702,7 +680,7 @@ async fn task_session_crd_installs_prints_columns_and_validates() {
                     "--kubeconfig",
                     &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
                 ])
-                .args(["get", "ts", &name, "-n", NS])
+                .args(["get", "ts", &name, "-n", &sessions.namespace])
                 .output()
                 .expect("run kubectl");
             let stdout = String::from_utf8_lossy(&out.stdout);
@@ -765,42 +743,40 @@ async fn task_session_crd_installs_prints_columns_and_validates() {
                 err.to_string().contains(&ws_message),
                 "error {err} lacks {ws_message:?}"
             );
-        },
-        async {
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-            let _ = api.delete(&bad, &DeleteParams::default()).await;
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn executor_running_crd_installs_and_is_served() {
-    let client = client().await;
-    let crd = install_crd(&client, "crds/executorrunnings.kandev.dev.yaml").await;
-    let api = dynamic_api(&client, &crd);
-    // Served and listable; `kubectl get` knows it by its plural and every short name.
-    api.list(&Default::default())
-        .await
-        .expect("list ExecutorRunnings");
-    let mut names = vec![crd.spec.names.plural.clone()];
-    names.extend(crd.spec.names.short_names.clone().unwrap_or_default());
-    for n in names {
-        let out = kubectl()
-            .args([
-                "--kubeconfig",
-                &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
-            ])
-            .args(["get", &n, "-n", NS])
-            .output()
-            .expect("run kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl get {n}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let crd = install_crd(&sessions.client, "crds/executorrunnings.kandev.dev.yaml").await;
+    let api = dynamic_api(&sessions, &crd);
+    let body = async {
+        // Served and listable; `kubectl get` knows it by its plural and every short name.
+        api.list(&Default::default())
+            .await
+            .expect("list ExecutorRunnings");
+        let mut names = vec![crd.spec.names.plural.clone()];
+        names.extend(crd.spec.names.short_names.clone().unwrap_or_default());
+        for n in names {
+            let out = kubectl()
+                .args([
+                    "--kubeconfig",
+                    &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
+                ])
+                .args(["get", &n, "-n", &sessions.namespace])
+                .output()
+                .expect("run kubectl");
+            assert!(
+                out.status.success(),
+                "kubectl get {n}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    sessions.run(body).await;
 }
 
 /// The `x-kubernetes-validations` rules of `spec.<field>` in the storage version's schema.

@@ -5,34 +5,34 @@
 
 mod e2e_support;
 
-use e2e_support::{client, unique, with_cleanup};
+use e2e_support::sessions::Sessions;
+use e2e_support::{client, unique};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use kandev_operator::controller::events::{Note, Publisher, Queue};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::ListParams;
 use kube::runtime::events::EventType;
 use pretty_assertions::assert_eq;
-
-const NS: &str = "default";
 
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_repeated_event_joins_the_first_ones_series() {
-    let client = client().await;
+    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-events").await;
+    let client = &sessions.client;
     let name = unique("e2e-events");
-    let events: Api<Event> = Api::namespaced(client.clone(), NS);
+    let events: Api<Event> = Api::namespaced(client.clone(), &sessions.namespace);
     let regarding = ObjectReference {
         api_version: Some("kandev.dev/v1alpha1".into()),
         kind: Some("TaskSession".into()),
-        namespace: Some(NS.into()),
+        namespace: Some(sessions.namespace.clone()),
         name: Some(name.clone()),
         uid: Some(format!("uid-{name}")),
         ..ObjectReference::default()
     };
     let selector = ListParams::default().fields(&format!("regarding.name={name}"));
-    with_cleanup(
-        async {
+    sessions
+        .run(async {
             let publisher = Publisher::new(client.clone(), "kandev-operator", None);
             let queue = Queue::start(publisher, 4);
             let note = |action, text| Note {
@@ -86,12 +86,6 @@ async fn a_repeated_event_joins_the_first_ones_series() {
                 Some("kandev-operator")
             );
             assert_eq!(first.regarding.as_ref(), Some(&regarding));
-        },
-        async {
-            let _ = events
-                .delete_collection(&DeleteParams::default(), &selector)
-                .await;
-        },
-    )
-    .await;
+        })
+        .await;
 }
