@@ -37,7 +37,7 @@ harness_log="$dir/harness.log"
 harness_link="/tmp/kandev-e2e-${name}"
 node="kwok-node-0"
 # Annotation set by the harness once a pod's process runs and its kwok Exec exists
-# (must match PID_ANNOTATION in e2e/harness/supervisor.rs).
+# (must match HARNESS_PID_ANNOTATION in e2e/annotations.rs).
 harness_annotation="e2e.kandev.dev/harness-pid"
 # Pods the harness plays (any of these label selectors): agentctl pods, and the operator pods of
 # the Helm chart (run as local processes with their ServiceAccount's token, see e2e/README.md).

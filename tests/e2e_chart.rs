@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
 use e2e_support::{
-    client, kubectl, read_crd, repo_path, restricted_namespace, unique, wait_for, wait_for_within,
-    with_cleanup,
+    client, harness_pid, kubectl, read_crd, repo_path, restricted_namespace, unique, wait_for,
+    wait_for_within, with_cleanup,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -240,7 +240,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
         for pod in &pods {
             assert!(
-                pod.annotations().contains_key("e2e.kandev.dev/harness-pid"),
+                harness_pid(pod).is_some(),
                 "pod {} is played by the harness",
                 pod.name_any()
             );

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e_support::sessions::Sessions;
-use e2e_support::{client, exec_output, install_crd, kubectl, unique, wait_for};
+use e2e_support::{
+    client, exec_output, harness_pid, install_crd, is_played, kubectl, unique, wait_for,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, AttachParams, DeleteParams, PostParams};
@@ -23,7 +25,6 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const NODE: &str = "kwok-node-0";
 const HARNESS: &str = "kandev-e2e-harness";
-const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -62,19 +63,6 @@ fn with_restart_policy(name: &str, args: &[&str], policy: &str) -> Pod {
     .expect("valid pod")
 }
 
-/// Running, on the kwok node, and played by the harness (pid annotation present).
-fn is_played() -> impl Condition<Pod> {
-    |pod: Option<&Pod>| {
-        pod.is_some_and(|p| {
-            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                && p.metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(PID_ANNOTATION))
-        })
-    }
-}
-
 fn is_lost() -> impl Condition<Pod> {
     |pod: Option<&Pod>| {
         pod.is_none_or(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
@@ -100,16 +88,8 @@ async fn start(sessions: &Sessions, pod: Pod) -> (Pod, u32) {
     )
     .await
     .expect("pod exists");
-    let pid = pid_of(&pod).expect("numeric pid annotation");
+    let pid = harness_pid(&pod).expect("numeric pid annotation");
     (pod, pid)
-}
-
-fn pid_of(pod: &Pod) -> Option<u32> {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(PID_ANNOTATION))
-        .and_then(|p| p.parse::<u32>().ok())
 }
 
 fn proc_path(pid: u32, what: &str) -> PathBuf {
@@ -480,7 +460,7 @@ async fn a_crashed_container_with_restart_policy_always_is_restarted() {
 
             let restarted = move |pod: Option<&Pod>| {
                 pod.is_some_and(|p| {
-                    pid_of(p).is_some_and(|new| new != pid)
+                    harness_pid(p).is_some_and(|new| new != pid)
                         && p.status
                             .as_ref()
                             .and_then(|s| s.container_statuses.as_ref())
@@ -493,7 +473,7 @@ async fn a_crashed_container_with_restart_policy_always_is_restarted() {
             let pod = wait_for(&api, &name, "restarted and ready", restarted)
                 .await
                 .expect("pod");
-            let new_pid = pid_of(&pod).expect("pid");
+            let new_pid = harness_pid(&pod).expect("pid");
             assert!(alive(new_pid), "the restarted process runs");
         })
         .await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, handled, state_is};
-use e2e_support::{kubectl, unique, wait_for, wait_for_within};
+use e2e_support::{harness_pid, kubectl, unique, wait_for, wait_for_within};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kandev_operator::api::{PROMPTED_ANNOTATION, SessionState, TaskSession};
 use kandev_operator::controller::conditions;
@@ -21,8 +21,6 @@ use serde_json::json;
 
 /// The cluster's one node (e2e/cluster.sh).
 const NODE: &str = "kwok-node-0";
-/// The harness's annotation: the pid of the pod's process (agentctl serve).
-const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 
 /// An operator that declares an agent unreachable after 4 s without an answer (each contact
 /// waits 10 s for one) and a node lost after 2 s; its agent `reach-agent`
@@ -177,11 +175,7 @@ async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
         let name = unique("frozen");
         let pod = running_session(&sessions, &name).await;
         let uid = pod.uid().expect("uid");
-        let pid: i32 = pod
-            .annotations()
-            .get(PID_ANNOTATION)
-            .and_then(|p| p.parse().ok())
-            .expect("the harness's pid annotation");
+        let pid = harness_pid(&pod).expect("the harness's pid annotation") as i32;
 
         // agentctl serve stops answering; a client's nudge makes the operator read its journal.
         let frozen = Frozen::new(pid);
@@ -240,11 +234,7 @@ async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone()
     let body = async {
         let name = unique("frozen-request");
         let pod = running_session(&sessions, &name).await;
-        let pid: i32 = pod
-            .annotations()
-            .get(PID_ANNOTATION)
-            .and_then(|p| p.parse().ok())
-            .expect("the harness's pid annotation");
+        let pid = harness_pid(&pod).expect("the harness's pid annotation") as i32;
 
         // Healthy: a request is acknowledged as already running, after agentctl answered.
         sessions.annotate(&name, "r-healthy").await;

@@ -14,14 +14,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::BoxError;
+use crate::annotations::HARNESS_PID_ANNOTATION;
 use crate::cluster::Bench;
 use crate::ours::{OperatorProcess, PROFILE_NAME, for_each, session_names};
 use crate::probe;
 use crate::report::{OURS, PhaseResult};
-
-/// The annotation that lets our kwok stage mark a managed pod Running (e2e/cluster.sh): set by
-/// the bench itself here, since no harness plays these pods.
-const RUNNING_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 
 pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseResult>, BoxError> {
     let ns = "bench-idle";
@@ -149,10 +146,12 @@ async fn steady_session(
     }))?;
     let ts = sessions.create(&PostParams::default(), &ts).await?;
     let owner = ts.controller_owner_ref(&()).ok_or("no owner reference")?;
+    // The harness's pid annotation lets our kwok stage mark the pod Running (e2e/cluster.sh):
+    // set by the bench itself here, since no harness plays these pods.
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": format!("{name}-idle"), "namespace": ns,
                      "labels": {MANAGED_LABEL: "true", SESSION_LABEL: name},
-                     "annotations": {RUNNING_ANNOTATION: "0"},
+                     "annotations": {HARNESS_PID_ANNOTATION: "0"},
                      "ownerReferences": [owner]},
         "spec": {"automountServiceAccountToken": false,
                  "containers": [{"name": "agentctl", "image": "kandev.dev/agentctl:bench",

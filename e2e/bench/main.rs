@@ -9,6 +9,8 @@
 //! Test-only; not shipped in images. It exits non-zero only on an error of its own: targets the
 //! operator misses are shown as ❌ in the report, not asserted.
 
+#[path = "../annotations.rs"]
+mod annotations;
 mod audit;
 mod cluster;
 mod floor;

@@ -8,6 +8,8 @@
 //!
 //! Test-only: never shipped in an image.
 
+#[path = "../annotations.rs"]
+mod annotations;
 mod configmaps;
 mod echo;
 mod identity;

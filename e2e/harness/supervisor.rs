@@ -38,6 +38,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::{debug, error, info, warn};
 
+use crate::annotations::HARNESS_PID_ANNOTATION;
 use crate::configmaps;
 use crate::identity;
 use crate::kwok;
@@ -49,9 +50,6 @@ use crate::pod_status::{
 use crate::preflight;
 use crate::process;
 use crate::provisioner;
-
-/// Annotation the harness puts on a pod once its process runs and its `Exec` exists.
-pub const PID_ANNOTATION: &str = "e2e.kandev.dev/harness-pid";
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -711,7 +709,7 @@ async fn announce(
         }
     }
     let pods: Api<Pod> = Api::namespaced(client, &plan.namespace);
-    let patch = json!({"metadata": {"annotations": {PID_ANNOTATION: pid.to_string()}}});
+    let patch = json!({"metadata": {"annotations": {HARNESS_PID_ANNOTATION: pid.to_string()}}});
     match pods
         .patch(&plan.name, &PatchParams::default(), &Patch::Merge(patch))
         .await

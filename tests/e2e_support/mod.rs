@@ -2,11 +2,15 @@
 //! of $KUBECONFIG that fails loudly when there is none, waiting, cleanup, the CRDs, kubectl.
 #![allow(dead_code)] // each test target uses a different subset
 
+#[path = "../../e2e/annotations.rs"]
+mod annotations;
 pub mod faults;
 pub mod git;
 pub mod jaeger;
 pub mod operator;
 pub mod sessions;
+
+pub use annotations::HARNESS_PID_ANNOTATION;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -15,6 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -237,6 +242,25 @@ pub async fn restricted_namespace(client: &Client, name: &str) {
         |sa: Option<&ServiceAccount>| sa.is_some(),
     )
     .await;
+}
+
+/// The pid of the local process that the e2e harness plays `pod` with; None until it runs.
+pub fn harness_pid(pod: &Pod) -> Option<u32> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HARNESS_PID_ANNOTATION))
+        .and_then(|p| p.parse().ok())
+}
+
+/// Running, and played by the e2e harness (its pid annotation is there).
+pub fn is_played() -> impl Condition<Pod> {
+    |pod: Option<&Pod>| {
+        pod.is_some_and(|p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && harness_pid(p).is_some()
+        })
+    }
 }
 
 /// The kubectl built for the e2e cluster (e2e/bin.sh), not whatever is first on PATH.
