@@ -3,25 +3,19 @@
 
 mod agentctl_support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use agentctl_support::support::process;
 use agentctl_support::*;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(AGENTCTL)
-        .args(args)
-        .env_remove("KANDEV_AGENTCTL_SOCKET")
-        .env_remove("KANDEV_WORKSPACE")
-        .env_remove("KANDEV_SESSION_NAME")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run agentctl");
+    let output = process::run(agentctl().args(args));
     (
         output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
+        output.stdout,
+        output.stderr,
     )
 }
 
@@ -263,16 +257,14 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
     assert_eq!((code, stdout.as_str()), (0, recorded));
 
     // In a pod: the session from the environment, the workspace is the working directory.
-    let output = Command::new(AGENTCTL)
-        .arg("history")
-        .current_dir(&workspace)
-        .env("KANDEV_SESSION_NAME", "ts-1")
-        .env_remove("KANDEV_WORKSPACE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run agentctl history");
+    let output = process::run(
+        agentctl()
+            .arg("history")
+            .current_dir(&workspace)
+            .env("KANDEV_SESSION_NAME", "ts-1"),
+    );
     assert_eq!(output.status.code(), Some(0));
-    assert_eq!(String::from_utf8_lossy(&output.stdout), recorded);
+    assert_eq!(output.stdout, recorded);
 
     let (code, stdout, stderr) = run(&["history", "--workspace", &ws, "--session-name", "other"]);
     assert_eq!((code, stdout.as_str()), (3, ""), "{stderr}");
@@ -287,25 +279,16 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
     let (code, _, stderr) = run(&["history", "--workspace", &ws, "--session-name", "../x"]);
     assert_eq!(code, 1);
     assert!(stderr.contains("invalid --session-name"), "{stderr}");
-    let output = Command::new(AGENTCTL)
-        .args(["history", "--workspace", &ws])
-        .env_remove("KANDEV_SESSION_NAME")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run agentctl history");
+    let output = process::run(agentctl().args(["history", "--workspace", &ws]));
     assert_eq!(output.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains("no session name"),
-        "{output:?}"
-    );
+    assert!(output.stderr.contains("no session name"), "{output:?}");
     // --file wins over a session, also one from the environment (as in a pod).
-    let output = Command::new(AGENTCTL)
-        .args(["history", "--file", &file, "--session-name", "other"])
-        .env("KANDEV_SESSION_NAME", "other")
-        .env("KANDEV_WORKSPACE", "/nonexistent")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run agentctl history");
+    let output = process::run(
+        agentctl()
+            .args(["history", "--file", &file, "--session-name", "other"])
+            .env("KANDEV_SESSION_NAME", "other")
+            .env("KANDEV_WORKSPACE", "/nonexistent"),
+    );
     assert_eq!(output.status.code(), Some(0), "{output:?}");
-    assert_eq!(String::from_utf8_lossy(&output.stdout), recorded);
+    assert_eq!(output.stdout, recorded);
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use e2e_support::sessions::Sessions;
+use e2e_support::support::process::run;
 use e2e_support::{
     client, exec_output, harness_pid, install_crd, is_played, kubectl, unique, wait_for,
 };
@@ -655,20 +656,13 @@ async fn task_session_crd_installs_prints_columns_and_validates() {
                     "CRD lacks printer column {want}: {columns:?}"
                 );
             }
-            let out = kubectl()
+            let stdout = run(kubectl()
                 .args([
                     "--kubeconfig",
                     &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
                 ])
-                .args(["get", "ts", &name, "-n", &sessions.namespace])
-                .output()
-                .expect("run kubectl");
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "kubectl get ts failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                .args(["get", "ts", &name, "-n", &sessions.namespace]))
+            .expect_success();
             let mut rows = stdout.lines();
             let header: Vec<&str> = rows.next().expect("header").split_whitespace().collect();
             let mut want = vec!["NAME".to_string()];
@@ -741,19 +735,13 @@ async fn executor_running_crd_installs_and_is_served() {
         let mut names = vec![crd.spec.names.plural.clone()];
         names.extend(crd.spec.names.short_names.clone().unwrap_or_default());
         for n in names {
-            let out = kubectl()
+            run(kubectl()
                 .args([
                     "--kubeconfig",
                     &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
                 ])
-                .args(["get", &n, "-n", &sessions.namespace])
-                .output()
-                .expect("run kubectl");
-            assert!(
-                out.status.success(),
-                "kubectl get {n}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                .args(["get", &n, "-n", &sessions.namespace]))
+            .expect_success();
         }
     };
     sessions.run(body).await;

@@ -12,9 +12,7 @@
 
 mod e2e_support;
 
-use std::io::Write;
-use std::process::Stdio;
-
+use e2e_support::support::process::run_with_stdin;
 use e2e_support::{client_with_crds, kubectl, repo_path, unique};
 use kandev_operator::api::TaskSession;
 use kube::CustomResourceExt;
@@ -526,28 +524,20 @@ fn cases_merge_into_the_valid_session() {
 /// `kubectl apply --dry-run=server -f -` of `object`: Ok(stdout) or Err(stderr).
 fn dry_run(object: &Value) -> Result<String, String> {
     let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-    let mut child: std::process::Child = kubectl()
-        .args(["--kubeconfig", &kubeconfig])
-        .args(["apply", "--dry-run=server", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run kubectl");
     let text = serde_json::to_string(object).expect("json");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write the object to kubectl");
-    let out = child.wait_with_output().expect("kubectl output");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if out.status.success() {
-        Ok(stdout)
+    let out = run_with_stdin(
+        kubectl().args(["--kubeconfig", &kubeconfig]).args([
+            "apply",
+            "--dry-run=server",
+            "-f",
+            "-",
+        ]),
+        &text,
+    );
+    if out.success() {
+        Ok(out.stdout)
     } else {
-        Err(stderr)
+        Err(out.stderr)
     }
 }
 

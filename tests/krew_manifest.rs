@@ -1,11 +1,14 @@
 //! The krew manifest `plugins/kandev.yaml` that `make dist` writes: its structure (always), and
 //! (run by `make dist`, `KANDEV_DIST=<dir of the archives>`) that it matches the archives built.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_yaml::Value;
+use support::process::run;
 
 const PLATFORMS: [(&str, &str); 4] = [
     ("linux", "amd64"),
@@ -142,11 +145,8 @@ fn the_manifest_matches_the_archives_built() {
     for (os, arch, _, sha256) in &entries {
         let name = archive_name(os, arch);
         let path = dist.join(&name);
-        let out = Command::new("sha256sum")
-            .arg(&path)
-            .output()
-            .expect("sha256sum");
-        let actual = String::from_utf8_lossy(&out.stdout)
+        let actual = run(Command::new("sha256sum").arg(&path))
+            .stdout
             .split_whitespace()
             .next()
             .unwrap_or_default()
@@ -156,12 +156,7 @@ fn the_manifest_matches_the_archives_built() {
             sums.lines().any(|l| l == format!("{actual}  {name}")),
             "{name} missing from SHA256SUMS:\n{sums}"
         );
-        let out = Command::new("tar")
-            .arg("-tvzf")
-            .arg(&path)
-            .output()
-            .expect("tar");
-        let listing = String::from_utf8_lossy(&out.stdout);
+        let listing = run(Command::new("tar").arg("-tvzf").arg(&path)).stdout;
         let mut names: Vec<&str> = listing
             .lines()
             .filter_map(|l| l.split_whitespace().last())

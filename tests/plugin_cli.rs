@@ -4,45 +4,27 @@
 //! `--token`, `-o` on real objects, completion through the real kubectl) is in
 //! `tests/e2e_plugin.rs`.
 
+mod support;
+
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::Duration;
+
+use support::process::{Output, run_within};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
 
-/// Runs the plugin; a run longer than `limit` is killed and fails the test (a hang).
-fn run_within(program: &std::path::Path, args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(program)
-        .args(args)
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kubectl-kandev");
-    let started = std::time::Instant::now();
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let output = child.wait_with_output().expect("output");
-            panic!(
-                "kubectl-kandev {args:?} still ran after {limit:?} (killed): {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Runs `program` (the plugin under one of its names) without a kubeconfig from the
+/// environment; a run longer than a minute is killed and fails the test (a hang).
+fn run_as(program: &std::path::Path, args: &[&str]) -> Output {
+    run_within(
+        Command::new(program).args(args).env_remove("KUBECONFIG"),
+        Duration::from_secs(60),
+    )
 }
 
 fn run(args: &[&str]) -> Output {
-    run_within(std::path::Path::new(PLUGIN), args, Duration::from_secs(60))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    run_as(std::path::Path::new(PLUGIN), args)
 }
 
 /// A kubeconfig whose server accepts connections and never answers (the listener's backlog
@@ -83,7 +65,7 @@ fn request_timeout_ends_a_request_the_server_never_answers() {
         "--request-timeout",
         "1s",
     ]);
-    let stderr = text(&output.stderr);
+    let stderr = &output.stderr;
     assert_eq!(output.status.code(), Some(6), "{stderr}");
     assert!(stderr.contains("timed out"), "{stderr}");
     assert!(stderr.contains("reading tasksession \"demo\""), "{stderr}");
@@ -111,7 +93,7 @@ fn kubectl_flag_and_output_usage_errors() {
         ),
     ] {
         let output = run(args);
-        let stderr = text(&output.stderr);
+        let stderr = &output.stderr;
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
@@ -123,15 +105,15 @@ fn the_completion_executable_answers_without_a_cluster() {
     let dir = tempfile::tempdir().expect("dir");
     let link = dir.path().join("kubectl_complete-kandev");
     std::os::unix::fs::symlink(PLUGIN, &link).expect("link");
-    let output = run_within(&link, &["re"], Duration::from_secs(60));
+    let output = run_as(&link, &["re"]);
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(
-        text(&output.stdout),
+        output.stdout,
         "resume\tAsk the operator to resume a session whose agent is gone\n:4\n"
     );
     let output = run(&["__complete", "status", "demo", "-o", "j"]);
     assert_eq!(
-        text(&output.stdout),
+        output.stdout,
         "json\tthe object as JSON\njsonpath=\tfields picked with a kubectl JSONPath template\n:6\n"
     );
     // No cluster to ask for session names: nothing, and no error in the command line.
@@ -146,6 +128,6 @@ fn the_completion_executable_answers_without_a_cluster() {
         "status",
         "",
     ]);
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
-    assert_eq!(text(&output.stdout), ":4\n");
+    assert_eq!(output.status.code(), Some(0), "{}", output.stderr);
+    assert_eq!(output.stdout, ":4\n");
 }

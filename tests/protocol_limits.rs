@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use agentctl_support::{Serve, WAIT, path_str, wait_exit};
+use agentctl_support::{Serve, WAIT, connect_command, wait_exit};
 use kandev_operator::acp::{
     AcpClient, AcpLimits, AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions,
 };
@@ -24,7 +24,6 @@ use kandev_operator::jsonrpc::AgentLimit;
 use kandev_operator::resume::{NativeSessionResume, RestoreErrorClass};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
-const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
 const TOKEN: &str = "saved-session-1";
 /// The ceiling of the issue: the operator runs in 256 Mi.
 const RSS_CEILING_KIB: u64 = 150 * 1024;
@@ -147,10 +146,7 @@ async fn restore_through_agentctl(
     let mut serve = Serve::start(&[], &args);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = sample_peak(serve.child.id(), stop.clone());
-    let mut connect = tokio::process::Command::new(AGENTCTL)
-        .arg("connect")
-        .arg("--socket")
-        .arg(path_str(&serve.socket))
+    let mut connect = tokio::process::Command::from(connect_command(&serve.socket))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -4,46 +4,38 @@
 //! the binaries, not an async client.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
+#[path = "../support/mod.rs"]
+pub mod support;
+
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+pub use support::process::{line_reader, wait_exit};
 
 pub const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
 pub const TEST_AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
 /// Generous: the machine is shared with other builds.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-/// Lines of a child's stdout (or stderr), read by a thread.
-pub fn line_reader(source: impl std::io::Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(source).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
+/// `agentctl` without what a pod's environment gives it (socket, session name, workspace): a
+/// test passes what it means.
+pub fn agentctl() -> Command {
+    let mut cmd = Command::new(AGENTCTL);
+    cmd.env_remove("KANDEV_AGENTCTL_SOCKET")
+        .env_remove("KANDEV_SESSION_NAME")
+        .env_remove("KANDEV_WORKSPACE");
+    cmd
 }
 
-/// Waits for a child to exit, killing it (and failing) after `timeout`.
-pub fn wait_exit(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                panic!("{what} did not exit within {timeout:?}");
-            }
-        }
-    }
+/// `agentctl connect --socket <socket>`, as the operator runs it over exec.
+pub fn connect_command(socket: &Path) -> Command {
+    let mut cmd = agentctl();
+    cmd.arg("connect").arg("--socket").arg(socket);
+    cmd
 }
 
 /// One `agentctl serve` with `kandev-test-agent` (or another command) in a temp workspace.
@@ -87,7 +79,7 @@ impl Serve {
         let workspace = dir.path().join("ws");
         std::fs::create_dir_all(&workspace).expect("workspace");
         let socket = dir.path().join("a.sock");
-        let mut cmd = Command::new(AGENTCTL);
+        let mut cmd = agentctl();
         cmd.arg("serve")
             .arg("--workspace")
             .arg(&workspace)
@@ -102,9 +94,6 @@ impl Serve {
         }
         let mut child = cmd
             .env("RUST_LOG", "info")
-            .env_remove("KANDEV_AGENTCTL_SOCKET")
-            .env_remove("KANDEV_SESSION_NAME")
-            .env_remove("KANDEV_WORKSPACE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -269,10 +258,7 @@ pub struct Client {
 
 impl Client {
     pub fn spawn(socket: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(AGENTCTL)
-            .arg("connect")
-            .arg("--socket")
-            .arg(socket)
+        let mut child = connect_command(socket)
             .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -358,7 +344,7 @@ pub struct Events {
 
 impl Events {
     pub fn spawn(socket: &Path) -> Self {
-        let mut child = Command::new(AGENTCTL)
+        let mut child = agentctl()
             .arg("events")
             .arg("--socket")
             .arg(socket)

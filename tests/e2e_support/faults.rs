@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{repo_path, unique};
+use super::support::process::{free_port, run};
+use super::{kubectl, repo_path, unique};
 
 /// The proxy operator → API server.
 const PROXY: &str = "apiserver";
@@ -31,13 +32,6 @@ pub struct FaultProxy {
     api: String,
     /// A kubeconfig like $KUBECONFIG whose server is the proxy.
     pub kubeconfig: PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl FaultProxy {
@@ -244,13 +238,10 @@ impl HttpFaultProxy {
         std::fs::create_dir_all(&dir).expect("proxy dir");
         // The API server's address, CA and the test's client certificate, as files.
         let field = |path: &str| {
-            let out = super::kubectl()
+            run(kubectl()
                 .args(["config", "view", "--raw", "--minify", "--flatten", "-o"])
-                .arg(format!("jsonpath={{{path}}}"))
-                .output()
-                .expect("kubectl config view");
-            assert!(out.status.success(), "kubectl config view {path}");
-            String::from_utf8(out.stdout).expect("UTF-8")
+                .arg(format!("jsonpath={{{path}}}")))
+            .expect_success()
         };
         let decode = |path: &str, file: &str| {
             let pem = base64::engine::general_purpose::STANDARD

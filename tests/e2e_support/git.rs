@@ -17,9 +17,11 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::support::process::{free_port, run};
+
 /// `git <args>` in `dir` (commits by a fixed test identity); panics on failure.
 pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
+    run(Command::new("git")
         .current_dir(dir)
         .args([
             "-c",
@@ -27,15 +29,10 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
             "-c",
             "user.email=e2e@example.invalid",
         ])
-        .args(args)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+        .args(args))
+    .expect_success()
+    .trim()
+    .to_string()
 }
 
 /// A directory of bare repositories: `<root>/<name>.git`, each with `main` (the default branch)
@@ -88,14 +85,6 @@ impl Repositories {
     pub fn path(&self) -> &Path {
         self.root.path()
     }
-}
-
-/// A free port on loopback (bound and released: a small race, fine for tests).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// Waits until something accepts connections on `addr`.
@@ -166,7 +155,7 @@ impl HttpsGit {
     pub async fn start(root: &Path, user: &str, password: &str) -> Self {
         let certs = tempfile::tempdir().expect("tempdir");
         let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
-        let status = Command::new("openssl")
+        run(Command::new("openssl")
             .args([
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
             ])
@@ -179,12 +168,8 @@ impl HttpsGit {
             .arg("-keyout")
             .arg(&key)
             .arg("-out")
-            .arg(&cert)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl runs");
-        assert!(status.success(), "openssl req");
+            .arg(&cert))
+        .expect_success();
         let ca_pem = std::fs::read_to_string(&cert).expect("cert");
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert)
             .expect("cert pem")

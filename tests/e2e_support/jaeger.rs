@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::support::process::free_port;
 use super::{repo_path, unique};
 
 pub struct Jaeger {
@@ -19,10 +20,7 @@ pub struct Jaeger {
 }
 
 fn free_address() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.to_string())
-        .expect("a free port")
+    format!("127.0.0.1:{}", free_port())
 }
 
 /// One span of a trace, as the query API answers it.

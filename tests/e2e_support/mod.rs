@@ -9,8 +9,11 @@ pub mod git;
 pub mod jaeger;
 pub mod operator;
 pub mod sessions;
+#[path = "../support/mod.rs"]
+pub mod support;
 
 pub use annotations::HARNESS_PID_ANNOTATION;
+pub use support::process::kubectl;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -152,18 +155,8 @@ fn compact_yaml<K: Serialize + kube::Resource>(obj: Option<K>) -> String {
 /// What else a failed wait needs to be understood: the namespace's pods and its latest Events.
 fn around(namespace: &str) -> String {
     let run = |args: &[&str]| {
-        kubectl()
-            .args(["-n", namespace])
-            .args(args)
-            .output()
-            .map(|o| {
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&o.stdout),
-                    String::from_utf8_lossy(&o.stderr)
-                )
-            })
-            .unwrap_or_else(|e| format!("kubectl: {e}\n"))
+        let out = support::process::run(kubectl().args(["-n", namespace]).args(args));
+        format!("{}{}", out.stdout, out.stderr)
     };
     // The harness logs beside the kubeconfig of the cluster (e2e/cluster.sh).
     let harness = std::env::var_os("KUBECONFIG")
@@ -261,20 +254,6 @@ pub fn is_played() -> impl Condition<Pod> {
                 && harness_pid(p).is_some()
         })
     }
-}
-
-/// The kubectl built for the e2e cluster (e2e/bin.sh), not whatever is first on PATH.
-pub fn kubectl() -> std::process::Command {
-    let script = repo_path("e2e/bin.sh");
-    let bin = std::process::Command::new("bash")
-        .arg(&script)
-        .arg("--print")
-        .output()
-        .ok()
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("kubectl"))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("kubectl"));
-    std::process::Command::new(bin)
 }
 
 /// `sh -c <script>` in the pod's working directory (the workspace), through the API server's
