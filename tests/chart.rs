@@ -2,91 +2,29 @@
 //!
 //! - Without helm (run by `make unit`): the chart's CRD copies equal `crds/`, and the chart's
 //!   default images, its appVersion and the Dockerfile's targets agree.
-//! - With helm (`#[ignore]`d; `make chart` runs them with `--ignored`, helm from
-//!   `e2e/bin.sh`, or `KANDEV_HELM`): the rendered ClusterRole (or per-namespace Roles) and Role
-//!   grant exactly `REQUIRED_PERMISSIONS` (what the operator checks at startup), in both install
-//!   modes, the Deployment's defaults, the agent-pod containment values, the admission policy,
-//!   the optional resources, the PrometheusRule and Grafana dashboard (every PromQL expression
-//!   names only metrics, labels and label values the operator exports: `chart_promql`), and the
-//!   values schema rejecting bad values. A missing helm fails them.
+//! - With helm (`#[ignore]`d; `make chart` runs them with `--ignored`; `KANDEV_HELM`, else the
+//!   one of `e2e/bin.sh`, else PATH's): the rendered ClusterRole (or per-namespace Roles) and
+//!   Role grant exactly `REQUIRED_PERMISSIONS` (what the operator checks at startup), in both
+//!   install modes, the Deployment's defaults, the agent-pod containment values, the admission
+//!   policy, the optional resources, the PrometheusRule and Grafana dashboard (every PromQL
+//!   expression names only metrics, labels and label values the operator exports:
+//!   `chart_promql`), and the values schema rejecting bad values. A missing helm fails them.
 
 mod chart_promql;
+mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::permissions::{REQUIRED_PERMISSIONS, Scope};
-use serde::Deserialize;
 use serde_json::Value;
-
-const RELEASE: &str = "kandev-operator";
-const NAMESPACE: &str = "kandev-system";
-/// The Kubernetes an offline render assumes (Chart.yaml's kubeVersion refuses helm's v1.20
-/// fallback); the e2e tier runs v1.36.
-const KUBE_VERSION: &str = "1.36.0";
+use support::chart::{NAMESPACE, RELEASE, chart_dir, render, template};
+use support::process::run;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn chart_dir() -> PathBuf {
-    repo().join("charts/kandev-operator")
-}
-
-fn helm() -> PathBuf {
-    if let Some(path) = std::env::var_os("KANDEV_HELM") {
-        return PathBuf::from(path);
-    }
-    let out = Command::new("bash")
-        .arg(repo().join("e2e/bin.sh"))
-        .arg("--print")
-        .output()
-        .expect("run e2e/bin.sh --print");
-    let bin = String::from_utf8(out.stdout).expect("utf-8 path");
-    let helm = PathBuf::from(bin.trim()).join("helm");
-    assert!(
-        helm.is_file(),
-        "helm not found at {} (build it with `make bins`, or set KANDEV_HELM)",
-        helm.display()
-    );
-    helm
-}
-
-/// `helm template` with extra arguments: Ok(documents) or Err(stderr).
-fn template(args: &[&str]) -> Result<Vec<Value>, String> {
-    let out = Command::new(helm())
-        .args(["template", RELEASE])
-        .arg(chart_dir())
-        .args(["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION])
-        .args(args)
-        .output()
-        .expect("run helm template");
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    let text = String::from_utf8(out.stdout).expect("utf-8 output");
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value = serde_yaml::Value::deserialize(doc).expect("rendered YAML parses");
-        if value.is_null() {
-            continue;
-        }
-        let json = serde_json::to_value(value).expect("YAML as JSON");
-        assert!(
-            json["apiVersion"].is_string()
-                && json["kind"].is_string()
-                && json["metadata"]["name"].is_string(),
-            "every document is an object with apiVersion, kind and name: {json}"
-        );
-        docs.push(json);
-    }
-    Ok(docs)
-}
-
-fn render(args: &[&str]) -> Vec<Value> {
-    template(args).unwrap_or_else(|e| panic!("helm template {args:?} failed:\n{e}"))
 }
 
 fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
@@ -270,12 +208,10 @@ fn the_binarys_default_agentctl_image_is_the_charts_pinned_one() {
         values["agentctlImage"]["tag"], "",
         "the tag follows appVersion"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_kandev-operator"))
+    let help = run(Command::new(env!("CARGO_BIN_EXE_kandev-operator"))
         .args(["run", "--help"])
-        .env_remove("KANDEV_AGENTCTL_IMAGE")
-        .output()
-        .expect("kandev-operator run --help");
-    let help = String::from_utf8_lossy(&out.stdout);
+        .env_remove("KANDEV_AGENTCTL_IMAGE"))
+    .stdout;
     let default = help
         .split("--agentctl-image")
         .nth(1)

@@ -14,10 +14,12 @@
 mod e2e_support;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::support::chart::{self, CRDS, RELEASE, chart_dir};
+use e2e_support::support::process::{run, run_with_stdin};
 use e2e_support::{
     client, harness_pid, kubectl, read_crd, repo_path, restricted_namespace, unique, wait_for,
     wait_for_within, with_cleanup,
@@ -31,102 +33,40 @@ use kandev_operator::controller::conditions;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
-const RELEASE: &str = "kandev-operator";
 /// The release namespace (the docs use kandev-system; a different one keeps the two apart).
 const CHART_NS: &str = "kandev-chart-e2e";
 const OPERATOR_ACCOUNT: &str = "system:serviceaccount:kandev-chart-e2e:kandev-operator";
 
-fn chart_dir() -> PathBuf {
-    std::env::var_os("KANDEV_CHART")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_path("charts/kandev-operator"))
-}
-
-/// Runs `helm install --wait` from PATH (`bash e2e/test.sh` puts the built one first); on
-/// failure, panics with helm's output, the operator pods and their last log lines (where a
-/// missing RBAC permission is named).
+/// `helm ARGS` (an install or upgrade with `--wait`) of the release in [`CHART_NS`] that must
+/// succeed, see [`chart::install_or_upgrade`].
 fn helm_install(args: &[&str]) {
-    let out = Command::new("helm")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("helm on PATH (bash e2e/test.sh puts it there)");
-    if out.status.success() {
-        return;
-    }
-    let kubectl_text = |args: &[&str]| {
-        kubectl()
-            .args(args)
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    };
-    panic!(
-        "helm {}:\n{}{}\n--- operator pods\n{}\n--- operator logs\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        kubectl_text(&["get", "pods", "-n", CHART_NS, "-o", "wide"]),
-        kubectl_text(&[
-            "logs",
-            "-n",
-            CHART_NS,
-            "-l",
-            "app.kubernetes.io/name=kandev-operator",
-            "--tail=5",
-        ]),
-    );
-}
-
-/// `helm ARGS` from PATH: Ok(stdout) or Err(stdout and stderr).
-fn helm(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("helm")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("helm on PATH (bash e2e/test.sh puts it there)");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
-    }
+    chart::install_or_upgrade(CHART_NS, args);
 }
 
 /// `kubectl auth can-i VERB RESOURCE -n NAMESPACE` as the operator's ServiceAccount: "yes" or
 /// "no".
 fn operator_can(verb: &str, resource: &str, namespace: &str) -> String {
-    let out = kubectl()
+    run(kubectl()
         .args(["auth", "can-i", verb, resource, "-n", namespace])
-        .args(["--as", OPERATOR_ACCOUNT])
-        .output()
-        .expect("kubectl auth can-i");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+        .args(["--as", OPERATOR_ACCOUNT]))
+    .stdout
+    .trim()
+    .to_string()
 }
 
 /// `kubectl create --dry-run=server` of `pod` in `namespace` as the operator's ServiceAccount
 /// (admission runs, nothing is stored): Ok, or Err(kubectl's stderr).
 fn create_pod_as_operator(namespace: &str, pod: &serde_json::Value) -> Result<(), String> {
-    use std::io::Write;
-    let mut child = kubectl()
-        .args(["create", "--dry-run=server", "-n", namespace, "-f", "-"])
-        .args(["--as", OPERATOR_ACCOUNT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl create");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(pod.to_string().as_bytes())
-        .expect("write the pod");
-    let out = child.wait_with_output().expect("kubectl create");
-    if out.status.success() {
+    let out = run_with_stdin(
+        kubectl()
+            .args(["create", "--dry-run=server", "-n", namespace, "-f", "-"])
+            .args(["--as", OPERATOR_ACCOUNT]),
+        &pod.to_string(),
+    );
+    if out.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        Err(out.stderr)
     }
 }
 
@@ -159,29 +99,15 @@ fn operator_like_pod(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::V
 /// Removes the release and its namespace, waiting until both are gone (a namespace that is
 /// still terminating refuses the next install).
 fn uninstall() {
-    let _ = Command::new("helm")
-        .args([
-            "uninstall",
-            RELEASE,
-            "-n",
-            CHART_NS,
-            "--wait",
-            "--timeout",
-            "2m",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    let _ = kubectl()
-        .args([
-            "delete",
-            "namespace",
-            CHART_NS,
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-        ])
-        .output();
+    chart::uninstall(CHART_NS, "2m");
+    run(kubectl().args([
+        "delete",
+        "namespace",
+        CHART_NS,
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+    ]));
 }
 
 /// The played operator pods of the release.
@@ -198,11 +124,7 @@ async fn operator_pods(client: &Client) -> Vec<Pod> {
 
 /// `kubectl logs` of a pod (served by kwok from the harness's log of the played process).
 fn logs(pod: &str) -> String {
-    let out = kubectl()
-        .args(["logs", "-n", CHART_NS, pod])
-        .output()
-        .expect("kubectl logs");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run(kubectl().args(["logs", "-n", CHART_NS, pod])).stdout
 }
 
 #[tokio::test]
@@ -214,7 +136,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
     uninstall(); // leftovers of an interrupted run
     let sessions = Sessions::new(&client, &unique("chart"));
     let body = async {
-        let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        let timeout = chart::helm_timeout();
         // The operator's pods pass the restricted Pod Security Standard, or they are refused.
         restricted_namespace(&client, CHART_NS).await;
         // --take-ownership: the CRDs may exist already (applied by other e2e tests).
@@ -337,9 +259,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         .await;
     };
     let cleanup = async {
-        let _ = kubectl()
-            .args(["delete", "namespace", &sessions.namespace, "--wait=false"])
-            .output();
+        run(kubectl().args(["delete", "namespace", &sessions.namespace, "--wait=false"]));
         uninstall();
     };
     with_cleanup(body, cleanup).await;
@@ -363,11 +283,8 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         restricted_namespace(&client, CHART_NS).await;
         watched.ensure_namespace().await;
         other.ensure_namespace().await;
-        kubectl()
-            .args(["create", "namespace", &lax])
-            .output()
-            .expect("kubectl create namespace");
-        let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        run(kubectl().args(["create", "namespace", &lax]));
+        let timeout = chart::helm_timeout();
         // --wait: the pod is ready only after its RBAC self-check passed, here per namespace.
         helm_install(&[
             "install",
@@ -407,19 +324,17 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
                 );
             }
         }
-        let all = kubectl()
-            .args([
-                "auth",
-                "can-i",
-                "list",
-                "pods",
-                "--all-namespaces",
-                "--as",
-                OPERATOR_ACCOUNT,
-            ])
-            .output()
-            .expect("kubectl auth can-i");
-        assert_eq!(String::from_utf8_lossy(&all.stdout).trim(), "no");
+        let all = run(kubectl().args([
+            "auth",
+            "can-i",
+            "list",
+            "pods",
+            "--all-namespaces",
+            "--as",
+            OPERATOR_ACCOUNT,
+        ]))
+        .stdout;
+        assert_eq!(all.trim(), "no");
 
         // The admission policy: the operator's kind of pod is admitted (in a namespace that
         // enforces restricted Pod Security too), anything else refused, even where RBAC lets the
@@ -578,9 +493,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
     };
     let cleanup = async {
         for ns in [&watched.namespace, &other.namespace, &lax] {
-            let _ = kubectl()
-                .args(["delete", "namespace", ns, "--wait=false"])
-                .output();
+            run(kubectl().args(["delete", "namespace", ns, "--wait=false"]));
         }
         uninstall();
     };
@@ -630,25 +543,11 @@ async fn http_until(
 }
 
 fn service_account_token(name: &str) -> String {
-    let created = kubectl()
-        .args(["create", "serviceaccount", name, "-n", CHART_NS])
-        .output()
-        .expect("kubectl create serviceaccount");
-    assert!(
-        created.status.success(),
-        "{}",
-        String::from_utf8_lossy(&created.stderr)
-    );
-    let out = kubectl()
-        .args(["create", "token", name, "-n", CHART_NS])
-        .output()
-        .expect("kubectl create token");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    run(kubectl().args(["create", "serviceaccount", name, "-n", CHART_NS])).expect_success();
+    run(kubectl().args(["create", "token", name, "-n", CHART_NS]))
+        .expect_success()
+        .trim()
+        .to_string()
 }
 
 /// `metrics.access=authenticated` against the real API server: the operator serves /metrics only
@@ -667,7 +566,7 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
     let chart = chart.to_str().expect("utf-8 chart path");
     uninstall(); // leftovers of an interrupted run
     let body = async {
-        let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+        let timeout = chart::helm_timeout();
         restricted_namespace(&client, CHART_NS).await;
         let readers = format!(
             r#"metrics.readers=[{{"kind":"ServiceAccount","name":"scraper","namespace":"{CHART_NS}"}}]"#
@@ -766,7 +665,6 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
 /// The chart before its CRDs became templates: 0.1.0 as on main at this commit, with the CRDs
 /// under `crds/` (which Helm installs once and never upgrades or owns).
 const PREVIOUS_CHART_COMMIT: &str = "3e119744b612ff934eddc2bd6198eb809f266b1a";
-const CRD_NAMES: [&str; 2] = ["tasksessions.kandev.dev", "executorrunnings.kandev.dev"];
 
 /// The same JSON with every number as a float: the API server writes `minimum: 0` where the
 /// generated YAML has `0.0`.
@@ -786,36 +684,32 @@ fn numbers_as_floats(value: &serde_json::Value) -> serde_json::Value {
 
 /// `git archive` of the chart at `commit`, packaged by `helm package` into `dir`: the .tgz.
 fn package_chart_at(commit: &str, dir: &std::path::Path) -> PathBuf {
-    let archive = Command::new("git")
-        .args(["-C", repo_path(".").to_str().expect("utf-8 repo path")])
-        .args(["archive", "--format=tar", commit, "charts/kandev-operator"])
-        .output()
-        .expect("git archive");
-    assert!(
-        archive.status.success(),
-        "git archive {commit}: {}",
-        String::from_utf8_lossy(&archive.stderr)
-    );
     let tar = dir.join("chart.tar");
-    std::fs::write(&tar, &archive.stdout).expect("write the archive");
-    let untar = Command::new("tar")
+    run(Command::new("git")
+        .args(["-C", repo_path(".").to_str().expect("utf-8 repo path")])
         .args([
-            "-xf",
+            "archive",
+            "--format=tar",
+            "-o",
             tar.to_str().expect("utf-8"),
-            "-C",
-            dir.to_str().expect("utf-8"),
         ])
-        .status()
-        .expect("tar");
-    assert!(untar.success());
+        .args([commit, "charts/kandev-operator"]))
+    .expect_success();
+    run(Command::new("tar").args([
+        "-xf",
+        tar.to_str().expect("utf-8"),
+        "-C",
+        dir.to_str().expect("utf-8"),
+    ]))
+    .expect_success();
     let source = dir.join("charts/kandev-operator");
-    helm(&[
+    chart::helm(&[
         "package",
         source.to_str().expect("utf-8"),
         "-d",
         dir.to_str().expect("utf-8"),
     ])
-    .unwrap_or_else(|e| panic!("helm package: {e}"));
+    .expect_success();
     dir.join("kandev-operator-0.1.0.tgz")
 }
 
@@ -824,13 +718,7 @@ fn package_chart_at(commit: &str, dir: &std::path::Path) -> PathBuf {
 fn next_chart_with_a_changed_crd(dir: &std::path::Path) -> PathBuf {
     std::fs::create_dir_all(dir.join("next")).expect("mkdir");
     let next = dir.join("next/kandev-operator");
-    let copy = Command::new("cp")
-        .arg("-r")
-        .arg(chart_dir())
-        .arg(&next)
-        .status()
-        .expect("cp");
-    assert!(copy.success(), "copy the chart");
+    run(Command::new("cp").arg("-r").arg(chart_dir()).arg(&next)).expect_success();
     let chart_yaml = next.join("Chart.yaml");
     let text = std::fs::read_to_string(&chart_yaml).expect("Chart.yaml");
     std::fs::write(
@@ -855,72 +743,26 @@ fn next_chart_with_a_changed_crd(dir: &std::path::Path) -> PathBuf {
 
 /// The printer column names of the TaskSession CRD on the API server.
 fn live_printer_columns() -> Vec<String> {
-    let out = kubectl()
-        .args([
-            "get",
-            "crd",
-            CRD_NAMES[0],
-            "-o",
-            "jsonpath={.spec.versions[0].additionalPrinterColumns[*].name}",
-        ])
-        .output()
-        .expect("kubectl get crd");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
+    run(kubectl().args([
+        "get",
+        "crd",
+        CRDS[0],
+        "-o",
+        "jsonpath={.spec.versions[0].additionalPrinterColumns[*].name}",
+    ]))
+    .stdout
+    .split_whitespace()
+    .map(str::to_string)
+    .collect()
 }
 
 fn crd_annotation(crd: &str, key: &str) -> String {
-    let out = kubectl()
-        .args(["get", "crd", crd, "-o", "json"])
-        .output()
-        .expect("kubectl get crd");
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let out = run(kubectl().args(["get", "crd", crd, "-o", "json"]));
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
     json["metadata"]["annotations"][key]
         .as_str()
         .unwrap_or_default()
         .to_string()
-}
-
-/// Removes every kandev TaskSession's finalizer and the kandev CRDs, so the previous chart
-/// installs them as it did on a new cluster.
-fn delete_kandev_crds() {
-    let sessions = kubectl()
-        .args([
-            "get",
-            "ts",
-            "-A",
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    for line in sessions.lines().filter(|l| !l.is_empty()) {
-        if let Some((ns, name)) = line.split_once('/') {
-            let _ = kubectl()
-                .args(["patch", "ts", name, "-n", ns, "--type=merge"])
-                .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
-                .output();
-        }
-    }
-    let out = kubectl()
-        .args([
-            "delete",
-            "crd",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-        ])
-        .args(CRD_NAMES)
-        .output()
-        .expect("kubectl delete crd");
-    assert!(
-        out.status.success(),
-        "deleting the kandev CRDs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// `helm upgrade` from the previous chart (CRDs under `crds/`, never upgraded by Helm) to this
@@ -939,9 +781,10 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
     let previous = package_chart_at(PREVIOUS_CHART_COMMIT, work.path());
     let next = next_chart_with_a_changed_crd(work.path());
     let sessions = Sessions::new(&client, &unique("upgrade"));
-    let timeout = std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into());
+    let timeout = chart::helm_timeout();
     let body = async {
-        delete_kandev_crds();
+        // The previous chart installs the CRDs as it did on a new cluster.
+        chart::delete_crds().expect_success();
         restricted_namespace(&client, CHART_NS).await;
         let common = ["-n", CHART_NS, "--wait", "--timeout", &timeout];
         helm_install(
@@ -957,7 +800,7 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
             .concat(),
         );
         assert_eq!(
-            crd_annotation(CRD_NAMES[0], "meta.helm.sh/release-name"),
+            crd_annotation(CRDS[0], "meta.helm.sh/release-name"),
             "",
             "the previous chart's CRDs are not the release's"
         );
@@ -984,17 +827,19 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
             &["--reset-then-reuse-values"],
         ]
         .concat();
-        let refused = helm(&upgrade).expect_err("an upgrade that adopts unowned CRDs is refused");
+        let refused = chart::helm(&upgrade)
+            .result()
+            .expect_err("an upgrade that adopts unowned CRDs is refused");
         assert!(
-            refused.contains("invalid ownership metadata") && refused.contains(CRD_NAMES[0])
+            refused.contains("invalid ownership metadata") && refused.contains(CRDS[0])
                 || refused.contains("cannot be imported into the current release"),
             "{refused}"
         );
-        assert_eq!(crd_annotation(CRD_NAMES[0], "helm.sh/resource-policy"), "");
+        assert_eq!(crd_annotation(CRDS[0], "helm.sh/resource-policy"), "");
 
         // With it, the CRDs become the release's, kept on uninstall, equal to crds/.
         helm_install(&[&upgrade[..], &["--take-ownership"]].concat());
-        for crd in CRD_NAMES {
+        for crd in CRDS {
             assert_eq!(
                 crd_annotation(crd, "helm.sh/resource-policy"),
                 "keep",
@@ -1005,11 +850,8 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
                 RELEASE,
                 "{crd}"
             );
-            let live = kubectl()
-                .args(["get", "crd", crd, "-o", "json"])
-                .output()
-                .expect("kubectl get crd");
-            let live: serde_json::Value = serde_json::from_slice(&live.stdout).expect("CRD JSON");
+            let live = run(kubectl().args(["get", "crd", crd, "-o", "json"])).stdout;
+            let live: serde_json::Value = serde_json::from_str(&live).expect("CRD JSON");
             let file = read_crd(&format!("crds/{crd}.yaml"));
             let expected = serde_json::to_value(&file.spec).expect("spec");
             // (The API server adds names.listKind.)
@@ -1067,35 +909,20 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
             |ts: Option<&TaskSession>| ts.is_none(),
         )
         .await;
-        helm(&[
-            "uninstall",
-            RELEASE,
-            "-n",
-            CHART_NS,
-            "--wait",
-            "--timeout",
-            "2m",
-        ])
-        .unwrap_or_else(|e| panic!("helm uninstall: {e}"));
-        for crd in CRD_NAMES {
-            let out = kubectl()
-                .args(["get", "crd", crd])
-                .output()
-                .expect("kubectl");
-            assert!(out.status.success(), "{crd} is kept after helm uninstall");
+        chart::uninstall(CHART_NS, "2m").expect_success();
+        for crd in CRDS {
+            let out = run(kubectl().args(["get", "crd", crd]));
+            assert!(out.success(), "{crd} is kept after helm uninstall");
         }
     };
     let cleanup = async {
-        let _ = kubectl()
-            .args(["delete", "namespace", &sessions.namespace, "--wait=false"])
-            .output();
+        run(kubectl().args(["delete", "namespace", &sessions.namespace, "--wait=false"]));
         uninstall();
         // Later tests expect the CRDs of crds/, not the changed copy's.
-        for crd in CRD_NAMES {
-            let _ = kubectl()
+        for crd in CRDS {
+            run(kubectl()
                 .args(["replace", "-f"])
-                .arg(repo_path(&format!("crds/{crd}.yaml")))
-                .output();
+                .arg(repo_path(&format!("crds/{crd}.yaml"))));
         }
     };
     with_cleanup(body, cleanup).await;

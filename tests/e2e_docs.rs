@@ -8,9 +8,10 @@
 mod e2e_support;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use e2e_support::support::chart;
+use e2e_support::support::process::{Output, run, run_async};
 use e2e_support::{client, kubectl, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
@@ -112,33 +113,20 @@ fn every_page_is_run() {
 }
 
 async fn run_block(block: &Block) -> (Option<i32>, String) {
-    let mut child = tokio::process::Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &block.code])
-        .current_dir(repo_path(""))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("bash");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let io = async {
-        use tokio::io::AsyncReadExt;
-        let (a, b) = tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err));
-        a.and(b).expect("read block output");
-        child.wait().await.expect("wait for bash")
-    };
-    let status = tokio::time::timeout(BLOCK_TIMEOUT, io).await;
-    let output = format!(
-        "--- stdout\n{}--- stderr\n{}",
-        String::from_utf8_lossy(&out),
-        String::from_utf8_lossy(&err)
-    );
-    match status {
-        Ok(status) => (status.code(), output),
-        Err(_) => (None, format!("timed out after {BLOCK_TIMEOUT:?}\n{output}")),
+    let finished = run_async(
+        tokio::process::Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &block.code])
+            .current_dir(repo_path("")),
+        BLOCK_TIMEOUT,
+    )
+    .await;
+    let output = |out: &Output| format!("--- stdout\n{}--- stderr\n{}", out.stdout, out.stderr);
+    match finished {
+        Ok(out) => (out.status.code(), output(&out)),
+        Err(out) => (
+            None,
+            format!("timed out after {BLOCK_TIMEOUT:?}\n{}", output(&out)),
+        ),
     }
 }
 
@@ -146,17 +134,9 @@ async fn run_block(block: &Block) -> (Option<i32>, String) {
 /// the namespaces and the CRDs' absence are restored to "nothing installed".
 fn clean_slate() {
     let quiet = |args: &[&str]| {
-        let _ = kubectl()
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        run(kubectl().args(args));
     };
-    let sessions = kubectl()
-        .args(["get", "ts", "-n", "team-a", "-o", "name"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+    let sessions = run(kubectl().args(["get", "ts", "-n", "team-a", "-o", "name"])).stdout;
     for ts in sessions.lines().filter(|l| !l.is_empty()) {
         quiet(&[
             "patch",
@@ -168,61 +148,20 @@ fn clean_slate() {
             r#"{"metadata":{"finalizers":null}}"#,
         ]);
     }
-    let _ = std::process::Command::new("helm")
-        .args([
-            "uninstall",
-            "kandev-operator",
-            "-n",
-            "kandev-system",
-            "--wait",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    // helm's own default for --timeout.
+    chart::uninstall(chart::NAMESPACE, "5m");
     quiet(&[
         "delete",
         "namespace",
         "team-a",
-        "kandev-system",
+        chart::NAMESPACE,
         "--ignore-not-found",
         "--wait=true",
         "--timeout=120s",
     ]);
     // The chart's CRDs are templates: CRDs that other tests applied (or another release kept)
-    // would make the docs' `helm install` refuse to adopt them. Sessions left in any namespace
-    // lose their finalizer first, or deleting the CRDs would wait for an operator.
-    let leftovers = kubectl()
-        .args([
-            "get",
-            "ts",
-            "-A",
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name}{\"\\n\"}{end}",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    for (namespace, name) in leftovers.lines().filter_map(|l| l.split_once(' ')) {
-        quiet(&[
-            "patch",
-            "-n",
-            namespace,
-            "ts",
-            name,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"finalizers":null}}"#,
-        ]);
-    }
-    quiet(&[
-        "delete",
-        "crd",
-        "tasksessions.kandev.dev",
-        "executorrunnings.kandev.dev",
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=120s",
-    ]);
+    // would make the docs' `helm install` refuse to adopt them.
+    chart::delete_crds();
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
-//! Helpers shared by test targets of every tier: running processes ([`process`]). A target takes
-//! them with `mod support;`; the support modules of the e2e and agentctl tiers include them as
-//! their `support` module (`#[path]`).
+//! Helpers shared by test targets of every tier: running processes ([`process`]) and the Helm
+//! chart ([`chart`]). A target takes them with `mod support;`; the support modules of the e2e and
+//! agentctl tiers include them as their `support` module (`#[path]`).
 #![allow(dead_code)] // each test target uses a different subset
 
+pub mod chart;
 pub mod process;

@@ -1,0 +1,158 @@
+//! The Helm chart `charts/kandev-operator` for the tests that render it (tests/chart.rs) and
+//! those that install it on the e2e cluster (tests/e2e_chart.rs, tests/e2e_docs.rs): where it
+//! is, the helm that runs it, rendering, installing and tearing down.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::process::{Output, kubectl, our_bin, run, run_within};
+
+/// The release name (the chart's name, as the docs install it).
+pub const RELEASE: &str = "kandev-operator";
+/// The release namespace of the docs and of offline renders.
+pub const NAMESPACE: &str = "kandev-system";
+/// The Kubernetes an offline render assumes (Chart.yaml's kubeVersion refuses helm's v1.20
+/// fallback); the e2e tier runs v1.36.
+pub const KUBE_VERSION: &str = "1.36.0";
+/// The chart's CRDs.
+pub const CRDS: [&str; 2] = ["tasksessions.kandev.dev", "executorrunnings.kandev.dev"];
+/// The time limit of one helm run: helm bounds `--wait` with its own `--timeout`
+/// (`KANDEV_HELM_TIMEOUT`), so only a hang reaches it.
+const HELM_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// The chart under test: `KANDEV_CHART=<dir>` (another copy, e.g. one with a verb removed), else
+/// `charts/kandev-operator`.
+pub fn chart_dir() -> PathBuf {
+    std::env::var_os("KANDEV_CHART")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/kandev-operator"))
+}
+
+/// How long `helm install --wait` may take: `KANDEV_HELM_TIMEOUT` (helm's duration), else 3m.
+pub fn helm_timeout() -> String {
+    std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into())
+}
+
+/// helm: `KANDEV_HELM`, else the one `e2e/bin.sh` builds (`make bins`), else helm from PATH.
+pub fn helm_program() -> PathBuf {
+    std::env::var_os("KANDEV_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| our_bin("helm"))
+}
+
+/// `helm ARGS`, run to its end.
+pub fn helm(args: &[&str]) -> Output {
+    run_within(Command::new(helm_program()).args(args), HELM_LIMIT)
+}
+
+/// `helm template` of the chart in [`NAMESPACE`] for [`KUBE_VERSION`], with extra arguments:
+/// Ok(documents) or Err(stderr).
+pub fn template(args: &[&str]) -> Result<Vec<Value>, String> {
+    let chart = chart_dir();
+    let chart = chart.to_str().expect("utf-8 chart path");
+    let out = helm(
+        &[
+            &["template", RELEASE, chart][..],
+            &["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION],
+            args,
+        ]
+        .concat(),
+    );
+    if !out.success() {
+        return Err(out.stderr);
+    }
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&out.stdout) {
+        let value = serde_yaml::Value::deserialize(doc).expect("rendered YAML parses");
+        if value.is_null() {
+            continue;
+        }
+        let json = serde_json::to_value(value).expect("YAML as JSON");
+        assert!(
+            json["apiVersion"].is_string()
+                && json["kind"].is_string()
+                && json["metadata"]["name"].is_string(),
+            "every document is an object with apiVersion, kind and name: {json}"
+        );
+        docs.push(json);
+    }
+    Ok(docs)
+}
+
+/// [`template`] that must succeed.
+pub fn render(args: &[&str]) -> Vec<Value> {
+    template(args).unwrap_or_else(|e| panic!("helm template {args:?} failed:\n{e}"))
+}
+
+/// `helm ARGS`, an install or upgrade of the release in `namespace` (with `--wait`) that must
+/// succeed; a failure shows helm's output, the operator pods and their last log lines (where a
+/// missing RBAC permission is named).
+pub fn install_or_upgrade(namespace: &str, args: &[&str]) {
+    let out = helm(args);
+    if out.success() {
+        return;
+    }
+    let kubectl_text = |args: &[&str]| run(kubectl().args(args)).stdout;
+    panic!(
+        "helm {}:\n{}{}\n--- operator pods\n{}\n--- operator logs\n{}",
+        args.join(" "),
+        out.stdout,
+        out.stderr,
+        kubectl_text(&["get", "pods", "-n", namespace, "-o", "wide"]),
+        kubectl_text(&[
+            "logs",
+            "-n",
+            namespace,
+            "-l",
+            "app.kubernetes.io/name=kandev-operator",
+            "--tail=5",
+        ]),
+    );
+}
+
+/// `helm uninstall` of the release in `namespace`, waiting up to `timeout` (helm's duration) for
+/// its resources to be gone.
+pub fn uninstall(namespace: &str, timeout: &str) -> Output {
+    helm(&[
+        "uninstall",
+        RELEASE,
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        timeout,
+    ])
+}
+
+/// Removes every TaskSession's finalizer, then deletes the CRDs (waiting until they are gone):
+/// the cluster as before the chart's first install. The deletion's output: the caller says
+/// whether it must succeed.
+pub fn delete_crds() -> Output {
+    let sessions = run(kubectl().args([
+        "get",
+        "ts",
+        "-A",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name}{\"\\n\"}{end}",
+    ]))
+    .stdout;
+    // Else deleting the CRDs would wait for an operator to remove them.
+    for (namespace, name) in sessions.lines().filter_map(|l| l.split_once(' ')) {
+        run(kubectl()
+            .args(["patch", "ts", name, "-n", namespace, "--type=merge"])
+            .args(["-p", r#"{"metadata":{"finalizers":null}}"#]));
+    }
+    run(kubectl()
+        .args([
+            "delete",
+            "crd",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+        ])
+        .args(CRDS))
+}
