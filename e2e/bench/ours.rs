@@ -73,6 +73,12 @@ impl OperatorProcess {
             .arg("--agent-profiles")
             .arg(&profiles)
             .args(extra)
+            // More flags for every operator the bench starts, e.g. to compare settings.
+            .args(
+                std::env::var("BENCH_OPERATOR_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .env("KUBECONFIG", kubeconfig)
             .env_remove("KANDEV_FAULT_EXIT_AFTER")
             .stdin(std::process::Stdio::null())

@@ -7,7 +7,8 @@
 # and plots), BENCH_PHASES (launch,loss,resume,storm,idle), BENCH_CONTENDERS
 # (ours,floor,agent-sandbox), BENCH_IDLE_SECONDS (60), BENCH_IDLE_FLEET (e.g. 10000: only the
 # idle-fleet mode, without the harness), BENCH_OUT (target/bench), BENCH_PROFILE (release, the
-# default: what the image ships, optimised; dev: the debug build the tests use, for bench-smoke).
+# default: what the image ships, optimised; dev: the debug build the tests use, for bench-smoke),
+# BENCH_OPERATOR_ARGS (more flags for our operator, e.g. "--max-concurrent-reconciles 400").
 # Extra arguments go to kandev-bench (see `target/release/kandev-bench --help`).
 set -euo pipefail
 
