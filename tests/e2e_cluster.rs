@@ -552,37 +552,62 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
     let (client, ns) = (&sessions.client, &sessions.namespace);
     let claim = unique("e2e-claim");
     let (first, second) = (unique("e2e-pvc-a"), unique("e2e-pvc-b"));
-    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), ns);
-    sessions.run(
-        async {
-            let pvc = serde_json::from_value(json!({
-                "metadata": {"name": claim},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-            }))
-            .expect("pvc");
-            claims.create(&PostParams::default(), &pvc).await.expect("create pvc");
-            wait_for(&claims, &claim, "Bound", |c: Option<&k8s_openapi::api::core::v1::PersistentVolumeClaim>| {
-                c.and_then(|c| c.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound")
-            })
+    let claims = sessions.claims();
+    sessions
+        .run(async {
+            sessions.create_claim(&claim).await;
+            wait_for(
+                &claims,
+                &claim,
+                "Bound",
+                |c: Option<&k8s_openapi::api::core::v1::PersistentVolumeClaim>| {
+                    c.and_then(|c| c.status.as_ref())
+                        .and_then(|s| s.phase.as_deref())
+                        == Some("Bound")
+                },
+            )
             .await;
 
             let api = sessions.pods();
-            api.create(&PostParams::default(), &pod_with_claim(&first, &claim)).await.expect("create pod a");
+            api.create(&PostParams::default(), &pod_with_claim(&first, &claim))
+                .await
+                .expect("create pod a");
             wait_for(&api, &first, "played", is_played()).await;
-            let wrote = exec_output(client, ns, &first, &["sh", "-c", "echo \"written by $KANDEV_POD_NAME\" > marker && pwd"]).await;
-            assert!(wrote.trim_end().ends_with(&format!("volumes/{ns}/{claim}")), "workdir {wrote:?}");
-            api.delete(&first, &DeleteParams::default()).await.expect("delete pod a");
-            let uid = api.get_opt(&first).await.ok().flatten().and_then(|p| p.metadata.uid).unwrap_or_default();
+            let wrote = exec_output(
+                client,
+                ns,
+                &first,
+                &[
+                    "sh",
+                    "-c",
+                    "echo \"written by $KANDEV_POD_NAME\" > marker && pwd",
+                ],
+            )
+            .await;
+            assert!(
+                wrote.trim_end().ends_with(&format!("volumes/{ns}/{claim}")),
+                "workdir {wrote:?}"
+            );
+            api.delete(&first, &DeleteParams::default())
+                .await
+                .expect("delete pod a");
+            let uid = api
+                .get_opt(&first)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.metadata.uid)
+                .unwrap_or_default();
             wait_for(&api, &first, "deleted", conditions::is_deleted(&uid)).await;
 
-            api.create(&PostParams::default(), &pod_with_claim(&second, &claim)).await.expect("create pod b");
+            api.create(&PostParams::default(), &pod_with_claim(&second, &claim))
+                .await
+                .expect("create pod b");
             wait_for(&api, &second, "played", is_played()).await;
             let read = exec_output(client, ns, &second, &["cat", "marker"]).await;
             assert_eq!(read.trim_end(), format!("written by {first}"));
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -206,17 +206,7 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             let condition =
                 conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
             assert!(condition.message.contains(&claim), "{condition:?}");
-            let claims: Api<PersistentVolumeClaim> =
-                Api::namespaced(sessions.client.clone(), &sessions.namespace);
-            let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-                "metadata": {"name": claim},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-            }))
-            .expect("pvc");
-            claims
-                .create(&PostParams::default(), &pvc)
-                .await
-                .expect("create the workspace PVC");
+            sessions.create_claim(&claim).await;
             started_and_waiting(&sessions, &late).await;
         }
 
@@ -669,17 +659,8 @@ async fn refusals_and_bad_input() {
         // request's outcome.
         let name = unique("pvcgone");
         let claim = format!("{name}-ws");
-        let claims: Api<PersistentVolumeClaim> =
-            Api::namespaced(sessions.client.clone(), &sessions.namespace);
-        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": claim},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-        }))
-        .expect("pvc");
-        claims
-            .create(&PostParams::default(), &pvc)
-            .await
-            .expect("create the workspace PVC");
+        sessions.create_claim(&claim).await;
+        let claims = sessions.claims();
         let ts = sessions.new_session(&name, "claude-code", json!({"claimName": claim}));
         sessions
             .sessions()

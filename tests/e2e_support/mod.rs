@@ -13,7 +13,7 @@ pub mod sessions;
 pub mod support;
 
 pub use annotations::HARNESS_PID_ANNOTATION;
-pub use support::process::kubectl;
+pub use support::process::{free_port, kubectl};
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -74,14 +74,6 @@ pub fn unique(prefix: &str) -> String {
         .map(|d| d.as_millis() % 100_000_000)
         .unwrap_or(0);
     format!("{prefix}-{millis}-{}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// A free port on loopback (bound and released: a small race, fine for tests).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// Runs `body`, then `cleanup` even if `body` panicked, then re-raises the panic.

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -131,6 +131,23 @@ impl Sessions {
 
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Creates a 1 GiB ReadWriteOnce claim `name` in the namespace (the harness provisions it).
+    pub async fn create_claim(&self, name: &str) {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        }))
+        .expect("a valid claim");
+        self.claims()
+            .create(&PostParams::default(), &pvc)
+            .await
+            .unwrap_or_else(|e| panic!("create the claim {name}: {e}"));
     }
 
     /// A TaskSession (not created) whose first prompt is [`FIRST_PROMPT`].
