@@ -19,7 +19,7 @@ use super::socket::resolve_socket_path;
 use super::{AgentctlError, client, history};
 use crate::acp::{AcpTimeouts, RestoreOptions, RestoreReport, SpawnOptions};
 use crate::agents::{AgentProfile, AgentRegistry};
-use crate::history::validate_session_id;
+use crate::history::{NO_HISTORY_EXIT_CODE, validate_session_id};
 use crate::telemetry::{self, LogSettings};
 
 /// agentctl — the in-pod supervisor of one AI coding agent (kandev-operator).
@@ -394,7 +394,7 @@ async fn run(command: Command) -> i32 {
         Err(error) => {
             eprintln!("agentctl: {error}");
             match error {
-                AgentctlError::NoHistory { .. } => history::NO_HISTORY_EXIT_CODE,
+                AgentctlError::NoHistory { .. } => NO_HISTORY_EXIT_CODE,
                 _ => 1,
             }
         }

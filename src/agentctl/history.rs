@@ -9,10 +9,6 @@ use tokio::io::AsyncWriteExt;
 use super::AgentctlError;
 use crate::history::HistoryStore;
 
-/// The exit code of `agentctl history` when the session has no recorded history (no file yet):
-/// a client tells "nothing recorded" apart from a failure without parsing stderr.
-pub const NO_HISTORY_EXIT_CODE: i32 = 3;
-
 /// Where the history to print is: an explicit file, or the session's file in the workspace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HistorySource<'a> {

@@ -17,6 +17,10 @@ pub use record::{
 };
 pub use render::{TRUNCATION_MARKER, render_entry, render_transcript};
 
+/// The exit code of `agentctl history` when the session has no recorded history (no file yet):
+/// `kubectl kandev history` tells "nothing recorded" apart from a failure without parsing stderr.
+pub const NO_HISTORY_EXIT_CODE: i32 = 3;
+
 /// Why history could not be stored or read. Corrupt content is never an error (it is skipped).
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {

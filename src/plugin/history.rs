@@ -12,9 +12,8 @@ use super::cluster::Cluster;
 use super::error::{ExitCode, PluginError};
 use super::status::liveness_name;
 use super::{write_stdout, write_stdout_bytes};
-use crate::agentctl::history::NO_HISTORY_EXIT_CODE;
 use crate::api::names::CONTAINER;
-use crate::history::{parse_history, render_transcript, validate_session_id};
+use crate::history::{NO_HISTORY_EXIT_CODE, parse_history, render_transcript, validate_session_id};
 
 /// The whole read (exec, `agentctl history`, status) must finish within this.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
