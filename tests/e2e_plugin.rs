@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, needs_resume, state_is};
+use e2e_support::support::process::{Output, finish_async};
 use e2e_support::{kubectl, unique, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
@@ -40,37 +41,34 @@ fn start_operator() -> Operator {
     plugin_operator().start()
 }
 
-/// What one plugin run did.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+/// What one plugin run did: a finished `kubectl-kandev` (or `kubectl kandev`).
+type Run = Output;
+
+/// What the plugin tests read from a run.
+trait RunExt: Sized {
+    fn json(&self) -> Value;
+    fn expect_code(self, code: i32) -> Self;
 }
 
-impl Run {
+impl RunExt for Output {
     fn json(&self) -> Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:#?}"))
     }
 
-    fn expect_code(self, code: i32) -> Run {
-        assert_eq!(self.code, code, "exit code: {self:#?}");
+    fn expect_code(self, code: i32) -> Self {
+        assert_eq!(self.code(), code, "exit code: {self:#?}");
         self
     }
 }
 
+/// Waits for a plugin process the test started (and may have fed or acted beside), within
+/// [`RUN_LIMIT`], through the tests' one runner; logs what it printed.
 async fn finish(child: tokio::process::Child, what: &str) -> Run {
-    let output = tokio::time::timeout(RUN_LIMIT, child.wait_with_output())
+    let run = finish_async(child, what, RUN_LIMIT)
         .await
-        .unwrap_or_else(|_| panic!("{what} ran longer than {RUN_LIMIT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let run = Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    };
-    eprintln!("$ {what} → {}\n{}{}", run.code, run.stdout, run.stderr);
+        .unwrap_or_else(|run| panic!("{what} ran longer than {RUN_LIMIT:?}: {run:#?}"));
+    eprintln!("$ {what} → {}\n{}{}", run.code(), run.stdout, run.stderr);
     run
 }
 
@@ -917,7 +915,7 @@ async fn complete_via_kubectl(words: &[&str]) -> Vec<String> {
         .spawn()
         .expect("start kubectl");
     let run = finish(child, &format!("kubectl __complete kandev {words:?}")).await;
-    assert_eq!(run.code, 0, "{run:#?}");
+    assert_eq!(run.code(), 0, "{run:#?}");
     // kubectl's debug lines go to stderr; the answer is the candidates, then `:directive`.
     assert!(
         run.stderr.contains("About to call: ") && run.stderr.contains("kubectl_complete-kandev"),

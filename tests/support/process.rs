@@ -33,6 +33,11 @@ impl Output {
         self.status.success()
     }
 
+    /// The exit code; -1 when a signal ended the process.
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+
     /// Ok(stdout) on success, else Err(stdout then stderr).
     pub fn result(self) -> Result<String, String> {
         if self.success() {
@@ -159,15 +164,26 @@ pub async fn run_async(
     cmd: &mut tokio::process::Command,
     limit: Duration,
 ) -> Result<Output, Output> {
-    use tokio::io::AsyncReadExt;
     let command = command_line(cmd.as_std());
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {command}: {e}"));
+    finish_async(child, &command, limit).await
+}
+
+/// Waits for `child` (spawned with stdout and stderr piped, e.g. to write its stdin or to act
+/// while it runs) to end within `limit`, as [`run_async`] does; `command` names it in messages.
+pub async fn finish_async(
+    mut child: tokio::process::Child,
+    command: &str,
+    limit: Duration,
+) -> Result<Output, Output> {
+    use tokio::io::AsyncReadExt;
+    let command = command.to_owned();
     let mut stdout = child.stdout.take().expect("stdout piped");
     let mut stderr = child.stderr.take().expect("stderr piped");
     let (mut out, mut err) = (Vec::new(), Vec::new());
