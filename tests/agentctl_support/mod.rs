@@ -357,13 +357,20 @@ impl Events {
         Self { child, lines }
     }
 
-    /// The next event (JSON).
+    /// The next event (JSON), heartbeats skipped: serve sends one every 10 s whatever happens,
+    /// so on a busy machine one may come between any two events.
     pub fn next(&self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(WAIT)
-            .unwrap_or_else(|e| panic!("no event within {WAIT:?}: {e}"));
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("event {line:?} is not JSON: {e}"))
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(WAIT)
+                .unwrap_or_else(|e| panic!("no event within {WAIT:?}: {e}"));
+            let event: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("event {line:?} is not JSON: {e}"));
+            if event["event"] != "heartbeat" {
+                return event;
+            }
+        }
     }
 
     /// Reads events until one named `name` arrives; returns it.
