@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use e2e_support::faults::{FaultProxy, HttpFaultProxy};
 use e2e_support::operator::Operator;
-use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, handled, needs_resume};
 use e2e_support::{kubectl, repo_path, unique, wait_for, wait_for_within};
 use kandev_operator::api::{SessionState, TaskSession};
 use kube::ResourceExt;
@@ -112,14 +112,10 @@ fn latched(token: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
 /// A session started and then lost; returns its token.
 async fn lost_session(sessions: &Sessions, name: &str) -> String {
     sessions.create(name, "faults-agent").await;
-    wait_for(
-        &sessions.sessions(),
-        name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
+    sessions
+        .wait_state(name, SessionState::WaitingForInput)
+        .await
+        .expect("session");
     let token = sessions.token_of(name).await.expect("a token");
     sessions.lose_pods(name).await;
     wait_for(&sessions.sessions(), name, "needsResume", needs_resume())

@@ -8,7 +8,7 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, handled, needs_resume};
 use e2e_support::{unique, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -35,14 +35,10 @@ async fn setup() -> Sessions {
 }
 
 async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
-    let ts = wait_for(
-        &sessions.sessions(),
-        name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
+    let ts = sessions
+        .wait_state(name, SessionState::WaitingForInput)
+        .await
+        .expect("session");
     let status = ts.status.expect("status");
     assert_eq!(
         status.task_state,
@@ -67,14 +63,10 @@ async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
 
 /// Waits for the session to be FAILED and returns its errorMessage.
 async fn failed_with(sessions: &Sessions, name: &str) -> String {
-    let ts = wait_for(
-        &sessions.sessions(),
-        name,
-        "FAILED",
-        state_is(SessionState::Failed),
-    )
-    .await
-    .expect("session");
+    let ts = sessions
+        .wait_state(name, SessionState::Failed)
+        .await
+        .expect("session");
     ts.status.and_then(|s| s.error_message).unwrap_or_default()
 }
 

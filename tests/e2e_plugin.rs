@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, needs_resume};
 use e2e_support::support::process::{Output, finish_async};
 use e2e_support::{kubectl, unique, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -123,13 +123,9 @@ async fn the_pod(sessions: &Sessions, name: &str) -> Pod {
 }
 
 async fn started(sessions: &Sessions, name: &str) -> String {
-    wait_for(
-        &sessions.sessions(),
-        name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await;
+    sessions
+        .wait_state(name, SessionState::WaitingForInput)
+        .await;
     sessions.token_of(name).await.expect("a resume token")
 }
 
@@ -438,13 +434,7 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
             .spawn()
             .expect("start kubectl-kandev");
         // The prompt reached the agent (agentctl events → RUNNING); then the pod goes.
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "RUNNING (prompt in flight)",
-            state_is(SessionState::Running),
-        )
-        .await;
+        sessions.wait_state(&name, SessionState::Running).await;
         lose_pod(&sessions, &name).await;
         let run = finish(child, "kubectl-kandev prompt (pod deleted mid-turn)")
             .await

@@ -10,7 +10,7 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, handled, state_is};
+use e2e_support::sessions::{Sessions, handled};
 use e2e_support::{harness_pid, kubectl, unique, wait_for, wait_for_within};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kandev_operator::api::{PROMPTED_ANNOTATION, SessionState, TaskSession};
@@ -42,14 +42,10 @@ fn operator() -> OperatorBuilder {
 
 async fn running_session(sessions: &Sessions, name: &str) -> Pod {
     sessions.create(name, "reach-agent").await;
-    wait_for(
-        &sessions.sessions(),
-        name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session");
+    sessions
+        .wait_state(name, SessionState::WaitingForInput)
+        .await
+        .expect("session");
     assert_eq!(sessions.token_of(name).await.as_deref(), Some("s-reach"));
     let pods = sessions.live_pods(name).await;
     assert_eq!(pods.len(), 1);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use e2e_support::git::{GitDaemon, HttpsGit, Repositories};
 use e2e_support::operator::Operator;
-use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, handled, needs_resume};
 use e2e_support::{pod_sh as sh, unique, wait_for};
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
 use kandev_operator::api::{SessionState, TaskSession, WorktreeStatus};
@@ -41,14 +41,10 @@ async fn create_session(sessions: &Sessions, name: &str, repository: serde_json:
 }
 
 async fn waiting_for_input(sessions: &Sessions, name: &str) -> TaskSession {
-    wait_for(
-        &sessions.sessions(),
-        name,
-        "WAITING_FOR_INPUT",
-        state_is(SessionState::WaitingForInput),
-    )
-    .await
-    .expect("session")
+    sessions
+        .wait_state(name, SessionState::WaitingForInput)
+        .await
+        .expect("session")
 }
 
 async fn worktree(sessions: &Sessions, name: &str) -> WorktreeStatus {

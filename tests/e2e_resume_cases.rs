@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use e2e_support::git::{GitDaemon, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, handled, needs_resume};
 use e2e_support::{pod_sh as sh, unique, wait_for};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kandev_operator::api::{
@@ -215,14 +215,10 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
     let body = async {
         let name = unique("case-c");
         sessions.create_with_task(&name, "case-c", Some(TASK)).await;
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "RUNNING",
-            state_is(SessionState::Running),
-        )
-        .await
-        .expect("session");
+        sessions
+            .wait_state(&name, SessionState::Running)
+            .await
+            .expect("session");
         let first_token = sessions.token_of(&name).await.expect("a token");
         let log = AgentLog::of(&sessions, &name).await;
         let processes = log
@@ -365,14 +361,10 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
     let body = async {
         let name = unique("inject");
         sessions.create_with_task(&name, "inject", Some(TASK)).await;
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "WAITING_FOR_INPUT",
-            state_is(SessionState::WaitingForInput),
-        )
-        .await
-        .expect("session");
+        sessions
+            .wait_state(&name, SessionState::WaitingForInput)
+            .await
+            .expect("session");
         let old_token = sessions.token_of(&name).await.expect("a token");
         let log = AgentLog::of(&sessions, &name).await;
         last_message_is(&sessions, &name, Some(&format!("{old_token}/m-1"))).await;
@@ -495,14 +487,10 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
             .create(&PostParams::default(), &ts)
             .await
             .expect("create TaskSession");
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "WAITING_FOR_INPUT",
-            state_is(SessionState::WaitingForInput),
-        )
-        .await
-        .expect("session");
+        sessions
+            .wait_state(&name, SessionState::WaitingForInput)
+            .await
+            .expect("session");
         let first = executor(&sessions, &name)
             .await
             .status
@@ -627,14 +615,10 @@ async fn a_resume_sets_the_sessions_mode_back() {
         sessions
             .create_with_task(&name, "config-agent", Some("set-mode plan"))
             .await;
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "WAITING_FOR_INPUT",
-            state_is(SessionState::WaitingForInput),
-        )
-        .await
-        .expect("session");
+        sessions
+            .wait_state(&name, SessionState::WaitingForInput)
+            .await
+            .expect("session");
         let planned = SessionConfigState {
             mode: Some("plan".into()),
             model: Some("small".into()),

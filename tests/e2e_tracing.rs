@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use e2e_support::jaeger::{Jaeger, Span};
 use e2e_support::operator::Operator;
-use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, handled, needs_resume};
 use e2e_support::{unique, wait_for};
 use kandev_operator::api::SessionState;
 
@@ -49,14 +49,10 @@ async fn a_resume_is_one_trace_from_the_operator_into_the_pod() {
             .start();
         let name = unique("traced");
         sessions.create(&name, "claude-code").await;
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "WAITING_FOR_INPUT",
-            state_is(SessionState::WaitingForInput),
-        )
-        .await
-        .expect("session");
+        sessions
+            .wait_state(&name, SessionState::WaitingForInput)
+            .await
+            .expect("session");
 
         sessions.lose_pods(&name).await;
         wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
