@@ -14,6 +14,8 @@ use tokio::io::AsyncReadExt;
 use crate::plan::{ENV_POD_UID, LaunchPlan};
 
 pub const FIELD_MANAGER: &str = "kandev-e2e-harness";
+/// Set on a pod's `Exec` to make kwok list `Exec`s again (see [`wait_exec_ready`]).
+const NUDGE_ANNOTATION: &str = "e2e.kandev.dev/exec-nudge";
 
 fn resource(kind: &str) -> ApiResource {
     let plural = match kind {
@@ -109,8 +111,17 @@ pub async fn apply_logs(client: &Client, plan: &LaunchPlan) -> kube::Result<()> 
     .await
 }
 
+/// Failed exec attempts after which the pod's `Exec` is touched again (see [`wait_exec_ready`]).
+const NUDGE_EVERY: u32 = 10;
+
 /// Execs `env` into the pod through the API server until the output shows the pod's UID, i.e.
 /// until kwok-controller has picked up the pod's `Exec`. Returns the number of attempts.
+///
+/// kwok 0.8 caches its list of `Exec`s under the informer's last resource version, which the
+/// reflector advances before the informer's store holds the new object: an exec that lands in
+/// between caches a list without this pod's `Exec`, and kwok keeps answering from it until some
+/// `Exec` changes again. So every [`NUDGE_EVERY`] failed attempts the `Exec` is touched (an
+/// annotation), which gives kwok a new version to list again under.
 pub async fn wait_exec_ready(
     client: &Client,
     plan: &LaunchPlan,
@@ -142,6 +153,15 @@ pub async fn wait_exec_ready(
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(format!("after {tries} attempts: {last}"));
+        }
+        if tries % NUDGE_EVERY == 0 {
+            let touch = json!({"metadata": {"annotations": {NUDGE_ANNOTATION: tries.to_string()}}});
+            if let Err(e) = api(client, &plan.namespace, "Exec")
+                .patch(&plan.name, &PatchParams::default(), &Patch::Merge(touch))
+                .await
+            {
+                tracing::debug!(pod = %plan.name, error = %e, "cannot touch the pod's Exec");
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

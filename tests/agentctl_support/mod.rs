@@ -112,12 +112,10 @@ impl Serve {
         serve
     }
 
+    /// Waits until serve listens: its log says so once `listen` returned (the socket file exists
+    /// a moment earlier, from `bind`, when a client would still be refused).
     fn wait_for_socket(&self) {
-        let deadline = Instant::now() + WAIT;
-        while !self.socket.exists() {
-            assert!(Instant::now() < deadline, "serve never created its socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_stderr("listening for agentctl clients");
     }
 
     pub fn connect(&self) -> Client {
