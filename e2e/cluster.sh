@@ -169,6 +169,11 @@ EOF
       "{key: '.metadata.labels[\"$key\"]', operator: In, values: ['$value']}" \
       "{key: '.metadata.annotations[\"$harness_annotation\"]', operator: Exists}" >>"$kwok_config"
   done
+  # A deleted pod is removed (kwok deletes it with grace period 0). Not again once its grace
+  # period is 0: kwok's own delete first sets it to 0 (an update kwok sees) and then removes the
+  # pod, and playing the stage on that update deletes a pod that is gone; kwok retries a failed
+  # delete, 404 included, with back-off for as long as it runs (a lost fleet of 400 pods kept
+  # kwok busy with ~1,100 such deletes).
   cat >>"$kwok_config" <<EOF
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -180,6 +185,7 @@ spec:
   selector:
     matchExpressions:
     - {key: '.metadata.deletionTimestamp', operator: Exists}
+    - {key: '.metadata.deletionGracePeriodSeconds > 0', operator: In, values: ['true']}
   next:
     delete: true
 EOF

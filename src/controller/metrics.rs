@@ -371,7 +371,6 @@ mod tests {
     use super::*;
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher;
-    use tracing_subscriber::layer::SubscriberExt;
 
     /// OpenMetrics: every sample belongs to the family announced by the last `# TYPE` line,
     /// every family has one HELP and one TYPE line, and the text ends in `# EOF`.
@@ -470,32 +469,7 @@ mod tests {
         assert!(!text.contains("kandev_sessions"), "{text}");
     }
 
-    #[test]
-    fn histograms_carry_the_trace_id_as_exemplar() {
-        use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
-        use tracing_opentelemetry::OpenTelemetrySpanExt;
-        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-        let metrics = Metrics::new();
-        let trace_id = tracing::subscriber::with_default(subscriber, || {
-            // Callsites another test thread hit first may be cached as disabled.
-            tracing::callsite::rebuild_interest_cache();
-            let span = tracing::info_span!("reconcile");
-            let _entered = span.enter();
-            metrics.reconciled(None, Duration::from_millis(40));
-            span.context().span().span_context().trace_id().to_string()
-        });
-        let text = metrics.render();
-        assert_well_formed(&text);
-        let bucket = format!(
-            "kandev_reconcile_duration_seconds_bucket{{le=\"0.05\"}} 1 # {{trace_id=\"{trace_id}\"}} 0.04"
-        );
-        assert!(
-            text.lines().any(|l| l == bucket),
-            "missing {bucket} in\n{text}"
-        );
-    }
+    // Exemplars with a trace: tests/trace_context.rs.
 
     /// A session in `state`, with `(type, status, reason, lastTransitionTime)` conditions.
     fn session_with(
