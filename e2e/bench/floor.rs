@@ -1,13 +1,15 @@
 //! The API floor: only the calls a resume cannot avoid, N times at once — create the agentctl
 //! pod (the operator's own pod builder, so the pod is the same), wait for it Running through one
 //! shared watch, one exec with one ACP `initialize` + `session/resume` round trip, one status
-//! patch (of a ConfigMap standing in for the session). Our resume throughput is a ratio to this.
+//! patch of the session's TaskSession (a custom resource: its status write costs the API server
+//! several times a ConfigMap's, and a resume cannot write it anywhere else). Our resume
+//! throughput is a ratio to this. No operator runs meanwhile: the TaskSessions stay as written.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::acp::PodConnection;
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::api::names;
@@ -30,14 +32,15 @@ pub async fn run(bench: &Bench, n: usize) -> Result<PhaseResult, BoxError> {
     let identity = bench.identity("floor").await?;
     let client = identity.client().await?;
     let names = session_names(n);
-    // Setup, not measured: the objects whose status the floor writes.
-    let maps: Api<ConfigMap> = Api::namespaced(bench.client.clone(), &ns);
+    // Setup, not measured: the sessions whose status the floor writes.
+    let sessions: Api<TaskSession> = Api::namespaced(bench.client.clone(), &ns);
     for chunk in names.chunks(32) {
         let creates = chunk.iter().map(|name| {
-            let maps = maps.clone();
+            let sessions = sessions.clone();
             async move {
-                let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-                maps.create(&PostParams::default(), &cm).await?;
+                sessions
+                    .create(&PostParams::default(), &floor_session(name)?)
+                    .await?;
                 Ok::<_, BoxError>(())
             }
         });
@@ -50,7 +53,7 @@ pub async fn run(bench: &Bench, n: usize) -> Result<PhaseResult, BoxError> {
         watcher::Config::default().labels(&format!("{FLOOR_LABEL}=floor")),
     )
     .await?;
-    let status: Api<ConfigMap> = Api::namespaced(client, &ns);
+    let status: Api<TaskSession> = Api::namespaced(client, &ns);
 
     let mut result = PhaseResult::new(FLOOR, "resume", n);
     let window = bench.window(None, None).await?;
@@ -90,7 +93,7 @@ pub async fn run(bench: &Bench, n: usize) -> Result<PhaseResult, BoxError> {
 /// What a resume cannot avoid, for one session.
 async fn resume_once(
     pods: &Api<Pod>,
-    status: &Api<ConfigMap>,
+    status: &Api<TaskSession>,
     watch: &Watched<Pod>,
     template: &Pod,
     name: &str,
@@ -124,15 +127,28 @@ async fn resume_once(
         .resume_session(AGENT_SESSION, &PathBuf::from("/workspace"))
         .await?;
     connection.close(Duration::from_secs(5)).await;
-    let patch = json!({"data": {"token": AGENT_SESSION}});
+    let patch = json!({"status": {
+        "state": "WAITING_FOR_INPUT",
+        "isResumable": true,
+        "lastHandledResumeRequest": "resume-1",
+    }});
     status
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
 }
 
 /// The operator's agentctl pod for a session of the bench profile, without the session: no
 /// owner, an emptyDir workspace, labels that the operator does not select.
+/// A session of the bench profile that no operator handles (none runs during the floor).
+fn floor_session(name: &str) -> Result<TaskSession, BoxError> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kandev.dev/v1alpha1", "kind": "TaskSession",
+        "metadata": {"name": name},
+        "spec": {"taskId": name, "agent": PROFILE_NAME, "workspace": {"claimName": "unused"}},
+    }))?)
+}
+
 fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
     let mut registry = AgentRegistry::builtin()?;
     registry.extend_from_yaml(&profiles_yaml(), "bench")?;
