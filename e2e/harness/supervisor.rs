@@ -468,7 +468,9 @@ impl Supervisor {
         let uid = uid.to_string();
         tokio::spawn(async move {
             let key = format!("{}/{}", plan.namespace, plan.name);
-            delete_kwok(&client, &plan, &["Exec", "Logs"]).await;
+            // exec fails at once, as into a stopping container; its logs stay readable until
+            // the pod is gone (the garbage collector deletes `Logs` with it).
+            delete_exec(&client, &plan).await;
             info!(pod = %key, %uid, pid, grace_s = grace.as_secs(), "stopping local process (SIGTERM)");
             if !process::signal_group(pid, libc::SIGTERM) {
                 debug!(pod = %key, pid, "process group already gone");
@@ -521,7 +523,8 @@ impl Supervisor {
         }
         warn!(pod = %key, pid = exited.pid, %status, "local process exited on its own: the pod is lost");
         self.finished.insert(exited.uid.clone());
-        delete_kwok(&self.client, &t.plan, &["Exec", "Logs"]).await;
+        // As a kubelet: exec into the dead container fails, `kubectl logs` still shows why.
+        delete_exec(&self.client, &t.plan).await;
         let reason = if code == 0 { "Completed" } else { "Error" };
         // Like a kubelet: the termination message file's content when the container wrote one.
         let msg = std::fs::read_to_string(plan::termination_log(&t.plan.pod_dir))
@@ -550,7 +553,7 @@ impl Supervisor {
         // exec fails while the container is down; its logs stay readable (kubectl logs). The
         // dead process's start is not announced any more (its pid would outlive the restart).
         t.announcing.abort();
-        delete_kwok(&self.client, &t.plan, &["Exec"]).await;
+        delete_exec(&self.client, &t.plan).await;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &t.plan.namespace);
         if let Ok(Some(pod)) = pods.get_opt(&t.plan.name).await
             && pod.metadata.uid.as_deref() == Some(uid.as_str())
@@ -730,11 +733,10 @@ async fn announce(
     }
 }
 
-async fn delete_kwok(client: &Client, plan: &LaunchPlan, kinds: &[&str]) {
-    for &kind in kinds {
-        if let Err(e) = kwok::delete(client, kind, &plan.namespace, &plan.name).await {
-            warn!(pod = %format!("{}/{}", plan.namespace, plan.name), kind, error = %e, "cannot delete kwok object");
-        }
+/// Makes exec into the pod fail (its `Exec` gone), as into a container that is not running.
+async fn delete_exec(client: &Client, plan: &LaunchPlan) {
+    if let Err(e) = kwok::delete(client, "Exec", &plan.namespace, &plan.name).await {
+        warn!(pod = %format!("{}/{}", plan.namespace, plan.name), error = %e, "cannot delete the kwok Exec");
     }
 }
 
