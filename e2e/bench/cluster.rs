@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::wait::{await_condition, conditions};
@@ -118,7 +118,8 @@ impl Bench {
         ignore_conflict(api.create(&PostParams::default(), &ns).await)
     }
 
-    /// Deletes a namespace and waits until it is gone (at most `within`).
+    /// Deletes a namespace and waits until it is gone, and the volumes of its claims too (at
+    /// most `within`): the next contender does not share the API server with their cleanup.
     pub async fn delete_namespace(&self, name: &str, within: Duration) -> Result<(), BoxError> {
         let api: Api<Namespace> = Api::all(self.client.clone());
         let _ = api.delete(name, &DeleteParams::background()).await;
@@ -129,7 +130,32 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        Ok(())
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        loop {
+            let left = volumes
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .and_then(|c| c.namespace.as_deref())
+                        == Some(name)
+                })
+                .count();
+            if left == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{left} volumes of namespace {name} still there after {within:?}"
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// A ServiceAccount `name` bound to cluster-admin, with a kubeconfig using its token: the

@@ -17,7 +17,10 @@ use kandev_operator::api::{
     MANAGED_LABEL, RESUME_ANNOTATION, SESSION_LABEL, SessionState, TaskSession,
 };
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use kube::runtime::watcher;
 use serde_json::json;
 
@@ -361,11 +364,29 @@ impl<'a> Fleet<'a> {
 
     /// Waits (untimed) until the deleted pods are gone: the operator declares a loss when the
     /// deletion begins, and a resume's launch would wait for the old pod, which the API floor's
-    /// resume never does.
+    /// resume never does. Then until the garbage collector has deleted their kwok `Logs` (the
+    /// harness's stand-in for a kubelet's log files, owned by the pod), so that the next phase
+    /// does not share the API server with ~700 requests of the last one's aftermath.
     async fn await_pods_gone(&self) {
         let deadline = Instant::now() + self.within;
         while !self.pods.store.state().is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let logs = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("kwok.x-k8s.io", "v1alpha1", "Logs"),
+            "logs",
+        );
+        let logs: Api<DynamicObject> =
+            Api::namespaced_with(self.bench.client.clone(), &self.ns, &logs);
+        while Instant::now() < deadline {
+            match logs.list_metadata(&ListParams::default().limit(1)).await {
+                Ok(list) if list.items.is_empty() => break,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                Err(e) => {
+                    eprintln!("[bench] cannot list kwok Logs in {}: {e}", self.ns);
+                    break;
+                }
+            }
         }
     }
 
