@@ -138,8 +138,6 @@ async fn resume_once(
     Ok(())
 }
 
-/// The operator's agentctl pod for a session of the bench profile, without the session: no
-/// owner, an emptyDir workspace, labels that the operator does not select.
 /// A session of the bench profile that no operator handles (none runs during the floor).
 fn floor_session(name: &str) -> Result<TaskSession, BoxError> {
     Ok(serde_json::from_value(json!({
@@ -149,6 +147,8 @@ fn floor_session(name: &str) -> Result<TaskSession, BoxError> {
     }))?)
 }
 
+/// The operator's agentctl pod for a session of the bench profile, without the session: no
+/// owner, an emptyDir workspace, labels that the operator does not select.
 fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
     let mut registry = AgentRegistry::builtin()?;
     registry.extend_from_yaml(&profiles_yaml(), "bench")?;
