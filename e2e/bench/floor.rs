@@ -156,11 +156,9 @@ fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
         .get(PROFILE_NAME)
         .ok_or("bench profile missing")?
         .clone();
-    let ts: TaskSession = serde_json::from_value(json!({
-        "apiVersion": "kandev.dev/v1alpha1", "kind": "TaskSession",
-        "metadata": {"name": "floor", "namespace": ns, "uid": "00000000-0000-0000-0000-000000000000"},
-        "spec": {"taskId": "floor", "agent": PROFILE_NAME, "workspace": {"claimName": "unused"}},
-    }))?;
+    let mut ts = floor_session("floor")?;
+    ts.metadata.namespace = Some(ns.to_string());
+    ts.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_string());
     let settings = PodSettings {
         default_image: "kandev.dev/agentctl:bench".into(),
         tolerations: Vec::new(),
