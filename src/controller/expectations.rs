@@ -8,6 +8,8 @@
 //! * after a TaskSession write that changed the object (its status, its finalizer), the cached
 //!   object is stale while it still carries the resourceVersion the write was based on;
 //! * after a pod create, the pod is awaited in the cache instead of being created again;
+//! * after a pod delete, the pod counts as terminating until the cache shows it so (a stalled
+//!   launch's pending pod must not make the next reconcile think the agent is starting);
 //! * the status write itself carries the resourceVersion it was decided on, so whatever slips
 //!   past these rules fails with a conflict instead of overwriting newer status.
 
@@ -28,6 +30,9 @@ struct Expected {
     stale_versions: Vec<String>,
     /// A pod this operator created and the cache does not show yet.
     created_pod: Option<(String, Instant)>,
+    /// Pods (by UID) this operator deleted and the cache still shows without a deletion
+    /// timestamp, and when.
+    deleted_pods: Vec<(String, Instant)>,
     /// Failed reconciles in a row.
     failures: u32,
     /// A resume request token that found the agent's pod running, and when this operator
@@ -39,6 +44,7 @@ impl Expected {
     fn is_empty(&self) -> bool {
         self.stale_versions.is_empty()
             && self.created_pod.is_none()
+            && self.deleted_pods.is_empty()
             && self.failures == 0
             && self.request_seen.is_none()
     }
@@ -131,6 +137,42 @@ impl Expectations {
         self.with(session, |e| e.created_pod = None);
     }
 
+    /// This operator deleted the session's pod `uid` (the API server accepted the delete).
+    pub fn deleted_pod(&self, session: &str, uid: &str) {
+        self.with(session, |e| {
+            if !e.deleted_pods.iter().any(|(u, _)| u == uid) {
+                e.deleted_pods.push((uid.to_string(), Instant::now()));
+            }
+        });
+    }
+
+    /// Gives each of `pods` (the session's, from the cache) that this operator deleted a
+    /// moment ago the deletion timestamp `now`, as the cache will show it. A deletion is
+    /// forgotten once the cache shows it (terminating or gone) or after [`POD_WAIT`].
+    pub fn mark_deleted(
+        &self,
+        session: &str,
+        pods: &mut [k8s_openapi::api::core::v1::Pod],
+        now: k8s_openapi::jiff::Timestamp,
+    ) {
+        self.with(session, |e| {
+            e.deleted_pods.retain(|(uid, at)| {
+                let cached = pods
+                    .iter_mut()
+                    .find(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                    .filter(|p| p.metadata.deletion_timestamp.is_none());
+                match cached {
+                    Some(pod) if at.elapsed() < POD_WAIT => {
+                        pod.metadata.deletion_timestamp =
+                            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+                        true
+                    }
+                    _ => false,
+                }
+            });
+        });
+    }
+
     /// A reconcile succeeded: the next failure starts the backoff over.
     pub fn succeeded(&self, session: &str) {
         self.with(session, |e| e.failures = 0);
@@ -171,7 +213,6 @@ impl Expectations {
             .insert(uid.to_string())
     }
 
-    /// The session is gone.
     /// When this operator first saw the resume request `token` of `session` on a running pod
     /// (`now` the first time).
     pub fn request_seen(
@@ -194,6 +235,7 @@ impl Expectations {
         self.with(session, |e| e.request_seen = None);
     }
 
+    /// The session is gone.
     pub fn forget(&self, session: &str) {
         let mut map = self
             .by_session
@@ -273,6 +315,52 @@ mod tests {
         e.created_pod("s", "p1");
         e.pod_seen("s");
         assert!(!e.awaits_pod("s", "p1"));
+    }
+
+    /// A stalled launch's pod, deleted after the status that says so: the next reconcile can
+    /// still find it pending in the cache, and must see it terminating, not starting.
+    #[test]
+    fn a_deleted_pod_counts_as_terminating_until_the_cache_shows_it() {
+        use k8s_openapi::api::core::v1::Pod;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let pod = |uid: &str| {
+            let mut p = Pod::default();
+            p.metadata.uid = Some(uid.into());
+            p
+        };
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let e = Expectations::default();
+        let mut pods = [pod("a"), pod("b")];
+        e.mark_deleted("s", &mut pods, now);
+        assert!(
+            pods.iter().all(|p| p.metadata.deletion_timestamp.is_none()),
+            "nothing deleted"
+        );
+
+        e.deleted_pod("s", "a");
+        e.deleted_pod("s", "a");
+        let mut pods = [pod("a"), pod("b")];
+        e.mark_deleted("s", &mut pods, now);
+        assert_eq!(
+            pods[0].metadata.deletion_timestamp,
+            Some(Time(now)),
+            "cache lags the delete"
+        );
+        assert_eq!(pods[1].metadata.deletion_timestamp, None, "another pod");
+        let mut other = [pod("a")];
+        e.mark_deleted("t", &mut other, now);
+        assert_eq!(other[0].metadata.deletion_timestamp, None, "per session");
+
+        // The cache shows the deletion: the expectation ends, and so does the entry.
+        let mut pods = [pod("a")];
+        pods[0].metadata.deletion_timestamp = Some(Time(now));
+        e.mark_deleted("s", &mut pods, now);
+        assert!(e.by_session.lock().expect("lock").is_empty());
+
+        // Gone from the cache ends it as well.
+        e.deleted_pod("s", "b");
+        e.mark_deleted("s", &mut [], now);
+        assert!(e.by_session.lock().expect("lock").is_empty());
     }
 
     #[test]

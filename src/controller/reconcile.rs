@@ -511,7 +511,8 @@ struct Session<'a> {
 
 impl<'a> Session<'a> {
     /// Reads the session's ExecutorRunning and pods (those whose controller is this session, by
-    /// UID: labels alone prove nothing) from the caches.
+    /// UID: labels alone prove nothing) from the caches; a pod this operator just deleted counts
+    /// as terminating even while the cache lags ([`Expectations::mark_deleted`]).
     fn load(ts: Arc<TaskSession>, ctx: &'a Context) -> Result<Session<'a>, Error> {
         let ns = ts.namespace().ok_or(Error::NoNamespace)?;
         let name = ts.name_any();
@@ -522,14 +523,17 @@ impl<'a> Session<'a> {
             .map(Arc::unwrap_or_clone);
         // Filtered on the shared objects first: only this session's pods are copied out of
         // the store (copying every pod of the namespace made each reconcile cost O(N)).
-        let candidates = ctx
+        let mut candidates = ctx
             .pods
             .state_filter(|pod| {
                 pod.metadata.namespace.as_deref() == Some(ns.as_str())
                     && is_controlled_by(pod, Some(uid.as_str()))
             })
             .into_iter()
-            .map(Arc::unwrap_or_clone);
+            .map(Arc::unwrap_or_clone)
+            .collect::<Vec<Pod>>();
+        ctx.expectations
+            .mark_deleted(&uid, &mut candidates, Timestamp::now());
         let objects = SessionObjects::new(&ns, (*ts).clone(), executor, candidates);
         let status = ts.status.clone().unwrap_or_default();
         Ok(Session {
@@ -1671,6 +1675,9 @@ impl<'a> Session<'a> {
         };
         match pods.delete(&pod.name_any(), &params).await {
             Ok(_) => {
+                if let Some(uid) = &pod.metadata.uid {
+                    self.ctx.expectations.deleted_pod(&self.uid, uid);
+                }
                 info!(pod = %pod.name_any(), force, "deleted an agentctl pod that counts as lost")
             }
             Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => {}
@@ -1719,12 +1726,18 @@ impl<'a> Session<'a> {
     }
 
     /// Deletes `pod` when awaited: after the status that explains why is written.
-    fn pod_deletion(&self, pod: &Pod) -> impl Future<Output = ()> + 'static {
+    fn pod_deletion(&self, pod: &Pod) -> impl Future<Output = ()> + use<'a> {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let pod_name = pod.name_any();
+        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+        let (expectations, session) = (&self.ctx.expectations, self.uid.clone());
         async move {
-            if let Err(err) = pods.delete(&pod_name, &Default::default()).await {
-                warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a launch that did not finish");
+            match pods.delete(&pod_name, &Default::default()).await {
+                Ok(_) => expectations.deleted_pod(&session, &pod_uid),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(err) => {
+                    warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a launch that did not finish")
+                }
             }
         }
     }
