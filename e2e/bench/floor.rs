@@ -1,5 +1,6 @@
 //! The API floor: only the calls a resume cannot avoid, N times at once — create the agentctl
-//! pod (the operator's own pod builder, so the pod is the same), wait for it Running through one
+//! pod (the operator's own pod builder, so the pod is the same: owned by its TaskSession, its
+//! bound workspace claim mounted), wait for it Running through one
 //! shared watch, one exec with one ACP `initialize` + `session/resume` round trip, one status
 //! patch of the session's TaskSession (a custom resource: its status write costs the API server
 //! several times a ConfigMap's, and a resume cannot write it anywhere else). Our resume
@@ -9,12 +10,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kandev_operator::acp::PodConnection;
-use kandev_operator::agents::AgentRegistry;
+use kandev_operator::agents::{AgentProfile, AgentRegistry};
+use kandev_operator::api::TaskSession;
 use kandev_operator::api::names;
-use kandev_operator::api::{MANAGED_LABEL, TaskSession};
 use kandev_operator::controller::pods::{self, PodSettings};
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -32,24 +34,13 @@ pub async fn run(bench: &Bench, n: usize) -> Result<PhaseResult, BoxError> {
     let identity = bench.identity("floor").await?;
     let client = identity.client().await?;
     let names = session_names(n);
-    // Setup, not measured: the sessions whose status the floor writes.
-    let sessions: Api<TaskSession> = Api::namespaced(bench.client.clone(), &ns);
-    for chunk in names.chunks(32) {
-        let creates = chunk.iter().map(|name| {
-            let sessions = sessions.clone();
-            async move {
-                sessions
-                    .create(&PostParams::default(), &floor_session(name)?)
-                    .await?;
-                Ok::<_, BoxError>(())
-            }
-        });
-        futures::future::try_join_all(creates).await?;
-    }
-    let template = floor_pod_template(&ns)?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let within = Duration::from_secs(120 + 2 * n as u64);
+    // Setup, not measured: the sessions whose status the floor writes, their workspace claims
+    // bound (as ours are when a resume starts), and each session's pod as the operator builds it.
+    let pods = setup(bench, &ns, &names, within).await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let watch = Watched::start(
-        pods.clone(),
+        api.clone(),
         watcher::Config::default().labels(&format!("{FLOOR_LABEL}=floor")),
     )
     .await?;
@@ -57,13 +48,12 @@ pub async fn run(bench: &Bench, n: usize) -> Result<PhaseResult, BoxError> {
 
     let mut result = PhaseResult::new(FLOOR, "resume", n);
     let window = bench.window(None, None).await?;
-    let within = Duration::from_secs(120 + 2 * n as u64);
-    let outcomes: Vec<Result<Duration, String>> = stream::iter(names.iter())
-        .map(|name| {
-            let (pods, status, watch, template) = (&pods, &status, &watch, &template);
+    let outcomes: Vec<Result<Duration, String>> = stream::iter(names.iter().zip(&pods))
+        .map(|(name, pod)| {
+            let (api, status, watch) = (&api, &status, &watch);
             async move {
                 let started = Instant::now();
-                resume_once(pods, status, watch, template, name, started + within)
+                resume_once(api, status, watch, pod, name, started + within)
                     .await
                     .map(|()| started.elapsed())
                     .map_err(|e| format!("{name}: {e}"))
@@ -90,21 +80,67 @@ pub async fn run(bench: &Bench, n: usize) -> Result<PhaseResult, BoxError> {
     Ok(result)
 }
 
+/// Creates the TaskSessions `names` and their workspace claims, waits until every claim is
+/// bound, and returns each session's agentctl pod.
+async fn setup(
+    bench: &Bench,
+    ns: &str,
+    names: &[String],
+    within: Duration,
+) -> Result<Vec<Pod>, BoxError> {
+    let sessions: Api<TaskSession> = Api::namespaced(bench.client.clone(), ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(bench.client.clone(), ns);
+    let bound = Watched::start(claims.clone(), watcher::Config::default()).await?;
+    let profile = bench_profile()?;
+    let mut pods = Vec::with_capacity(names.len());
+    let mut claim_names = Vec::with_capacity(names.len());
+    for chunk in names.chunks(32) {
+        let creates = chunk.iter().map(|name| {
+            let (sessions, claims, profile) = (sessions.clone(), claims.clone(), &profile);
+            async move {
+                let ts = sessions
+                    .create(&PostParams::default(), &floor_session(name)?)
+                    .await?;
+                let claim = pods::build_workspace_claim(&ts).ok_or("no workspace template")?;
+                claims.create(&PostParams::default(), &claim).await?;
+                Ok::<_, BoxError>((names::workspace_claim_name(&ts), floor_pod(&ts, profile)?))
+            }
+        });
+        for (claim, pod) in futures::future::try_join_all(creates).await? {
+            claim_names.push(claim);
+            pods.push(pod);
+        }
+    }
+    let reached = bound
+        .until_all(&claim_names, within, |c: &PersistentVolumeClaim| {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await;
+    if reached.len() < claim_names.len() {
+        return Err(format!(
+            "{} of {} workspace claims not bound within {within:?}",
+            claim_names.len() - reached.len(),
+            claim_names.len()
+        )
+        .into());
+    }
+    Ok(pods)
+}
+
 /// What a resume cannot avoid, for one session.
 async fn resume_once(
     pods: &Api<Pod>,
     status: &Api<TaskSession>,
     watch: &Watched<Pod>,
-    template: &Pod,
+    pod: &Pod,
     name: &str,
     deadline: Instant,
 ) -> Result<(), BoxError> {
-    let mut pod = template.clone();
-    pod.metadata.name = Some(name.to_string());
-    pods.create(&PostParams::default(), &pod).await?;
+    pods.create(&PostParams::default(), pod).await?;
+    let pod_name = pod.name_any();
     let left = deadline.saturating_duration_since(Instant::now());
     let running = watch
-        .until_one(name, left, |p: &Pod| {
+        .until_one(&pod_name, left, |p: &Pod| {
             p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
         })
         .await;
@@ -113,7 +149,7 @@ async fn resume_once(
     }
     // agentctl may not listen yet right after the pod turned Running (the operator retries too).
     let mut connection = loop {
-        match PodConnection::open(pods, name, names::CONTAINER).await {
+        match PodConnection::open(pods, &pod_name, names::CONTAINER).await {
             Ok(c) => break c,
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -138,27 +174,29 @@ async fn resume_once(
     Ok(())
 }
 
-/// A session of the bench profile that no operator handles (none runs during the floor).
+/// A session of the bench profile that no operator handles (none runs during the floor), with
+/// the workspace template of ours.
 fn floor_session(name: &str) -> Result<TaskSession, BoxError> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "kandev.dev/v1alpha1", "kind": "TaskSession",
         "metadata": {"name": name},
-        "spec": {"taskId": name, "agent": PROFILE_NAME, "workspace": {"claimName": "unused"}},
+        "spec": {"taskId": name, "agent": PROFILE_NAME,
+                 "workspace": {"template": {"size": "1Gi"}}},
     }))?)
 }
 
-/// The operator's agentctl pod for a session of the bench profile, without the session: no
-/// owner, an emptyDir workspace, labels that the operator does not select.
-fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
+fn bench_profile() -> Result<AgentProfile, BoxError> {
     let mut registry = AgentRegistry::builtin()?;
     registry.extend_from_yaml(&profiles_yaml(), "bench")?;
-    let profile = registry
+    Ok(registry
         .get(PROFILE_NAME)
         .ok_or("bench profile missing")?
-        .clone();
-    let mut ts = floor_session("floor")?;
-    ts.metadata.namespace = Some(ns.to_string());
-    ts.metadata.uid = Some("00000000-0000-0000-0000-000000000000".to_string());
+        .clone())
+}
+
+/// The operator's agentctl pod for a resume of `ts` (owned by it, its workspace claim mounted),
+/// with one more label, which the floor's watch selects.
+fn floor_pod(ts: &TaskSession, profile: &AgentProfile) -> Result<Pod, BoxError> {
     let settings = PodSettings {
         default_image: "kandev.dev/agentctl:bench".into(),
         tolerations: Vec::new(),
@@ -167,20 +205,8 @@ fn floor_pod_template(ns: &str) -> Result<Pod, BoxError> {
         replay_line_limit_mib: 8,
         ..Default::default()
     };
-    let mut pod = pods::build_agentctl_pod(&ts, "floor", &settings, &profile);
-    pod.metadata.owner_references = None;
-    pod.metadata.labels = Some(
-        [(MANAGED_LABEL, "true"), (FLOOR_LABEL, "floor")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    );
-    let spec = pod.spec.as_mut().ok_or("pod without spec")?;
-    for volume in spec.volumes.iter_mut().flatten() {
-        if volume.persistent_volume_claim.is_some() {
-            volume.persistent_volume_claim = None;
-            volume.empty_dir = Some(Default::default());
-        }
-    }
+    let mut pod = pods::build_agentctl_pod(ts, "resume-1", &settings, profile);
+    pod.labels_mut()
+        .insert(FLOOR_LABEL.to_string(), "floor".to_string());
     Ok(pod)
 }
