@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_support::sessions::{Sessions, handled, needs_resume, state_is};
+use e2e_support::sessions::{Sessions, handled, needs_resume};
 use e2e_support::support::chart::{self, CRDS, RELEASE, chart_dir};
 use e2e_support::support::process::{run, run_with_stdin};
 use e2e_support::{
@@ -98,6 +98,19 @@ fn operator_like_pod(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::V
 
 /// Removes the release and its namespace, waiting until both are gone (a namespace that is
 /// still terminating refuses the next install).
+/// Creates session `name` and waits until its agent waits for input (up to 120 s: the chart's
+/// operator may still be starting).
+async fn started(sessions: &Sessions, name: &str) {
+    sessions.create(name, "claude-code").await;
+    sessions
+        .wait_state_within(
+            name,
+            SessionState::WaitingForInput,
+            Duration::from_secs(120),
+        )
+        .await;
+}
+
 fn uninstall() {
     chart::uninstall(CHART_NS, "2m");
     run(kubectl().args([
@@ -198,15 +211,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
         // Lose and resume, with the chart's permissions only.
         sessions.ensure_namespace().await;
         let name = "chart-session";
-        sessions.create(name, "claude-code").await;
-        wait_for_within(
-            &sessions.sessions(),
-            name,
-            "WAITING_FOR_INPUT",
-            Duration::from_secs(120),
-            state_is(SessionState::WaitingForInput),
-        )
-        .await;
+        started(&sessions, name).await;
         let token = sessions
             .token_of(name)
             .await
@@ -394,15 +399,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         // The operator serves the watched namespace: its real pod passed the policy and the
         // restricted Pod Security Standard.
         let name = "watched-session";
-        watched.create(name, "claude-code").await;
-        wait_for_within(
-            &watched.sessions(),
-            name,
-            "WAITING_FOR_INPUT",
-            Duration::from_secs(120),
-            state_is(SessionState::WaitingForInput),
-        )
-        .await;
+        started(&watched, name).await;
         // Its pod got the default resources (never BestEffort), and the session its egress
         // NetworkPolicy, owned by the session, as the API server stored it.
         let pods = watched.live_pods(name).await;
@@ -808,15 +805,7 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
         // A session with a resume token, served by the previous release.
         sessions.ensure_namespace().await;
         let name = "upgraded-session";
-        sessions.create(name, "claude-code").await;
-        wait_for_within(
-            &sessions.sessions(),
-            name,
-            "WAITING_FOR_INPUT",
-            Duration::from_secs(120),
-            state_is(SessionState::WaitingForInput),
-        )
-        .await;
+        started(&sessions, name).await;
         let token = sessions.token_of(name).await.expect("a resume token");
         let columns_before = live_printer_columns();
 

@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::operator::OperatorBuilder;
-use super::{client_with_crds, restricted_namespace, unique, wait_for, with_cleanup};
+use super::{WAIT, client_with_crds, restricted_namespace, unique, wait_for_within, with_cleanup};
 
 /// The first prompt of the sessions that [`Sessions::create`] makes.
 pub const FIRST_PROMPT: &str = "Say hello.";
@@ -133,13 +133,23 @@ impl Sessions {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Waits (see [`wait_for`]) until session `name` is in `state`; the session then.
+    /// Waits (see [`super::wait_for`]) until session `name` is in `state`; the session then.
     pub async fn wait_state(&self, name: &str, state: SessionState) -> Option<TaskSession> {
+        self.wait_state_within(name, state, WAIT).await
+    }
+
+    /// [`Self::wait_state`] with another time limit.
+    pub async fn wait_state_within(
+        &self,
+        name: &str,
+        state: SessionState,
+        within: Duration,
+    ) -> Option<TaskSession> {
         let what = serde_json::to_value(state)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_else(|| format!("{state:?}"));
-        wait_for(&self.sessions(), name, &what, state_is(state)).await
+        wait_for_within(&self.sessions(), name, &what, within, state_is(state)).await
     }
 
     pub fn claims(&self) -> Api<PersistentVolumeClaim> {
