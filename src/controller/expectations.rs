@@ -17,6 +17,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
 /// How long a created pod is awaited in the cache before the operator tries again.
 const POD_WAIT: Duration = Duration::from_secs(30);
 /// First and largest retry delay after a failed reconcile.
@@ -37,7 +41,7 @@ struct Expected {
     failures: u32,
     /// A resume request token that found the agent's pod running, and when this operator
     /// first saw it: it waits for agentctl to answer after that.
-    request_seen: Option<(String, k8s_openapi::jiff::Timestamp)>,
+    request_seen: Option<(String, Timestamp)>,
 }
 
 impl Expected {
@@ -149,12 +153,7 @@ impl Expectations {
     /// Gives each of `pods` (the session's, from the cache) that this operator deleted a
     /// moment ago the deletion timestamp `now`, as the cache will show it. A deletion is
     /// forgotten once the cache shows it (terminating or gone) or after [`POD_WAIT`].
-    pub fn mark_deleted(
-        &self,
-        session: &str,
-        pods: &mut [k8s_openapi::api::core::v1::Pod],
-        now: k8s_openapi::jiff::Timestamp,
-    ) {
+    pub fn mark_deleted(&self, session: &str, pods: &mut [Pod], now: Timestamp) {
         self.with(session, |e| {
             e.deleted_pods.retain(|(uid, at)| {
                 let cached = pods
@@ -163,8 +162,7 @@ impl Expectations {
                     .filter(|p| p.metadata.deletion_timestamp.is_none());
                 match cached {
                     Some(pod) if at.elapsed() < POD_WAIT => {
-                        pod.metadata.deletion_timestamp =
-                            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+                        pod.metadata.deletion_timestamp = Some(Time(now));
                         true
                     }
                     _ => false,
@@ -215,12 +213,7 @@ impl Expectations {
 
     /// When this operator first saw the resume request `token` of `session` on a running pod
     /// (`now` the first time).
-    pub fn request_seen(
-        &self,
-        session: &str,
-        token: &str,
-        now: k8s_openapi::jiff::Timestamp,
-    ) -> k8s_openapi::jiff::Timestamp {
+    pub fn request_seen(&self, session: &str, token: &str, now: Timestamp) -> Timestamp {
         self.with(session, |e| match &e.request_seen {
             Some((seen, at)) if seen == token => *at,
             _ => {
@@ -321,14 +314,12 @@ mod tests {
     /// still find it pending in the cache, and must see it terminating, not starting.
     #[test]
     fn a_deleted_pod_counts_as_terminating_until_the_cache_shows_it() {
-        use k8s_openapi::api::core::v1::Pod;
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
         let pod = |uid: &str| {
             let mut p = Pod::default();
             p.metadata.uid = Some(uid.into());
             p
         };
-        let now = k8s_openapi::jiff::Timestamp::now();
+        let now = Timestamp::now();
         let e = Expectations::default();
         let mut pods = [pod("a"), pod("b")];
         e.mark_deleted("s", &mut pods, now);
