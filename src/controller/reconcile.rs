@@ -1729,11 +1729,15 @@ impl<'a> Session<'a> {
     fn pod_deletion(&self, pod: &Pod) -> impl Future<Output = ()> + use<'a> {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let pod_name = pod.name_any();
-        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+        let pod_uid = pod.metadata.uid.clone();
         let (expectations, session) = (&self.ctx.expectations, self.uid.clone());
         async move {
             match pods.delete(&pod_name, &Default::default()).await {
-                Ok(_) => expectations.deleted_pod(&session, &pod_uid),
+                Ok(_) => {
+                    if let Some(uid) = &pod_uid {
+                        expectations.deleted_pod(&session, uid);
+                    }
+                }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(err) => {
                     warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a launch that did not finish")
