@@ -92,18 +92,28 @@ async fn setup(
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(bench.client.clone(), ns);
     let bound = Watched::start(claims.clone(), watcher::Config::default()).await?;
     let profile = bench_profile()?;
+    let settings = PodSettings {
+        default_image: "kandev.dev/agentctl:bench".into(),
+        tolerations: Vec::new(),
+        node_selector: Default::default(),
+        run_as_user: 1000,
+        replay_line_limit_mib: 8,
+        ..Default::default()
+    };
     let mut pods = Vec::with_capacity(names.len());
     let mut claim_names = Vec::with_capacity(names.len());
     for chunk in names.chunks(32) {
         let creates = chunk.iter().map(|name| {
-            let (sessions, claims, profile) = (sessions.clone(), claims.clone(), &profile);
+            let (sessions, claims) = (sessions.clone(), claims.clone());
+            let (profile, settings) = (&profile, &settings);
             async move {
                 let ts = sessions
                     .create(&PostParams::default(), &floor_session(name)?)
                     .await?;
                 let claim = pods::build_workspace_claim(&ts).ok_or("no workspace template")?;
                 claims.create(&PostParams::default(), &claim).await?;
-                Ok::<_, BoxError>((names::workspace_claim_name(&ts), floor_pod(&ts, profile)?))
+                let pod = floor_pod(&ts, profile, settings);
+                Ok::<_, BoxError>((names::workspace_claim_name(&ts), pod))
             }
         });
         for (claim, pod) in futures::future::try_join_all(creates).await? {
@@ -185,6 +195,7 @@ fn floor_session(name: &str) -> Result<TaskSession, BoxError> {
     }))?)
 }
 
+/// The bench's agent profile, as the operator reads it from `--agent-profiles`.
 fn bench_profile() -> Result<AgentProfile, BoxError> {
     let mut registry = AgentRegistry::builtin()?;
     registry.extend_from_yaml(&profiles_yaml(), "bench")?;
@@ -196,17 +207,9 @@ fn bench_profile() -> Result<AgentProfile, BoxError> {
 
 /// The operator's agentctl pod for a resume of `ts` (owned by it, its workspace claim mounted),
 /// with one more label, which the floor's watch selects.
-fn floor_pod(ts: &TaskSession, profile: &AgentProfile) -> Result<Pod, BoxError> {
-    let settings = PodSettings {
-        default_image: "kandev.dev/agentctl:bench".into(),
-        tolerations: Vec::new(),
-        node_selector: Default::default(),
-        run_as_user: 1000,
-        replay_line_limit_mib: 8,
-        ..Default::default()
-    };
-    let mut pod = pods::build_agentctl_pod(ts, "resume-1", &settings, profile);
+fn floor_pod(ts: &TaskSession, profile: &AgentProfile, settings: &PodSettings) -> Pod {
+    let mut pod = pods::build_agentctl_pod(ts, "resume-1", settings, profile);
     pod.labels_mut()
         .insert(FLOOR_LABEL.to_string(), "floor".to_string());
-    Ok(pod)
+    pod
 }
