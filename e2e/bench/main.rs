@@ -1,10 +1,11 @@
 //! `kandev-bench`: the fleet benchmark behind `make bench` (see docs/performance.md).
 //!
 //! For each fleet size it drives our operator through the phases (launch, loss, resume, storm,
-//! idle), then the API floor and agent-sandbox through the same work, on the same cluster, and
-//! writes a markdown report, the raw JSON and (for a sweep) SVG plots. API requests come from
-//! kube-apiserver's audit log, per client identity. Run it through `e2e/bench/run.sh`, which
-//! starts a cluster with auditing and the harness, and tears it down.
+//! idle), then the API floor (alone, and with the fleet issue's write budget when asked) and
+//! agent-sandbox through the same work, on the same cluster, and writes a markdown report, the
+//! raw JSON and (for a sweep) SVG plots. API requests come from kube-apiserver's audit log, per
+//! client identity. Run it through `e2e/bench/run.sh`, which starts a cluster with auditing and
+//! the harness, and tears it down.
 //!
 //! Test-only; not shipped in images. It exits non-zero only on an error of its own: targets the
 //! operator misses are shown as ❌ in the report, not asserted.
@@ -66,7 +67,8 @@ struct Args {
         default_value = "launch,loss,resume,storm,idle"
     )]
     phases: Vec<String>,
-    /// Contenders: ours, floor, agent-sandbox.
+    /// Contenders: ours, floor, floor-budget (the floor with every other write of the fleet
+    /// issue's budget), agent-sandbox.
     #[arg(
         long,
         env = "BENCH_CONTENDERS",
@@ -154,10 +156,11 @@ async fn run(mut args: Args) -> Result<(), BoxError> {
         }
     }
     for c in &args.contenders {
-        if !["ours", "floor", "agent-sandbox"].contains(&c.as_str()) {
-            return Err(
-                format!("unknown contender {c:?} (known: ours, floor, agent-sandbox)").into(),
-            );
+        if !["ours", "floor", "floor-budget", "agent-sandbox"].contains(&c.as_str()) {
+            return Err(format!(
+                "unknown contender {c:?} (known: ours, floor, floor-budget, agent-sandbox)"
+            )
+            .into());
         }
     }
     if let Some(path) = &args.from_results {
@@ -234,14 +237,19 @@ async fn run(mut args: Args) -> Result<(), BoxError> {
                 .results
                 .extend(ours::run(&bench, n, &args.phases, idle).await?);
         }
-        if wants("floor") {
-            eprintln!("[bench] API floor, N={n}");
-            let r = floor::run(&bench, n).await?;
-            eprintln!(
-                "[bench] API floor N={n}: {}/{n} in {:.1}s",
-                r.completed, r.seconds
-            );
-            report.results.push(r);
+        for (wanted, variant) in [
+            ("floor", floor::Variant::Floor),
+            ("floor-budget", floor::Variant::Budget),
+        ] {
+            if wants(wanted) {
+                eprintln!("[bench] {wanted}, N={n}");
+                let r = floor::run(&bench, n, variant).await?;
+                eprintln!(
+                    "[bench] {} N={n}: {}/{n} in {:.1}s",
+                    r.contender, r.completed, r.seconds
+                );
+                report.results.push(r);
+            }
         }
         if let Some(sandbox) = &sandbox {
             eprintln!("[bench] agent-sandbox, N={n}");

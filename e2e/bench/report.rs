@@ -11,6 +11,8 @@ use crate::audit::{Kind, Requests};
 
 pub const OURS: &str = "ours";
 pub const FLOOR: &str = "API floor";
+/// The API floor with every other write of the fleet issue's budget (`floor-budget`).
+pub const BUDGET: &str = "API floor + write budget";
 pub const SANDBOX: &str = "agent-sandbox";
 
 /// One phase of one contender at one fleet size.
@@ -284,7 +286,46 @@ impl Report {
                 opt(ratio(o, s), 2),
             );
         }
-        requests_by_verb(out, &[ours, floor, sandbox], n);
+        let budget = self.find(BUDGET, "resume", n);
+        if let Some(b) = budget {
+            let _ = writeln!(
+                out,
+                "\nThe API floor with every other write of the fleet issue's budget (the user's \
+                 annotation, the latch, the ExecutorRunning status, two Events), nothing waiting \
+                 between them: what any operator within that budget could reach here.\n\n\
+                 | | {BUDGET} | budget / floor | ours / budget |\n|---|---|---|---|"
+            );
+            let rows: [(&str, Metric, usize); 4] = [
+                ("throughput (per s)", |r| r.throughput(), 2),
+                ("p50 latency (s)", |r| r.quantile(0.5), 2),
+                (
+                    "API writes per session",
+                    |r| Some(r.per_session(Kind::Write)),
+                    2,
+                ),
+                ("execs per session", |r| Some(r.per_session(Kind::Exec)), 2),
+            ];
+            for (name, metric, digits) in rows {
+                let v = metric(b);
+                let _ = writeln!(
+                    out,
+                    "| {name} | {} | {} | {} |",
+                    opt(v, digits),
+                    opt(ratio(v, floor.and_then(metric)), 2),
+                    opt(ratio(ours.and_then(metric), v), 2),
+                );
+            }
+        }
+        requests_by_verb(
+            out,
+            &[
+                (OURS, ours),
+                (FLOOR, floor),
+                (BUDGET, budget),
+                (SANDBOX, sandbox),
+            ],
+            n,
+        );
         let _ = writeln!(out, "\nTargets (fleet issue; shown, not asserted):\n");
         for (what, met) in self.targets(n) {
             let mark = match met {
@@ -375,29 +416,37 @@ impl Report {
     }
 }
 
-/// API requests per session by verb and resource, one column per contender.
-fn requests_by_verb(out: &mut String, results: &[Option<&PhaseResult>], n: usize) {
-    let keys: std::collections::BTreeSet<&String> = results
+/// API requests per session by verb and resource, one column per contender that ran.
+fn requests_by_verb(out: &mut String, results: &[(&str, Option<&PhaseResult>)], n: usize) {
+    let ran: Vec<(&str, &PhaseResult)> = results
         .iter()
-        .flatten()
-        .flat_map(|r| r.requests.by_verb_resource.keys())
+        .filter_map(|(name, r)| Some((*name, (*r)?)))
+        .collect();
+    let keys: std::collections::BTreeSet<&String> = ran
+        .iter()
+        .flat_map(|(_, r)| r.requests.by_verb_resource.keys())
         .collect();
     if keys.is_empty() {
         return;
     }
+    let header: Vec<String> = ran
+        .iter()
+        .map(|(name, r)| format!("{name} {}", r.phase))
+        .collect();
     let _ = writeln!(
         out,
-        "\nAPI requests per session by verb and resource (audit log, N = {n}):\n\n| verb resource | {OURS} resume | {FLOOR} resume | {SANDBOX} relaunch |\n|---|---|---|---|"
+        "\nAPI requests per session by verb and resource (audit log, N = {n}):\n\n| verb resource | {} |\n|---{}|",
+        header.join(" | "),
+        "|---".repeat(ran.len())
     );
     for key in keys {
-        let cells: Vec<String> = results
+        let cells: Vec<String> = ran
             .iter()
-            .map(|r| {
-                r.and_then(|r| {
-                    let count = *r.requests.by_verb_resource.get(key)?;
-                    Some(format!("{:.2}", count as f64 / r.n.max(1) as f64))
-                })
-                .unwrap_or_else(|| "–".to_string())
+            .map(|(_, r)| {
+                r.requests.by_verb_resource.get(key).map_or_else(
+                    || "–".to_string(),
+                    |count| format!("{:.2}", *count as f64 / r.n.max(1) as f64),
+                )
             })
             .collect();
         let _ = writeln!(out, "| {key} | {} |", cells.join(" | "));
@@ -529,5 +578,36 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| get sandboxes | – | – | 1.00 |"), "{md}");
+    }
+
+    #[test]
+    fn the_floor_with_the_write_budget_is_put_beside_the_floor_and_ours() {
+        let mut ours = result(OURS, "resume", 2, 4.0, &[1000, 2000]);
+        ours.requests.add("create", "events", 4);
+        let floor = result(FLOOR, "resume", 2, 2.0, &[500, 600]);
+        let mut budget = result(BUDGET, "resume", 2, 2.5, &[700, 800]);
+        budget.requests.add("create", "events", 4);
+        budget.requests.add("patch", "executorrunnings/status", 2);
+        let report = Report {
+            results: vec![ours, floor, budget],
+            ..Default::default()
+        };
+        let md = report.markdown();
+        // 0.8 per s: 0.8 of the floor's 1.0, and ours (0.5) is 0.62 of it.
+        assert!(
+            md.contains("| throughput (per s) | 0.80 | 0.80 | 0.62 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(&format!(
+                "| verb resource | {OURS} resume | {FLOOR} resume | {BUDGET} resume |"
+            )),
+            "{md}"
+        );
+        assert!(md.contains("| create events | 2.00 | – | 2.00 |"), "{md}");
+        assert!(
+            md.contains("| patch executorrunnings/status | – | – | 1.00 |"),
+            "{md}"
+        );
     }
 }
