@@ -67,6 +67,15 @@ struct Apis {
     variant: Variant,
 }
 
+impl Apis {
+    /// Publishes an Event about the session `name`, as the operator does.
+    async fn event(&self, name: &str, reason: &str) -> Result<(), BoxError> {
+        let event = budget_event(&self.ns, name, reason)?;
+        self.events.create(&PostParams::default(), &event).await?;
+        Ok(())
+    }
+}
+
 pub async fn run(bench: &Bench, n: usize, variant: Variant) -> Result<PhaseResult, BoxError> {
     let (contender, short) = variant.names();
     let ns = format!("bench-{short}-{n}");
@@ -217,12 +226,7 @@ async fn resume_once(
         apis.sessions
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&latch))
             .await?;
-        apis.events
-            .create(
-                &PostParams::default(),
-                &budget_event(&apis.ns, name, "ResumeStarted")?,
-            )
-            .await?;
+        apis.event(name, "ResumeStarted").await?;
     }
     let created = apis.pods.create(&PostParams::default(), pod).await?;
     let pod_name = pod.name_any();
@@ -278,12 +282,7 @@ async fn resume_once(
         apis.executors
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&executor))
             .await?;
-        apis.events
-            .create(
-                &PostParams::default(),
-                &budget_event(&apis.ns, name, "Resumed")?,
-            )
-            .await?;
+        apis.event(name, "Resumed").await?;
     }
     Ok(())
 }
