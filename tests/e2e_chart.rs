@@ -96,8 +96,6 @@ fn operator_like_pod(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::V
     pod
 }
 
-/// Removes the release and its namespace, waiting until both are gone (a namespace that is
-/// still terminating refuses the next install).
 /// Creates session `name` and waits until its agent waits for input (up to 120 s: the chart's
 /// operator may still be starting).
 async fn started(sessions: &Sessions, name: &str) {
@@ -111,6 +109,8 @@ async fn started(sessions: &Sessions, name: &str) {
         .await;
 }
 
+/// Removes the release and its namespace, waiting until both are gone (a namespace that is
+/// still terminating refuses the next install).
 fn uninstall() {
     chart::uninstall(CHART_NS, "2m");
     run(kubectl().args([
