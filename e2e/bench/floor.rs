@@ -46,11 +46,21 @@ pub enum Variant {
 }
 
 impl Variant {
-    /// The contender's name in the report, and its ServiceAccount and namespace prefix.
-    fn names(self) -> (&'static str, &'static str) {
+    pub const ALL: [Variant; 2] = [Variant::Floor, Variant::Budget];
+
+    /// Its name in `--contenders`, which also names its ServiceAccount and namespace.
+    pub fn arg(self) -> &'static str {
         match self {
-            Variant::Floor => (FLOOR, "floor"),
-            Variant::Budget => (BUDGET, "floor-budget"),
+            Variant::Floor => "floor",
+            Variant::Budget => "floor-budget",
+        }
+    }
+
+    /// Its name in the report.
+    fn contender(self) -> &'static str {
+        match self {
+            Variant::Floor => FLOOR,
+            Variant::Budget => BUDGET,
         }
     }
 }
@@ -77,10 +87,9 @@ impl Apis {
 }
 
 pub async fn run(bench: &Bench, n: usize, variant: Variant) -> Result<PhaseResult, BoxError> {
-    let (contender, short) = variant.names();
-    let ns = format!("bench-{short}-{n}");
+    let ns = format!("bench-{}-{n}", variant.arg());
     bench.ensure_namespace(&ns).await?;
-    let identity = bench.identity(short).await?;
+    let identity = bench.identity(variant.arg()).await?;
     let client = identity.client().await?;
     let names = session_names(n);
     let within = Duration::from_secs(120 + 2 * n as u64);
@@ -104,7 +113,7 @@ pub async fn run(bench: &Bench, n: usize, variant: Variant) -> Result<PhaseResul
         variant,
     };
 
-    let mut result = PhaseResult::new(contender, "resume", n);
+    let mut result = PhaseResult::new(variant.contender(), "resume", n);
     let window = bench.window(None, None).await?;
     let outcomes: Vec<Result<Duration, String>> = stream::iter(names.iter().zip(&pods))
         .map(|(name, pod)| {

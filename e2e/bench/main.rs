@@ -155,12 +155,13 @@ async fn run(mut args: Args) -> Result<(), BoxError> {
             .into());
         }
     }
+    let known: Vec<&str> = std::iter::once("ours")
+        .chain(floor::Variant::ALL.map(floor::Variant::arg))
+        .chain(["agent-sandbox"])
+        .collect();
     for c in &args.contenders {
-        if !["ours", "floor", "floor-budget", "agent-sandbox"].contains(&c.as_str()) {
-            return Err(format!(
-                "unknown contender {c:?} (known: ours, floor, floor-budget, agent-sandbox)"
-            )
-            .into());
+        if !known.contains(&c.as_str()) {
+            return Err(format!("unknown contender {c:?} (known: {})", known.join(", ")).into());
         }
     }
     if let Some(path) = &args.from_results {
@@ -237,12 +238,9 @@ async fn run(mut args: Args) -> Result<(), BoxError> {
                 .results
                 .extend(ours::run(&bench, n, &args.phases, idle).await?);
         }
-        for (wanted, variant) in [
-            ("floor", floor::Variant::Floor),
-            ("floor-budget", floor::Variant::Budget),
-        ] {
-            if wants(wanted) {
-                eprintln!("[bench] {wanted}, N={n}");
+        for variant in floor::Variant::ALL {
+            if wants(variant.arg()) {
+                eprintln!("[bench] {}, N={n}", variant.arg());
                 let r = floor::run(&bench, n, variant).await?;
                 eprintln!(
                     "[bench] {} N={n}: {}/{n} in {:.1}s",
