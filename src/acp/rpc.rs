@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::jsonrpc::code::{INTERNAL_ERROR, METHOD_NOT_FOUND};
 use crate::jsonrpc::{
-    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, WarnLimiter, encode_line,
+    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, SharedWarnLimiter, encode_line,
     error_message, method, notification_message, request_message, result_message,
 };
 
@@ -104,7 +104,7 @@ struct Shared {
     /// does not read its stdin would otherwise hold it forever).
     closing: watch::Sender<bool>,
     /// Rate limit of the warnings about what the agent sends.
-    warnings: Mutex<WarnLimiter>,
+    warnings: SharedWarnLimiter,
 }
 
 impl Shared {
@@ -144,18 +144,6 @@ impl Shared {
         self.lock().closed.clone()
     }
 
-    /// A warning about the agent's output, at most once per period (with what was held back).
-    fn warn(&self, what: impl FnOnce(u64)) {
-        let allowed = self
-            .warnings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .allow();
-        if let Some(suppressed) = allowed {
-            what(suppressed);
-        }
-    }
-
     fn resolve(&self, id: u64, result: CallResult) {
         let waiter = {
             let mut state = self.lock();
@@ -170,7 +158,7 @@ impl Shared {
                 // The caller may have given up (timeout) in the meantime; that is fine.
                 let _ = waiter.send(result);
             }
-            None => self.warn(|suppressed| {
+            None => self.warnings.warn(|suppressed| {
                 tracing::warn!(
                     id,
                     suppressed,
@@ -275,7 +263,7 @@ impl RpcConnection {
             }),
             garbage_lines: AtomicU64::new(0),
             closing: watch::Sender::new(false),
-            warnings: Mutex::new(WarnLimiter::default()),
+            warnings: SharedWarnLimiter::default(),
         });
         let (queue, outgoing_rx) = mpsc::channel(OUTGOING_CAPACITY);
         let outgoing = Outgoing { queue };
@@ -539,7 +527,7 @@ fn preview(line: &[u8]) -> String {
 
 fn skip_garbage(shared: &Shared, line: &[u8], why: &str) {
     let count = shared.garbage_lines.fetch_add(1, Ordering::Relaxed) + 1;
-    shared.warn(|suppressed| {
+    shared.warnings.warn(|suppressed| {
         tracing::warn!(line = %preview(line), why, skipped_so_far = count, suppressed, "skipped a line from the agent that is not a JSON-RPC message")
     });
 }
@@ -663,11 +651,11 @@ fn handle_line(line: &[u8], shared: &Shared, outgoing: &Outgoing) {
             handle_notification(&method, params.as_ref(), shared)
         }
         Incoming::Answer { id, result } => shared.resolve(id, result),
-        Incoming::ForeignAnswer { id } => shared.warn(|suppressed| {
+        Incoming::ForeignAnswer { id } => shared.warnings.warn(|suppressed| {
             tracing::warn!(id = %preview(id.to_string().as_bytes()), suppressed, "answer with an id we never used")
         }),
         // JSON-RPC: id null means the agent could not even parse what we sent.
-        Incoming::ErrorWithoutId => shared.warn(|suppressed| {
+        Incoming::ErrorWithoutId => shared.warnings.warn(|suppressed| {
             tracing::warn!(error = %preview(line), suppressed, "agent reported an error without a request id")
         }),
     }
@@ -709,7 +697,7 @@ fn handle_notification(method: &str, params: Option<&Value>, shared: &Shared) {
     }
     match params.and_then(SessionUpdateEvent::from_params) {
         Some(event) => shared.publish(event),
-        None => shared.warn(|suppressed| {
+        None => shared.warnings.warn(|suppressed| {
             tracing::warn!(
                 params = %preview(params.map(ToString::to_string).unwrap_or_default().as_bytes()),
                 suppressed,

@@ -145,13 +145,7 @@ enum Input {
     /// The agent broke a bound; it is to be cut off.
     AgentBrokeLimit(AgentLimit),
     AgentExited(ExitStatus),
-    Hello {
-        conn: ConnId,
-        hello: Hello,
-        reader: BufReader<OwnedReadHalf>,
-        writer: OwnedWriteHalf,
-        attempt: u8,
-    },
+    Hello(Greeting),
     ClientLine {
         conn: ConnId,
         line: String,
@@ -159,6 +153,15 @@ enum Input {
     ClientClosed {
         conn: ConnId,
     },
+}
+
+/// A connection that sent its hello line, with how often it has been rechecked while busy.
+struct Greeting {
+    conn: ConnId,
+    hello: Hello,
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    attempt: u8,
 }
 
 struct AgentHandles {
@@ -503,15 +506,14 @@ impl Driver {
             let reader = first.into_inner();
             match hello {
                 Some(hello) => {
-                    let _ = inputs
-                        .send(Input::Hello {
-                            conn,
-                            hello,
-                            reader,
-                            writer,
-                            attempt: 0,
-                        })
-                        .await;
+                    let greeting = Greeting {
+                        conn,
+                        hello,
+                        reader,
+                        writer,
+                        attempt: 0,
+                    };
+                    let _ = inputs.send(Input::Hello(greeting)).await;
                 }
                 None => {
                     tracing::warn!(conn, "connection without a valid hello line; closed");
@@ -536,14 +538,15 @@ impl Driver {
                 tracing::info!(conn, "client connection closed; the agent keeps running");
                 self.hub.client_closed(conn)
             }
-            Input::Hello {
-                conn,
-                hello,
-                reader,
-                writer,
-                attempt,
-            } => match hello.mode {
+            Input::Hello(greeting) => match greeting.hello.mode {
                 Mode::Events => {
+                    let Greeting {
+                        conn,
+                        hello,
+                        reader,
+                        writer,
+                        ..
+                    } = greeting;
                     let follow = match (hello.once, hello.until_idle) {
                         (true, _) => Follow::No,
                         (false, true) => Follow::WhileWorking,
@@ -552,31 +555,29 @@ impl Driver {
                     self.subscribe(conn, reader, writer, hello.since, follow);
                     Vec::new()
                 }
-                Mode::Acp => match self.hub.attach(conn, hello.takeover) {
+                Mode::Acp => match self.hub.attach(greeting.conn, greeting.hello.takeover) {
                     Ok(out) => {
-                        tracing::info!(conn, "ACP client connected");
-                        self.register_client(conn, reader, writer);
+                        tracing::info!(conn = greeting.conn, "ACP client connected");
+                        self.register_client(greeting.conn, greeting.reader, greeting.writer);
                         out
                     }
-                    Err(_busy) if attempt < BUSY_RECHECKS => {
+                    Err(_busy) if greeting.attempt < BUSY_RECHECKS => {
                         let inputs = self.inputs_tx.clone();
+                        let again = Greeting {
+                            attempt: greeting.attempt + 1,
+                            ..greeting
+                        };
                         tokio::spawn(async move {
                             tokio::time::sleep(BUSY_RECHECK).await;
-                            let _ = inputs
-                                .send(Input::Hello {
-                                    conn,
-                                    hello,
-                                    reader,
-                                    writer,
-                                    attempt: attempt + 1,
-                                })
-                                .await;
+                            let _ = inputs.send(Input::Hello(again)).await;
                         });
                         Vec::new()
                     }
                     Err(_busy) => {
-                        tracing::warn!(conn, "second ACP client refused: busy");
-                        let mut writer = writer;
+                        tracing::warn!(conn = greeting.conn, "second ACP client refused: busy");
+                        let Greeting {
+                            reader, mut writer, ..
+                        } = greeting;
                         self.tasks.spawn(async move {
                             let _ = write_line(&mut writer, socket::BUSY_LINE).await;
                             let _ = writer.shutdown().await;

@@ -16,7 +16,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode, header};
@@ -29,7 +29,7 @@ use tracing::debug;
 
 use super::metrics::{self, Metrics};
 use super::metrics_access::{self, MetricsAuth, Verdict};
-use crate::jsonrpc::codec::WarnLimiter;
+use crate::jsonrpc::codec::SharedWarnLimiter;
 
 /// Connections served at once; probes and a scraper or two need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -46,7 +46,7 @@ pub struct HttpState {
     /// The client of the access reviews (set once the API server answered).
     reviewer: OnceLock<kube::Client>,
     /// Rate limit of the warnings about refused or unverifiable scrapes.
-    warnings: Mutex<WarnLimiter>,
+    warnings: SharedWarnLimiter,
 }
 
 impl HttpState {
@@ -66,7 +66,7 @@ impl HttpState {
             metrics,
             auth,
             reviewer: OnceLock::new(),
-            warnings: Mutex::new(WarnLimiter::default()),
+            warnings: SharedWarnLimiter::default(),
         })
     }
 
@@ -83,17 +83,6 @@ impl HttpState {
     /// set, a scrape is answered 503.
     pub fn set_reviewer(&self, client: kube::Client) {
         let _ = self.reviewer.set(client);
-    }
-
-    fn warn(&self, what: impl FnOnce(u64)) {
-        let allowed = self
-            .warnings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .allow();
-        if let Some(suppressed) = allowed {
-            what(suppressed);
-        }
     }
 }
 
@@ -183,7 +172,7 @@ pub async fn handle(
             match verdict {
                 Verdict::Allowed => metrics_answer(state),
                 refused => {
-                    state.warn(|suppressed| match &refused {
+                    state.warnings.warn(|suppressed| match &refused {
                         Verdict::Unavailable(why) => {
                             tracing::warn!(%why, suppressed, "cannot check a scrape of /metrics")
                         }

@@ -271,27 +271,22 @@ mod tests {
         }
     }
 
+    fn repeat_of_ts_1(count: i32) -> Publish {
+        Publish::Repeat {
+            name: "ts.1".into(),
+            count,
+        }
+    }
+
     #[test]
     fn a_repeat_within_the_window_joins_the_series() {
         let mut recent = Recent::default();
         assert_eq!(recent.decide(1, at(0)), Publish::New);
         recent.published.insert(1, published("ts.1", 1, at(0)));
-        assert_eq!(
-            recent.decide(1, at(359)),
-            Publish::Repeat {
-                name: "ts.1".into(),
-                count: 2
-            }
-        );
+        assert_eq!(recent.decide(1, at(359)), repeat_of_ts_1(2));
         recent.published.insert(1, published("ts.1", 2, at(359)));
         // The window counts from the last repeat.
-        assert_eq!(
-            recent.decide(1, at(700)),
-            Publish::Repeat {
-                name: "ts.1".into(),
-                count: 3
-            }
-        );
+        assert_eq!(recent.decide(1, at(700)), repeat_of_ts_1(3));
         // Past the window, and for another key: a new Event.
         assert_eq!(recent.decide(1, at(359 + 360)), Publish::New);
         assert_eq!(recent.decide(2, at(360)), Publish::New);

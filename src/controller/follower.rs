@@ -627,6 +627,13 @@ mod tests {
             cursor: 5,
             ..running_idle.clone()
         };
+        let planning = Known {
+            session_config: Some(SessionConfigState {
+                mode: Some("plan".into()),
+                ..SessionConfigState::default()
+            }),
+            ..running_idle.clone()
+        };
         let cases = [
             (
                 Known::default(),
@@ -720,25 +727,13 @@ mod tests {
                 None,
             ),
             (
-                Known {
-                    session_config: Some(SessionConfigState {
-                        mode: Some("plan".into()),
-                        ..SessionConfigState::default()
-                    }),
-                    ..running_idle.clone()
-                },
+                planning.clone(),
                 r#"{"event":"session_config","sessionId":"s1","config":{"mode":"plan"}}"#,
                 None,
             ),
             // …and a new session's token drops the old session's configuration.
             (
-                Known {
-                    session_config: Some(SessionConfigState {
-                        mode: Some("plan".into()),
-                        ..SessionConfigState::default()
-                    }),
-                    ..running_idle.clone()
-                },
+                planning.clone(),
                 r#"{"event":"session_created","sessionId":"s9","method":"session/new"}"#,
                 Some(json!({"resumeToken":"s9","sessionConfig":null})),
             ),

@@ -472,6 +472,18 @@ mod tests {
     // Exemplars with a trace: tests/trace_context.rs.
 
     /// A session in `state`, with `(type, status, reason, lastTransitionTime)` conditions.
+    /// A session whose only condition is `Stalled`, set at the same time for every one.
+    fn stalled(
+        name: &str,
+        state: &str,
+        needs_resume: bool,
+        status: &str,
+        reason: &str,
+    ) -> Arc<TaskSession> {
+        let condition = ("Stalled", status, reason, "2026-01-01T11:00:00Z");
+        session_with(name, state, needs_resume, &[condition])
+    }
+
     fn session_with(
         name: &str,
         state: &str,
@@ -556,51 +568,11 @@ mod tests {
             (
                 "stalled launches by reason; a FAILED session is not a stalled launch",
                 vec![
-                    session_with(
-                        "a",
-                        "STARTING",
-                        true,
-                        &[(
-                            "Stalled",
-                            "True",
-                            "ImagePullBackOff",
-                            "2026-01-01T11:00:00Z",
-                        )],
-                    ),
-                    session_with(
-                        "b",
-                        "CREATED",
-                        false,
-                        &[(
-                            "Stalled",
-                            "True",
-                            "ImagePullBackOff",
-                            "2026-01-01T11:00:00Z",
-                        )],
-                    ),
-                    session_with(
-                        "c",
-                        "CREATED",
-                        false,
-                        &[(
-                            "Stalled",
-                            "True",
-                            "WorkspaceMissing",
-                            "2026-01-01T11:00:00Z",
-                        )],
-                    ),
-                    session_with(
-                        "d",
-                        "FAILED",
-                        false,
-                        &[("Stalled", "True", "LaunchFailed", "2026-01-01T11:00:00Z")],
-                    ),
-                    session_with(
-                        "e",
-                        "RUNNING",
-                        false,
-                        &[("Stalled", "False", "Running", "2026-01-01T11:00:00Z")],
-                    ),
+                    stalled("a", "STARTING", true, "True", "ImagePullBackOff"),
+                    stalled("b", "CREATED", false, "True", "ImagePullBackOff"),
+                    stalled("c", "CREATED", false, "True", "WorkspaceMissing"),
+                    stalled("d", "FAILED", false, "True", "LaunchFailed"),
+                    stalled("e", "RUNNING", false, "False", "Running"),
                 ],
                 1,
                 0.0,

@@ -426,6 +426,14 @@ mod tests {
         );
     }
 
+    /// The checks in `with` that `without` does not make, described.
+    fn added(without: &[AccessCheck], with: &[AccessCheck]) -> Vec<String> {
+        with.iter()
+            .filter(|c| !without.contains(c))
+            .map(AccessCheck::describe)
+            .collect()
+    }
+
     #[test]
     fn metrics_auth_adds_the_two_reviews_cluster_wide_in_either_mode() {
         let watched = ["team-a".to_string()];
@@ -437,13 +445,8 @@ mod tests {
                     .iter()
                     .all(|c| c.permission.scope != Scope::MetricsAuth)
             );
-            let added: Vec<String> = with
-                .iter()
-                .filter(|c| !without.contains(c))
-                .map(AccessCheck::describe)
-                .collect();
             assert_eq!(
-                added,
+                added(&without, &with),
                 [
                     "create tokenreviews.authentication.k8s.io (cluster-scoped)",
                     "create subjectaccessreviews.authorization.k8s.io (cluster-scoped)",
@@ -458,13 +461,8 @@ mod tests {
         for namespaces in [&[][..], &watched[..]] {
             let without = access_checks(None, namespaces, false, false);
             let with = access_checks(None, namespaces, false, true);
-            let added: Vec<String> = with
-                .iter()
-                .filter(|c| !without.contains(c))
-                .map(AccessCheck::describe)
-                .collect();
             assert_eq!(
-                added,
+                added(&without, &with),
                 [
                     "list nodes (cluster-scoped)",
                     "watch nodes (cluster-scoped)"

@@ -119,30 +119,9 @@ pub fn wrap_prompt_once(prompt: &str, entries: &[HistoryEntry], limits: &Context
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::fixtures::{agent, tool_result, user};
     use crate::history::render::{TRUNCATION_MARKER, truncate_chars};
     use pretty_assertions::assert_eq;
-
-    fn user(text: &str) -> HistoryEntry {
-        HistoryEntry::UserMessage {
-            text: text.into(),
-            timestamp: None,
-        }
-    }
-
-    fn agent(text: &str) -> HistoryEntry {
-        HistoryEntry::AgentMessage {
-            text: text.into(),
-            timestamp: None,
-        }
-    }
-
-    fn tool_result(name: &str, output: &str) -> HistoryEntry {
-        HistoryEntry::ToolResult {
-            name: name.into(),
-            output: output.into(),
-            timestamp: None,
-        }
-    }
 
     #[test]
     fn exact_format() {

@@ -3,6 +3,8 @@
 //! (`context`, DESIGN §3 "History injection").
 
 mod context;
+#[cfg(test)]
+mod fixtures;
 mod record;
 mod render;
 

@@ -190,15 +190,9 @@ fn ends_with_torn_line(file: &mut File) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::fixtures::user;
     use pretty_assertions::assert_eq;
     use serde_json::json;
-
-    fn user(text: &str) -> HistoryEntry {
-        HistoryEntry::UserMessage {
-            text: text.into(),
-            timestamp: None,
-        }
-    }
 
     #[test]
     fn wire_format_of_every_kind() {

@@ -9,6 +9,7 @@
 //! dropped until the newline, and the caller learns how long the line was. What to do with such
 //! a peer is the caller's decision (the ACP client and agentctl cut it off).
 
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
@@ -188,6 +189,25 @@ impl WarnLimiter {
                 self.last = Some(now);
                 Some(std::mem::take(&mut self.suppressed))
             }
+        }
+    }
+}
+
+/// A [`WarnLimiter`] shared by tasks that warn about the same thing.
+#[derive(Debug, Default)]
+pub struct SharedWarnLimiter(Mutex<WarnLimiter>);
+
+impl SharedWarnLimiter {
+    /// Calls `what` with the number of warnings held back since the last one, at most once per
+    /// period; a warning within the period is only counted.
+    pub fn warn(&self, what: impl FnOnce(u64)) {
+        let allowed = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .allow();
+        if let Some(suppressed) = allowed {
+            what(suppressed);
         }
     }
 }
