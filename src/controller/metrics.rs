@@ -331,39 +331,49 @@ impl prometheus_client::collector::Collector for SessionGauges {
         for (state, count) in &summary.by_state {
             family.get_or_create(&StateLabel { state }).set(*count);
         }
-        family.encode(encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "kandev_sessions",
             "TaskSessions by status.state (reported by the replica that runs the controller)",
-            None,
-            MetricType::Gauge,
-        )?)?;
+            &family,
+        )?;
         let needing = Gauge::<i64>::default();
         needing.set(summary.needing_resume);
-        needing.encode(encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "kandev_sessions_needing_resume",
             "TaskSessions whose agent is gone and that wait for a resume request",
-            None,
-            MetricType::Gauge,
-        )?)?;
+            &needing,
+        )?;
         let oldest = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         oldest.set(summary.oldest_needing_resume_seconds);
-        oldest.encode(encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "kandev_sessions_needing_resume_oldest_seconds",
             "How long the session that has needed a resume the longest has waited (NeedsResume's lastTransitionTime), 0 when none does",
-            None,
-            MetricType::Gauge,
-        )?)?;
+            &oldest,
+        )?;
         let stalled = Family::<ReasonLabel, Gauge>::default();
         for (reason, count) in summary.stalled {
             stalled.get_or_create(&ReasonLabel { reason }).set(count);
         }
-        stalled.encode(encoder.encode_descriptor(
+        encode_gauge(
+            &mut encoder,
             "kandev_sessions_stalled",
             "Active TaskSessions whose launch stalled (Stalled=True: image pull, scheduling, agentctl unreachable, invalid spec, …), by the condition's reason",
-            None,
-            MetricType::Gauge,
-        )?)
+            &stalled,
+        )
     }
+}
+
+/// Announces one gauge (or family of gauges) and encodes its samples.
+fn encode_gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    gauge: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    gauge.encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)
 }
 
 #[cfg(test)]
