@@ -9,7 +9,7 @@ use e2e_support::sessions::Sessions;
 use e2e_support::{client, unique};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use kandev_operator::controller::events::{Note, Publisher, Queue};
+use kandev_operator::controller::events::{OutgoingEvent, Publisher, Queue};
 use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::events::EventType;
@@ -35,7 +35,7 @@ async fn a_repeated_event_joins_the_first_ones_series() {
         .run(async {
             let publisher = Publisher::new(client.clone(), "kandev-operator", None);
             let queue = Queue::start(publisher, 4);
-            let note = |action, text| Note {
+            let note = |action, text| OutgoingEvent {
                 type_: EventType::Warning,
                 reason: "AgentUnreachable",
                 action,

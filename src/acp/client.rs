@@ -435,22 +435,6 @@ fn encode<T: Serialize>(method: &'static str, value: &T) -> Result<serde_json::V
     serde_json::to_value(value).map_err(|source| AcpError::Encode { method, source })
 }
 
-/// One line about a failure, worded for Events and `agentctl restore` output.
-pub(crate) fn describe_failure(failure: &CallFailure, limit: Option<Duration>) -> String {
-    match failure {
-        CallFailure::JsonRpc { code, message } => {
-            format!("answered JSON-RPC error {code}: {message}")
-        }
-        CallFailure::TransportClosed => "failed: the agent's stream closed".to_owned(),
-        CallFailure::Timeout => match limit {
-            Some(limit) => format!("got no answer within {limit:?}"),
-            None => "got no answer in time".to_owned(),
-        },
-        CallFailure::MalformedResponse(detail) => format!("gave a malformed answer: {detail}"),
-        CallFailure::AgentLimit(limit) => format!("was cut off: {limit}"),
-    }
-}
-
 /// `agentCapabilities.loadSession` and `agentCapabilities.sessionCapabilities.resume`.
 pub fn restore_capabilities(response: &InitializeResponse) -> AgentRestoreCapabilities {
     let agent = &response.agent_capabilities;

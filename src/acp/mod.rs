@@ -48,7 +48,7 @@ pub const SESSION_CONFIG_META: &str = "kandev.dev/session-config";
 #[derive(Debug, thiserror::Error)]
 pub enum AcpError {
     /// A call reached the wire and failed there; `failure` is what the restore rules classify.
-    #[error("{method} {}", client::describe_failure(failure, None))]
+    #[error("{method} {}", failure.describe(None))]
     Call {
         method: &'static str,
         failure: CallFailure,

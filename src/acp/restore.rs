@@ -14,7 +14,7 @@ use crate::resume::{
     classify_restore_error, next_step_after_failure, select_restore_method,
 };
 
-use super::client::{AcpClient, AcpTimeouts, describe_failure};
+use super::client::{AcpClient, AcpTimeouts};
 use super::outcome::RestoreOutcome;
 
 impl AcpClient {
@@ -80,7 +80,7 @@ impl AcpClient {
                 session_id: saved.map(str::to_owned),
                 reason: format!(
                     "{class}: initialize {}",
-                    describe_failure(&failure, Some(timeouts.initialize))
+                    failure.describe(Some(timeouts.initialize))
                 ),
             };
         }
@@ -129,7 +129,7 @@ impl AcpClient {
             let what = format!(
                 "{} {}",
                 method.method_name(),
-                describe_failure(&failure, Some(timeouts.session))
+                failure.describe(Some(timeouts.session))
             );
             tracing::warn!(method = method.method_name(), %class, "{what}");
             let next = next_step_after_failure(method, &class, capabilities);

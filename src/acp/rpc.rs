@@ -31,9 +31,10 @@ use tokio::task::JoinHandle;
 
 use crate::jsonrpc::code::{INTERNAL_ERROR, METHOD_NOT_FOUND};
 use crate::jsonrpc::{
-    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, SharedWarnLimiter, encode_line,
-    error_message, method, notification_message, request_message, result_message,
+    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, encode_line, error_message, method,
+    notification_message, request_message, result_message,
 };
+use crate::telemetry::SharedWarnLimiter;
 
 use super::client::AcpLimits;
 use super::updates::SessionUpdateEvent;

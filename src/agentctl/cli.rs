@@ -520,7 +520,7 @@ async fn run_restore(args: RestoreArgs) -> i32 {
     let report = match restore(&args, token).await {
         Ok(report) => report,
         Err(error) => RestoreReport {
-            method: "initialize".into(),
+            method: crate::jsonrpc::method::INITIALIZE.into(),
             session_id: token.map(str::to_owned),
             outcome: crate::acp::OutcomeKind::Failed,
             reason: error.to_string(),

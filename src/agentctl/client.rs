@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 
-use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
+use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader, write_line};
 
 use super::AgentctlError;
 use super::socket::{self, Hello, Mode};
@@ -77,9 +77,7 @@ pub async fn connect(
                     if line.trim().is_empty() {
                         continue;
                     }
-                    let mut bytes = line.as_bytes().to_vec();
-                    bytes.push(b'\n');
-                    if write.write_all(&bytes).await.is_err() || write.flush().await.is_err() {
+                    if write_line(&mut write, line).await.is_err() {
                         return StdinEnd::SocketClosed;
                     }
                     if jsonrpc::is_disconnect(line) {
@@ -215,12 +213,7 @@ async fn pump_socket_to_stdout(
             }
             Ok(Frame::Line) => {
                 let line = reader.line();
-                let written = async {
-                    out.write_all(line).await?;
-                    out.write_all(b"\n").await?;
-                    out.flush().await
-                };
-                if written.await.is_err() {
+                if write_line(&mut out, line).await.is_err() {
                     // Nobody reads our stdout any more: nothing left to bridge.
                     return Ok(());
                 }

@@ -43,7 +43,8 @@ use super::time::now_rfc3339;
 use crate::history::{HistoryEntry, HistoryStore};
 use crate::jsonrpc;
 use crate::jsonrpc::AgentLimit;
-use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
+use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader, write_line};
+use crate::telemetry::WarnLimiter;
 
 /// How long a new connection may take to send its hello line.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -889,14 +890,6 @@ impl Driver {
             self.tasks.abort_all();
         }
     }
-}
-
-async fn write_line(writer: &mut OwnedWriteHalf, line: &str) -> std::io::Result<()> {
-    let mut bytes = Vec::with_capacity(line.len() + 1);
-    bytes.extend_from_slice(line.as_bytes());
-    bytes.push(b'\n');
-    writer.write_all(&bytes).await?;
-    writer.flush().await
 }
 
 /// The entry with the current time, since the hub is clock-free.

@@ -29,7 +29,7 @@ use tracing::debug;
 
 use super::metrics::{self, Metrics};
 use super::metrics_access::{self, MetricsAuth, Verdict};
-use crate::jsonrpc::codec::SharedWarnLimiter;
+use crate::telemetry::SharedWarnLimiter;
 
 /// Connections served at once; probes and a scraper or two need a handful.
 pub const MAX_CONNECTIONS: usize = 64;

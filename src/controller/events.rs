@@ -33,7 +33,7 @@ pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// One Event to publish about `regarding`.
-pub struct Note<'a> {
+pub struct OutgoingEvent<'a> {
     pub type_: EventType,
     pub reason: &'a str,
     pub action: &'a str,
@@ -106,7 +106,7 @@ impl Publisher {
         }
     }
 
-    fn key(regarding: &ObjectReference, note: &Note<'_>) -> u64 {
+    fn key(regarding: &ObjectReference, note: &OutgoingEvent<'_>) -> u64 {
         let mut hasher = DefaultHasher::new();
         (
             &regarding.uid,
@@ -124,7 +124,7 @@ impl Publisher {
     pub async fn publish(
         &self,
         regarding: &ObjectReference,
-        note: &Note<'_>,
+        note: &OutgoingEvent<'_>,
     ) -> Result<(), kube::Error> {
         let now = Timestamp::now();
         let key = Self::key(regarding, note);
@@ -161,7 +161,12 @@ impl Publisher {
         Ok(())
     }
 
-    fn event(&self, regarding: &ObjectReference, note: &Note<'_>, now: Timestamp) -> Event {
+    fn event(
+        &self,
+        regarding: &ObjectReference,
+        note: &OutgoingEvent<'_>,
+        now: Timestamp,
+    ) -> Event {
         let base = regarding.name.as_deref().unwrap_or(&self.controller);
         Event {
             metadata: ObjectMeta {
@@ -217,7 +222,7 @@ impl Queue {
                 let publisher = publisher.clone();
                 tokio::spawn(async move {
                     while let Some(q) = rx.recv().await {
-                        let note = Note {
+                        let note = OutgoingEvent {
                             type_: q.type_,
                             reason: &q.reason,
                             action: &q.action,
@@ -236,7 +241,7 @@ impl Queue {
 
     /// Queues `note` about `regarding`; drops it (with a warning) when its worker is
     /// [`QUEUE_DEPTH`] Events behind.
-    pub fn send(&self, regarding: ObjectReference, note: &Note<'_>) {
+    pub fn send(&self, regarding: ObjectReference, note: &OutgoingEvent<'_>) {
         let mut hasher = DefaultHasher::new();
         (&regarding.uid, &regarding.namespace, &regarding.name).hash(&mut hasher);
         let index = usize::try_from(hasher.finish() % self.workers.len() as u64).unwrap_or(0);
@@ -319,7 +324,7 @@ mod tests {
             name: Some("s".into()),
             ..ObjectReference::default()
         };
-        let note = |reason, action| Note {
+        let note = |reason, action| OutgoingEvent {
             type_: EventType::Normal,
             reason,
             action,

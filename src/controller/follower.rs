@@ -40,7 +40,8 @@ pub use crate::api::PROMPTED_ANNOTATION;
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
 };
-use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader, WarnLimiter};
+use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
+use crate::telemetry::WarnLimiter;
 
 /// An idle session's journal is read at least this often, for prompts from clients that do not
 /// nudge the operator (more often when `--agent-unreachable-seconds` is shorter: each read is

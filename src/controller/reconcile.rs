@@ -22,7 +22,7 @@ use serde_json::json;
 use tracing::{Instrument, info, warn};
 
 use super::conditions::{self, Want};
-use super::events::{Note as EventNote, Publisher, Queue as EventQueue};
+use super::events::{OutgoingEvent, Publisher, Queue as EventQueue};
 use super::expectations::Expectations;
 use super::follower::{self, Followers, Probe};
 use super::metrics::{self, ResumeOutcome};
@@ -1933,7 +1933,7 @@ impl<'a> Session<'a> {
         // describe`. A hash of the note in the action keeps distinct events apart while true
         // repeats still fold.
         let action = format!("{action}:{}", names::short_hash(note));
-        let event = EventNote {
+        let event = OutgoingEvent {
             type_,
             reason,
             action: &action,

@@ -1,5 +1,7 @@
 //! How a JSON-RPC call can fail, and the bounds an agent connection can break.
 
+use std::time::Duration;
+
 /// A bound of an agent connection that the agent broke. The agent is cut off; nothing about the
 /// session is learned, so the token is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +44,23 @@ pub enum CallFailure {
     MalformedResponse(String),
     /// The agent broke a bound of the connection and was cut off.
     AgentLimit(AgentLimit),
+}
+
+impl CallFailure {
+    /// One line about the failure, after the name of the call, worded for Events and `agentctl
+    /// restore` output; `limit` is the deadline a timeout missed, when known.
+    pub fn describe(&self, limit: Option<Duration>) -> String {
+        match self {
+            Self::JsonRpc { code, message } => format!("answered JSON-RPC error {code}: {message}"),
+            Self::TransportClosed => "failed: the agent's stream closed".to_owned(),
+            Self::Timeout => match limit {
+                Some(limit) => format!("got no answer within {limit:?}"),
+                None => "got no answer in time".to_owned(),
+            },
+            Self::MalformedResponse(detail) => format!("gave a malformed answer: {detail}"),
+            Self::AgentLimit(limit) => format!("was cut off: {limit}"),
+        }
+    }
 }
 
 #[cfg(test)]

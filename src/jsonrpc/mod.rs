@@ -13,7 +13,7 @@ pub mod codec;
 mod failure;
 mod message;
 
-pub use codec::{Frame, LINE_LIMIT, LineReader, SharedWarnLimiter, WarnLimiter};
+pub use codec::{Frame, LINE_LIMIT, LineReader};
 pub use failure::{AgentLimit, CallFailure};
 pub use message::{
     Invalid, Message, encode_line, error_message, error_parts, id_key, is_disconnect,

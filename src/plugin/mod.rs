@@ -9,7 +9,8 @@
 //!   setting the resume annotation (field manager `kandev-plugin`), kubectl's identity flags;
 //! - `watch`: waits follow the session, its executor and its pods with watches;
 //! - [`output`]: `-o text|json|yaml|jsonpath=…`;
-//! - [`complete`]: shell completion (`kubectl_complete-kandev`, kubectl's plugin protocol);
+//! - [`completion`]: shell completion (`kubectl_complete-kandev`, kubectl's plugin protocol);
+//! - `end`: the `complete` and `cancel` commands (`spec.end`, then a wait for the terminal state);
 //! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `agentctl
 //!   history` for the history file); `prompt` starts with its pure rules (when a prompt may be
 //!   sent or retried), `history` prints with the renderer of [`crate::history`].
@@ -19,7 +20,8 @@
 
 pub mod cli;
 pub mod cluster;
-pub mod complete;
+pub mod completion;
+mod end;
 mod error;
 mod history;
 pub mod output;
@@ -39,9 +41,8 @@ use tracing_subscriber::EnvFilter;
 pub use error::{EXIT_CODES_HELP, ExitCode, PluginError, format_duration, parse_duration};
 
 use crate::api::SessionEnd;
-use crate::api::conditions;
-use cli::{Cli, Command, EndArgs, StatusArgs};
-use cluster::{Cluster, Deadline};
+use cli::{Cli, Command};
+use cluster::Cluster;
 use output::OutputFormat;
 use status::StatusView;
 
@@ -56,11 +57,11 @@ pub fn run_cli() -> i32 {
         .and_then(|a| std::path::Path::new(a).file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if invoked_as.starts_with(complete::COMPLETION_BINARY) {
-        return complete::run(args.split_off(1));
+    if invoked_as.starts_with(completion::COMPLETION_BINARY) {
+        return completion::run(args.split_off(1));
     }
-    if args.get(1).is_some_and(|a| a == complete::COMPLETE_ARG) {
-        return complete::run(args.split_off(2));
+    if args.get(1).is_some_and(|a| a == completion::COMPLETE_ARG) {
+        return completion::run(args.split_off(2));
     }
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
@@ -135,49 +136,21 @@ fn prompt_text(arg: &str) -> Result<String, String> {
 async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginError> {
     let cluster = Cluster::connect(&cli.global).await?;
     match cli.command {
-        Command::Status(args) => status(&cluster, args).await,
+        Command::Status(args) => {
+            let snapshot = cluster.snapshot(&args.session).await?;
+            let view = StatusView::new(&snapshot);
+            print_object(&view, &args.output, || view.table())?;
+            Ok(ExitCode::Ok)
+        }
         Command::Resume(args) => resume::resume(&cluster, args).await,
         Command::Prompt(args) => {
             let text = prompt_text.unwrap_or_else(|| args.text.clone());
             prompt::prompt(&cluster, &args.session, &text, args.timeout).await
         }
         Command::History(args) => history::history(&cluster, args).await,
-        Command::Complete(args) => end(&cluster, args, SessionEnd::Completed).await,
-        Command::Cancel(args) => end(&cluster, args, SessionEnd::Cancelled).await,
+        Command::Complete(args) => end::end(&cluster, args, SessionEnd::Completed).await,
+        Command::Cancel(args) => end::end(&cluster, args, SessionEnd::Cancelled).await,
     }
-}
-
-/// `complete` / `cancel`: sets `spec.end` (a merge patch; the API server refuses another end
-/// than the one set), then with --wait waits for the terminal state.
-async fn end(cluster: &Cluster, args: EndArgs, end: SessionEnd) -> Result<ExitCode, PluginError> {
-    let name = args.session;
-    let snapshot = cluster.snapshot(&name).await?;
-    let wanted = match end {
-        SessionEnd::Completed => crate::api::SessionState::Completed,
-        SessionEnd::Cancelled => crate::api::SessionState::Cancelled,
-    };
-    let mut session = snapshot.session;
-    if session.spec.end != Some(end) {
-        session = cluster.set_end(&name, end).await?;
-    }
-    eprintln!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
-    if args.wait {
-        let what = format!("tasksession {name:?} to be {wanted}");
-        let done = cluster
-            .wait_for(&name, &what, Deadline::after(args.timeout), |s| {
-                Ok((s.status().state == wanted).then(|| s.clone()))
-            })
-            .await?;
-        let message = conditions::find(&done.status().conditions, conditions::READY)
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
-        print_object(&shown(done.session), &args.output, || {
-            format!("tasksession {name:?} is {wanted}: {message}\n")
-        })?;
-    } else if args.output != OutputFormat::Text {
-        print_object(&shown(session), &args.output, String::new)?;
-    }
-    Ok(ExitCode::Ok)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error.
@@ -197,13 +170,13 @@ pub(crate) fn write_stdout_bytes(bytes: &[u8]) -> Result<(), PluginError> {
 }
 
 /// An object as kubectl prints it: without `metadata.managedFields`.
-fn shown(mut session: crate::api::TaskSession) -> crate::api::TaskSession {
+pub(crate) fn shown(mut session: crate::api::TaskSession) -> crate::api::TaskSession {
     session.metadata.managed_fields = None;
     session
 }
 
 /// Prints `value` in the `-o` format, or `text()` for the default text output.
-fn print_object(
+pub(crate) fn print_object(
     value: &impl serde::Serialize,
     format: &OutputFormat,
     text: impl FnOnce() -> String,
@@ -217,11 +190,4 @@ fn print_object(
         Some(rendered) => write_stdout(&rendered),
         None => write_stdout(&text()),
     }
-}
-
-async fn status(cluster: &Cluster, args: StatusArgs) -> Result<ExitCode, PluginError> {
-    let snapshot = cluster.snapshot(&args.session).await?;
-    let view = StatusView::new(&snapshot);
-    print_object(&view, &args.output, || view.table())?;
-    Ok(ExitCode::Ok)
 }

@@ -69,7 +69,7 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             None => eval.reason.to_string(),
         };
         (
-            "NeedsResume".to_string(),
+            conditions::NEEDS_RESUME.to_string(),
             format!("agent not running ({why}); annotate {RESUME_ANNOTATION} to resume"),
         )
     } else {

@@ -43,10 +43,10 @@ use crate::acp::{LAUNCH_META, SESSION_CONFIG_META};
 use crate::api::SessionConfigState;
 use crate::history::HistoryEntry;
 use crate::jsonrpc::AgentLimit;
-use crate::jsonrpc::codec::WarnLimiter;
 use crate::jsonrpc::{self, Message, code, method};
 use crate::resume::SetBack;
 use crate::telemetry;
+use crate::telemetry::WarnLimiter;
 
 pub use inject::{inject_history, prompt_text};
 pub use record::RECORDED_TURN_TEXT;

@@ -10,6 +10,10 @@
 //! A trace crosses into the agent pod as a W3C `traceparent` in the ACP request's `_meta`
 //! ([`inject`] on the operator's side, [`extract`] in agentctl).
 
+mod warn_limit;
+
+pub use warn_limit::{SharedWarnLimiter, WarnLimiter};
+
 use std::collections::HashMap;
 use std::time::Duration;
 
