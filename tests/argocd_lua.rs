@@ -1,4 +1,4 @@
-//! The Argo CD health check and resume actions published in docs/gitops.md, run in Lua 5.1 (the
+//! The Argo CD health check and actions (resume, complete, cancel) published in docs/gitops.md, run in Lua 5.1 (the
 //! language of Argo CD's gopher-lua) against sample TaskSessions. The scripts are read from the
 //! page itself, so what users copy is what is tested.
 
@@ -135,19 +135,36 @@ fn health_check_maps_every_state() {
 }
 
 #[test]
-fn resume_actions_are_offered_only_when_needed() {
+fn each_action_is_offered_only_when_it_applies() {
     let (discovery, _) = actions();
-    for (status, disabled) in [
-        (Value::Null, true),
-        (json!({"state": "WAITING_FOR_INPUT"}), true),
+    let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true});
+    let mut ending = session(lost.clone());
+    ending["spec"]["end"] = json!("Completed");
+    // (session, resume and resume-fresh disabled, complete and cancel disabled)
+    let cases = [
+        (session(Value::Null), true, false),
+        (session(json!({"state": "WAITING_FOR_INPUT"})), true, false),
+        (session(lost.clone()), false, false),
+        // Ending or ended: nothing to resume, nothing more to end.
+        (ending, true, true),
+        (session(json!({"state": "COMPLETED"})), true, true),
         (
-            json!({"state": "WAITING_FOR_INPUT", "needsResume": true}),
-            false,
+            session(json!({"state": "CANCELLED", "needsResume": true})),
+            true,
+            true,
         ),
-    ] {
-        let out = run(&discovery, &session(status.clone()));
+    ];
+    for (object, resume_disabled, end_disabled) in cases {
+        let out = run(&discovery, &object);
+        let what = json!({"spec": object["spec"], "status": object["status"]});
         for action in ["resume", "resume-fresh"] {
-            assert_eq!(out[action]["disabled"], disabled, "{action} for {status}");
+            assert_eq!(
+                out[action]["disabled"], resume_disabled,
+                "{action} for {what}"
+            );
+        }
+        for action in ["complete", "cancel"] {
+            assert_eq!(out[action]["disabled"], end_disabled, "{action} for {what}");
         }
     }
 }
@@ -156,7 +173,11 @@ fn resume_actions_are_offered_only_when_needed() {
 fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
     let (_, definitions) = actions();
     let names: Vec<&str> = definitions.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["resume", "resume-fresh"]);
+    assert_eq!(names, ["resume", "resume-fresh", "complete", "cancel"]);
+    let definitions: Vec<_> = definitions
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("resume"))
+        .collect();
     let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true});
 
     let mut with_annotations = session(lost.clone());
@@ -184,5 +205,22 @@ fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
             }
             assert_eq!(out["spec"], object["spec"], "spec untouched");
         }
+    }
+}
+
+#[test]
+fn end_actions_set_spec_end_and_nothing_else() {
+    let (_, definitions) = actions();
+    let waiting = session(json!({"state": "WAITING_FOR_INPUT"}));
+    for (name, end) in [("complete", "Completed"), ("cancel", "Cancelled")] {
+        let code = definitions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, code)| code)
+            .unwrap_or_else(|| panic!("action {name}"));
+        let out = run(code, &waiting);
+        let mut expected = waiting.clone();
+        expected["spec"]["end"] = json!(end);
+        assert_eq!(out, expected, "{name}");
     }
 }
