@@ -16,26 +16,19 @@ use serde_json::json;
 #[test]
 #[ignore = "protocol: needs npm agents (make protocol)"]
 fn claude_session_survives_a_client_reconnect() {
-    let agent = match std::env::var("KANDEV_CLAUDE_AGENT_ACP") {
-        Ok(path) if !path.is_empty() => path,
-        _ => panic!("KANDEV_CLAUDE_AGENT_ACP is not set: run `bash e2e/agents.sh` first"),
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("kandev-agentctl-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
+    let agent = claude_agent_acp();
+    let dir = scratch("kandev-agentctl-");
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).expect("home");
     // IS_SANDBOX=1: claude-agent-acp refuses to run as root otherwise (DESIGN §6 quirks).
     let env: [(&str, &Path); 2] = [("HOME", &home), ("IS_SANDBOX", Path::new("1"))];
-    let agent_log = dir.path().join("unused.log");
-    let serve = Serve::start_with_env(dir, &[], &[agent], agent_log, &env);
+    let serve = Serve::start_in(dir, &[], &[agent], &env);
     let cwd = serve.workspace.clone();
 
     let mut first = serve.connect();
-    let init = first.request(json!(0), "initialize", initialize_params());
+    let init = first.initialize(0);
     assert!(init["result"]["agentCapabilities"].is_object(), "{init}");
-    let created = first.request(json!(1), "session/new", new_session_params(&cwd));
+    let created = first.new_session(1, &cwd);
     let session = created["result"]["sessionId"]
         .as_str()
         .unwrap_or_default()
@@ -45,11 +38,10 @@ fn claude_session_survives_a_client_reconnect() {
     assert!(first.disconnect().success());
 
     let mut second = serve.connect();
-    let again = second.request(json!(0), "initialize", initialize_params());
+    let again = second.initialize(0);
     assert_eq!(again["result"], init["result"], "answered from the cache");
-    let resumed = second.request(
-        json!(1),
-        "session/resume",
+    let resumed = second.resume(
+        1,
         json!({"sessionId": session, "cwd": cwd, "mcpServers": []}),
     );
     assert!(resumed.get("error").is_none(), "{resumed}");

@@ -3,12 +3,12 @@
 
 mod agentctl_support;
 
-use std::process::Command;
+use std::path::Path;
 
 use agentctl_support::support::process;
 use agentctl_support::*;
 use pretty_assertions::assert_eq;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let output = process::run(agentctl().args(args));
@@ -97,7 +97,6 @@ fn a_cli_resume_profile_is_launched_with_its_resume_command() {
     )
     .expect("profiles");
     let profiles = path_str(&profiles);
-    let agent_log = dir.path().join("unused.log");
     let serve = Serve::start_in(
         dir,
         &[
@@ -109,14 +108,10 @@ fn a_cli_resume_profile_is_launched_with_its_resume_command() {
             "abc",
         ],
         &[],
-        agent_log,
+        &[],
     );
     let mut client = serve.connect();
-    let created = client.request(
-        json!(1),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
+    let created = client.new_session(1, &serve.workspace);
     assert_eq!(created["result"]["sessionId"], "resumed-abc");
 }
 
@@ -124,15 +119,10 @@ fn a_cli_resume_profile_is_launched_with_its_resume_command() {
 fn sigterm_stops_the_agent_and_exits_zero() {
     let mut serve = Serve::start(&[], &[]);
     let mut client = serve.connect();
-    client.request(json!(1), "initialize", initialize_params());
+    client.initialize(1);
     let agent = serve.agent_pids();
     assert_eq!(agent.len(), 1);
-    let status = Command::new("kill")
-        .arg("-TERM")
-        .arg(serve.child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    assert!(serve.sigterm().expect("kill").success());
     let status = wait_exit(&mut serve.child, WAIT, "serve after SIGTERM");
     assert_eq!(status.code(), Some(0));
     assert!(
@@ -144,8 +134,22 @@ fn sigterm_stops_the_agent_and_exits_zero() {
     assert!(wait_exit(&mut client.child, WAIT, "connect").success());
 }
 
-fn restore(args: &[&str]) -> (i32, Value) {
-    let (code, stdout, stderr) = run(args);
+/// `agentctl restore --cwd <cwd> --timeout 20 --token <token> -- <command>`: its exit code and
+/// its report.
+fn restore(cwd: &Path, token: &str, command: &[&str]) -> (i32, Value) {
+    let cwd = path_str(cwd);
+    let base = [
+        "restore",
+        "--cwd",
+        &cwd,
+        "--timeout",
+        "20",
+        "--token",
+        token,
+        "--",
+    ];
+    let args: Vec<&str> = base.iter().chain(command).copied().collect();
+    let (code, stdout, stderr) = run(&args);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines.len(),
@@ -159,61 +163,26 @@ fn restore(args: &[&str]) -> (i32, Value) {
 #[test]
 fn restore_prints_one_report_and_exits_by_outcome() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cwd = path_str(dir.path());
-    let base = ["restore", "--cwd", cwd.as_str(), "--timeout", "20"];
+    let cwd = dir.path();
 
-    let args: Vec<&str> = base
-        .iter()
-        .copied()
-        .chain([
-            "--token",
-            "saved-1",
-            "--",
-            TEST_AGENT,
-            "--known-session",
-            "saved-1",
-        ])
-        .collect();
-    let (code, report) = restore(&args);
+    let (code, report) = restore(cwd, "saved-1", &[TEST_AGENT, "--known-session", "saved-1"]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "restored");
     assert_eq!(report["method"], "session/resume");
     assert_eq!(report["sessionId"], "saved-1");
     assert!(report["capabilities"].is_object(), "{report}");
 
-    let args: Vec<&str> = base
-        .iter()
-        .copied()
-        .chain(["--token", "-", "--", TEST_AGENT])
-        .collect();
-    let (code, report) = restore(&args);
+    let (code, report) = restore(cwd, "-", &[TEST_AGENT]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "fresh");
     assert_eq!(report["method"], "session/new");
 
-    let args: Vec<&str> = base
-        .iter()
-        .copied()
-        .chain([
-            "--token",
-            "saved-1",
-            "--",
-            TEST_AGENT,
-            "--on-resume",
-            "error:-32000",
-        ])
-        .collect();
-    let (code, report) = restore(&args);
+    let (code, report) = restore(cwd, "saved-1", &[TEST_AGENT, "--on-resume", "error:-32000"]);
     assert_eq!(code, 1, "{report}");
     assert_eq!(report["outcome"], "failed");
     assert_eq!(report["sessionId"], "saved-1", "the token is kept");
 
-    let args: Vec<&str> = base
-        .iter()
-        .copied()
-        .chain(["--token", "saved-1", "--", "/nonexistent/agent"])
-        .collect();
-    let (code, report) = restore(&args);
+    let (code, report) = restore(cwd, "saved-1", &["/nonexistent/agent"]);
     assert_eq!(code, 1);
     assert_eq!(report["outcome"], "failed");
     assert!(
@@ -231,8 +200,6 @@ fn restore_prints_one_report_and_exits_by_outcome() {
 fn history_prints_the_recorded_file_or_says_there_is_none() {
     let dir = tempfile::tempdir().expect("tempdir");
     let workspace = dir.path().join("ws");
-    let sessions = workspace.join(".kandev/sessions");
-    std::fs::create_dir_all(&sessions).expect("sessions dir");
     // Unparseable lines too: history prints what is recorded, it does not judge it.
     let recorded = concat!(
         r#"{"type":"user_message","text":"fix the bug","timestamp":"2026-01-01T00:00:00Z"}"#,
@@ -241,7 +208,7 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
         r#"{"type":"agent_message","text":"done ✓"}"#,
         "\n",
     );
-    std::fs::write(sessions.join("ts-1.jsonl"), recorded).expect("history");
+    let file = path_str(&write_history(&workspace, "ts-1", recorded));
     let ws = path_str(&workspace);
 
     let (code, stdout, stderr) = run(&["history", "--workspace", &ws, "--session-name", "ts-1"]);
@@ -252,7 +219,6 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
         (0, recorded),
         "the --session alias"
     );
-    let file = path_str(&sessions.join("ts-1.jsonl"));
     let (code, stdout, _) = run(&["history", "--file", &file]);
     assert_eq!((code, stdout.as_str()), (0, recorded));
 

@@ -15,18 +15,14 @@ fn clients_come_and_go_while_the_agent_keeps_running() {
     let cwd = serve.workspace.clone();
 
     let mut first = serve.connect();
-    let init = first.request(json!(0), "initialize", initialize_params());
+    let init = first.initialize(0);
     assert_eq!(
         init["result"]["agentInfo"]["name"], "kandev-test-agent",
         "{init}"
     );
-    let created = first.request(json!(1), "session/new", new_session_params(&cwd));
+    let created = first.new_session(1, &cwd);
     assert_eq!(created["result"]["sessionId"], "test-session-1");
-    let prompted = first.request(
-        json!(2),
-        "session/prompt",
-        prompt_params("test-session-1", "hello"),
-    );
+    let prompted = first.prompt(2, "test-session-1", "hello");
     assert_eq!(prompted["result"]["stopReason"], "end_turn");
     assert_eq!(agent_chunks(&first.seen), vec!["echo: hello".to_owned()]);
     let agent_before = serve.agent_pids();
@@ -36,16 +32,12 @@ fn clients_come_and_go_while_the_agent_keeps_running() {
 
     let mut second = serve.connect();
     // Same ids as the first client: agentctl rewrites them, nothing collides.
-    let again = second.request(json!(0), "initialize", initialize_params());
+    let again = second.initialize(0);
     assert_eq!(again["result"], init["result"], "answered from the cache");
-    let resumed = second.request(
-        json!(1),
-        "session/resume",
-        json!({"sessionId": "test-session-1", "cwd": cwd}),
-    );
+    let resumed = second.resume(1, json!({"sessionId": "test-session-1", "cwd": cwd}));
     assert_eq!(resumed["result"], json!({}), "{resumed}");
     // The agent still counts sessions from before: it is the same process.
-    let created = second.request(json!(2), "session/new", new_session_params(&cwd));
+    let created = second.new_session(2, &cwd);
     assert_eq!(created["result"]["sessionId"], "test-session-2");
     assert_eq!(
         serve.agent_pids(),
@@ -60,17 +52,14 @@ fn clients_come_and_go_while_the_agent_keeps_running() {
         initializes, 1,
         "only agentctl's own initialize reached the agent: {log:?}"
     );
-    assert!(
-        log.contains(&"session/resume test-session-1".to_owned()),
-        "{log:?}"
-    );
+    assert_logged(&log, "session/resume test-session-1");
 }
 
 #[test]
 fn a_second_client_is_refused_busy_without_hanging() {
     let serve = Serve::start(&[], &[]);
     let mut first = serve.connect();
-    first.request(json!(1), "initialize", initialize_params());
+    first.initialize(1);
 
     let mut second = serve.connect();
     let refusal = second.next();
@@ -84,16 +73,12 @@ fn a_second_client_is_refused_busy_without_hanging() {
     assert!(stderr.contains("is busy"), "{stderr}");
 
     // The first client is unaffected.
-    let created = first.request(
-        json!(2),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
+    let created = first.new_session(2, &serve.workspace);
     assert_eq!(created["result"]["sessionId"], "test-session-1");
 
     // --takeover replaces a client whose exec stream died without closing its socket.
     let mut third = Client::spawn(&serve.socket, &["--takeover"]);
-    let init = third.request(json!(1), "initialize", initialize_params());
+    let init = third.initialize(1);
     assert!(init.get("result").is_some(), "{init}");
     let status = wait_exit(&mut first.child, WAIT, "the replaced connect");
     assert!(status.success());
@@ -116,13 +101,9 @@ fn invalid_lines_get_json_rpc_errors_and_everything_stays_up() {
         (json!("x"), json!(-32600))
     );
 
-    let init = client.request(json!(1), "initialize", initialize_params());
+    let init = client.initialize(1);
     assert!(init.get("result").is_some());
-    let created = client.request(
-        json!(2),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
+    let created = client.new_session(2, &serve.workspace);
     assert_eq!(created["result"]["sessionId"], "test-session-1");
     assert!(serve.is_running());
     let log = serve.agent_log();
@@ -137,22 +118,10 @@ fn events_follow_sessions_and_prompts() {
     let serve = Serve::start(&[], &["--known-session", "test-session-1"]);
     let events = serve.events();
     let mut client = serve.connect();
-    client.request(json!(1), "initialize", initialize_params());
-    client.request(
-        json!(2),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
-    client.request(
-        json!(3),
-        "session/prompt",
-        prompt_params("test-session-1", "hi"),
-    );
-    client.request(
-        json!(4),
-        "session/load",
-        json!({"sessionId": "test-session-1", "cwd": serve.workspace, "mcpServers": []}),
-    );
+    client.initialize(1);
+    client.new_session(2, &serve.workspace);
+    client.prompt(3, "test-session-1", "hi");
+    client.load(4, "test-session-1", &serve.workspace);
 
     let snapshot = events.next();
     assert_eq!(snapshot["event"], "snapshot", "{snapshot}");
@@ -212,27 +181,15 @@ fn the_last_message_id_travels_with_the_events() {
     );
     let events = serve.events();
     let mut client = serve.connect();
-    client.request(json!(1), "initialize", initialize_params());
-    client.request(
-        json!(2),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
-    client.request(
-        json!(3),
-        "session/prompt",
-        prompt_params("test-session-1", "hi"),
-    );
+    client.initialize(1);
+    client.new_session(2, &serve.workspace);
+    client.prompt(3, "test-session-1", "hi");
     let finished = events.until("prompt_finished");
     assert_eq!(
         finished["lastMessageId"], "test-session-1/m-1",
         "{finished}"
     );
-    client.request(
-        json!(4),
-        "session/prompt",
-        prompt_params("test-session-1", "again"),
-    );
+    client.prompt(4, "test-session-1", "again");
     let finished = events.until("prompt_finished");
     assert_eq!(
         finished["lastMessageId"], "test-session-1/m-2",
@@ -252,11 +209,7 @@ fn the_last_message_id_travels_with_the_events() {
     );
 
     // The replayed transcript ends with replay-2; a late subscriber's snapshot says so.
-    client.request(
-        json!(5),
-        "session/load",
-        json!({"sessionId": "test-session-1", "cwd": serve.workspace, "mcpServers": []}),
-    );
+    client.load(5, "test-session-1", &serve.workspace);
     let snapshot = serve.events().next();
     assert_eq!(snapshot["event"], "snapshot");
     assert_eq!(
@@ -273,16 +226,8 @@ fn a_failed_prompt_is_reported_with_its_error() {
     );
     let events = serve.events();
     let mut client = serve.connect();
-    client.request(
-        json!(1),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
-    let answer = client.request(
-        json!(2),
-        "session/prompt",
-        prompt_params("test-session-1", "x"),
-    );
+    client.new_session(1, &serve.workspace);
+    let answer = client.prompt(2, "test-session-1", "x");
     assert_eq!(answer["error"]["code"], -32000);
     let finished = events.until("prompt_finished");
     assert_eq!(
@@ -299,12 +244,12 @@ fn late_answers_for_a_departed_client_are_dropped() {
         &["--on-prompt", "hang", "--known-session", "test-session-1"],
     );
     let mut first = serve.connect();
-    first.request(
-        json!(1),
-        "session/new",
-        new_session_params(&serve.workspace),
+    first.new_session(1, &serve.workspace);
+    first.send_request(
+        json!(2),
+        "session/prompt",
+        prompt_params("test-session-1", "long job"),
     );
-    first.send(&json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":prompt_params("test-session-1","long job")}));
     serve.wait_agent_log("the prompt", |l| {
         l.iter().any(|l| l == "session/prompt test-session-1")
     });
@@ -318,9 +263,8 @@ fn late_answers_for_a_departed_client_are_dropped() {
         &json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"test-session-1"}}),
     );
     // …and that late answer must not reach the second client under the id 2 it reuses.
-    let resumed = second.request(
-        json!(2),
-        "session/resume",
+    let resumed = second.resume(
+        2,
         json!({"sessionId":"test-session-1","cwd":serve.workspace}),
     );
     assert_eq!(
@@ -346,17 +290,18 @@ fn agent_requests_go_to_the_client_or_get_safe_defaults() {
         l.iter().any(|l| l.starts_with("response agent-1"))
             && l.iter().any(|l| l.starts_with("response agent-2"))
     });
-    assert!(
-        log.contains(&r#"response agent-1 ok {"outcome":{"outcome":"cancelled"}}"#.to_owned()),
-        "{log:?}"
+    assert_logged(
+        &log,
+        r#"response agent-1 ok {"outcome":{"outcome":"cancelled"}}"#,
     );
-    assert!(
-        log.contains(&"response agent-2 error -32601".to_owned()),
-        "{log:?}"
-    );
+    assert_logged(&log, "response agent-2 error -32601");
 
     let mut client = serve.connect();
-    client.send(&json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":new_session_params(&serve.workspace)}));
+    client.send_request(
+        json!(1),
+        "session/new",
+        new_session_params(&serve.workspace),
+    );
     let mut permission = None;
     let mut read = None;
     while permission.is_none() || read.is_none() {
@@ -386,16 +331,8 @@ fn agent_requests_go_to_the_client_or_get_safe_defaults() {
 fn history_is_recorded_under_the_session_name() {
     let serve = Serve::start(&["--session-name", "ts-1"], &[]);
     let mut client = serve.connect();
-    client.request(
-        json!(1),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
-    client.request(
-        json!(2),
-        "session/prompt",
-        prompt_params("test-session-1", "fix the bug"),
-    );
+    client.new_session(1, &serve.workspace);
+    client.prompt(2, "test-session-1", "fix the bug");
     let history = serve.history("ts-1", 2);
     let kinds: Vec<(Value, Value)> = history
         .iter()
@@ -415,39 +352,22 @@ fn history_is_recorded_under_the_session_name() {
 fn history_is_injected_into_the_first_prompt_after_a_fresh_start_only() {
     // A previous pod recorded this history; the new agent starts fresh.
     let dir = tempfile::tempdir().expect("tempdir");
-    let sessions = dir.path().join("ws/.kandev/sessions");
-    std::fs::create_dir_all(&sessions).expect("sessions dir");
-    std::fs::write(
-        sessions.join("ts-1.jsonl"),
+    write_history(
+        &dir.path().join(WORKSPACE),
+        "ts-1",
         concat!(
             r#"{"type":"user_message","text":"earlier question"}"#,
             "\n",
             r#"{"type":"agent_message","text":"earlier answer"}"#,
             "\n",
         ),
-    )
-    .expect("history");
-    let agent_log = dir.path().join("agent.log");
-    let command = vec![TEST_AGENT.to_owned(), "--log".into(), path_str(&agent_log)];
-    // The auggie profile has historyContextInjection; the command after `--` replaces its launch.
-    let serve = Serve::start_in(
-        dir,
-        &["--profile", "auggie", "--session-name", "ts-1"],
-        &command,
-        agent_log,
     );
+    // The auggie profile has historyContextInjection; the command after `--` replaces its launch.
+    let serve = Serve::start_agent_in(dir, &["--profile", "auggie", "--session-name", "ts-1"], &[]);
 
     let mut client = serve.connect();
-    client.request(
-        json!(1),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
-    client.request(
-        json!(2),
-        "session/prompt",
-        prompt_params("test-session-1", "next step"),
-    );
+    client.new_session(1, &serve.workspace);
+    client.prompt(2, "test-session-1", "next step");
     // The test agent echoes the prompt text it received.
     let echoed = agent_chunks(&client.seen);
     assert_eq!(echoed.len(), 1);
@@ -473,11 +393,7 @@ fn history_is_injected_into_the_first_prompt_after_a_fresh_start_only() {
     );
 
     client.seen.clear();
-    client.request(
-        json!(3),
-        "session/prompt",
-        prompt_params("test-session-1", "and then"),
-    );
+    client.prompt(3, "test-session-1", "and then");
     assert_eq!(
         agent_chunks(&client.seen),
         vec!["echo: and then".to_owned()],
@@ -499,16 +415,8 @@ fn the_pod_dies_with_its_agent() {
     let mut serve = Serve::start(&[], &["--on-prompt", "crash"]);
     let mut events = serve.events();
     let mut client = serve.connect();
-    client.request(
-        json!(1),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
-    let answer = client.request(
-        json!(2),
-        "session/prompt",
-        prompt_params("test-session-1", "boom"),
-    );
+    client.new_session(1, &serve.workspace);
+    let answer = client.prompt(2, "test-session-1", "boom");
     assert_eq!(answer["error"]["code"], -32603, "{answer}");
     let exited = events.until("agent_exited");
     assert_eq!(exited["code"], 3);
@@ -520,3 +428,4 @@ fn the_pod_dies_with_its_agent() {
     assert!(wait_exit(&mut events.child, WAIT, "events").success());
     assert!(!serve.socket.exists(), "the socket is removed");
 }
+

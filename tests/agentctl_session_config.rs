@@ -19,20 +19,22 @@ fn resume_params(serve: &Serve) -> Value {
         "_meta": {"kandev.dev/session-config": saved()}})
 }
 
-#[test]
-fn a_resume_sets_the_saved_configuration_back() {
-    let serve = Serve::start(
-        &[],
-        &["--session-config", "--known-session", "test-session-1"],
-    );
+/// serve with a test agent that reports a session configuration (`--session-config`, plus
+/// `extra`) and knows `test-session-1`; an events subscriber; a client that initialized.
+fn start(extra: &[&str]) -> (Serve, Events, Client) {
+    let mut agent_args = vec!["--session-config", "--known-session", "test-session-1"];
+    agent_args.extend(extra);
+    let serve = Serve::start(&[], &agent_args);
     let events = serve.events();
     let mut client = serve.connect();
-    client.request(json!(1), "initialize", initialize_params());
-    client.request(
-        json!(2),
-        "session/new",
-        new_session_params(&serve.workspace),
-    );
+    client.initialize(1);
+    (serve, events, client)
+}
+
+#[test]
+fn a_resume_sets_the_saved_configuration_back() {
+    let (serve, events, mut client) = start(&[]);
+    client.new_session(2, &serve.workspace);
     let config = events.until("session_config");
     assert_eq!(config["sessionId"], "test-session-1");
     assert_eq!(
@@ -40,17 +42,13 @@ fn a_resume_sets_the_saved_configuration_back() {
         json!({"mode": "default", "model": "small", "configOptions": [{"id": "effort", "value": "low"}]})
     );
     // The agent reports a change of mode in a session/update: followed.
-    client.request(
-        json!(3),
-        "session/prompt",
-        prompt_params("test-session-1", "set-mode plan"),
-    );
+    client.prompt(3, "test-session-1", "set-mode plan");
     assert_eq!(events.until("session_config")["config"]["mode"], "plan");
     assert!(client.disconnect().success());
 
     let mut client = serve.connect();
-    client.request(json!(1), "initialize", initialize_params());
-    let resumed = client.request(json!(2), "session/resume", resume_params(&serve));
+    client.initialize(1);
+    let resumed = client.resume(2, resume_params(&serve));
     assert_eq!(
         resumed["result"]["modes"]["currentModeId"], "default",
         "{resumed}"
@@ -89,30 +87,15 @@ fn a_resume_sets_the_saved_configuration_back() {
 
 #[test]
 fn a_refused_set_back_is_reported_and_the_restore_stands() {
-    let serve = Serve::start(
-        &[],
-        &[
-            "--session-config",
-            "--reject-set",
-            "--known-session",
-            "test-session-1",
-        ],
-    );
-    let events = serve.events();
-    let mut client = serve.connect();
-    client.request(json!(1), "initialize", initialize_params());
-    let resumed = client.request(json!(2), "session/resume", resume_params(&serve));
+    let (serve, events, mut client) = start(&["--reject-set"]);
+    let resumed = client.resume(2, resume_params(&serve));
     assert!(resumed.get("result").is_some(), "{resumed}");
     let failed = events.until("config_set_back_failed");
     assert_eq!(failed["sessionId"], "test-session-1");
     assert_eq!(failed["method"], "session/set_mode");
     assert_eq!(failed["error"]["code"], -32603);
     // The session still works.
-    let prompted = client.request(
-        json!(3),
-        "session/prompt",
-        prompt_params("test-session-1", "hello"),
-    );
+    let prompted = client.prompt(3, "test-session-1", "hello");
     assert_eq!(prompted["result"]["stopReason"], "end_turn");
     assert!(client.disconnect().success());
 }

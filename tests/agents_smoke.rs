@@ -14,10 +14,13 @@
 //! Run: `make agents-smoke`, or `bash e2e/agents.sh` (prints the bin dir), then
 //! `KANDEV_AGENTS_BIN=<bin dir> cargo test --test agents_smoke -- --ignored`.
 
+mod agentctl_support;
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agentctl_support::scratch;
 use kandev_operator::acp::{AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions};
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::jsonrpc::CallFailure;
@@ -268,13 +271,6 @@ fn agents_bin() -> PathBuf {
     }
 }
 
-fn scratch(prefix: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in("/tmp")
-        .expect("tempdir")
-}
-
 /// The processes below `pid`, children first (read before the agent is stopped, so a wrapper's
 /// native child can be killed too if it outlives the wrapper).
 fn descendants(pid: u32) -> Vec<u32> {
@@ -292,6 +288,13 @@ fn descendants(pid: u32) -> Vec<u32> {
             below
         })
         .collect()
+}
+
+/// `tree` with the processes now below `agent` in front.
+fn with_descendants(agent: &LocalAgent, tree: Vec<u32>) -> Vec<u32> {
+    let mut now = agent.id().map(descendants).unwrap_or_default();
+    now.extend(tree);
+    now
 }
 
 /// Kills what is left of an agent's process tree; returns the pids that were still running.
@@ -347,13 +350,7 @@ async fn smoke(row: &Documented, pin: &Pin, bin: &Path) -> Vec<String> {
     agent.client_mut().set_timeouts(timeouts);
     let initialized = agent.client_mut().initialize().await;
     // Anything the wrapper started by now (npm launchers start a native binary).
-    let tree: Vec<u32> = agent
-        .id()
-        .map(descendants)
-        .unwrap_or_default()
-        .into_iter()
-        .chain(tree)
-        .collect();
+    let tree = with_descendants(&agent, tree);
     match (&initialized, row.offline) {
         (Err(_), Offline::DoesNotStart) => {}
         (Err(error), _) => problems.push(format!("{name}: initialize failed: {error}")),
@@ -461,13 +458,7 @@ async fn smoke(row: &Documented, pin: &Pin, bin: &Path) -> Vec<String> {
         }
     }
     // Again: some agents start their native process only for session/new.
-    let tree: Vec<u32> = agent
-        .id()
-        .map(descendants)
-        .unwrap_or_default()
-        .into_iter()
-        .chain(tree)
-        .collect();
+    let tree = with_descendants(&agent, tree);
     if let Err(error) = agent.shutdown(Duration::from_secs(3)).await {
         problems.push(format!("{name}: could not stop the agent: {error}"));
     }

@@ -9,35 +9,27 @@
 //! `$HOME/.claude/projects/`) and `IS_SANDBOX=1` (it refuses to run as root otherwise; our tests
 //! run as root, real pods do not).
 
+mod agentctl_support;
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use agentctl_support::{claude_agent_acp, restore_saved, scratch, stop_agent};
 use kandev_operator::acp::{
-    AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
+    AcpError, AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
     SpawnOptions, restore_with_local_agent,
 };
 use kandev_operator::jsonrpc::CallFailure;
-use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreMethod};
+use kandev_operator::resume::{FreshReason, RestoreMethod};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
-const IGNORED: &str = "protocol: needs npm agents (make protocol)";
 /// The session recorded in `tests/data/claude-transcript.jsonl`.
 const FIXTURE_SESSION: &str = "11111111-2222-4333-8444-555555555555";
 const FIXTURE: &str = include_str!("data/claude-transcript.jsonl");
 /// UUID-shaped but unknown: claude-agent-acp answers -32002 for it (a non-UUID gets -32603).
 const UNKNOWN_SESSION: &str = "99999999-8888-4777-8666-555555555555";
-
-fn claude_agent_acp() -> String {
-    match std::env::var("KANDEV_CLAUDE_AGENT_ACP") {
-        Ok(path) if !path.is_empty() => path,
-        _ => panic!(
-            "KANDEV_CLAUDE_AGENT_ACP is not set: run `bash e2e/agents.sh` and point it at \
-             <printed bin dir>/claude-agent-acp ({IGNORED})"
-        ),
-    }
-}
 
 /// A private HOME and working directory for one agent.
 struct Sandbox {
@@ -48,10 +40,7 @@ struct Sandbox {
 impl Sandbox {
     fn new() -> Self {
         let dir = |prefix: &str| {
-            let dir = tempfile::Builder::new()
-                .prefix(prefix)
-                .tempdir_in("/tmp")
-                .expect("tempdir");
+            let dir = scratch(prefix);
             // Claude Code names a project directory after the cwd with every character other
             // than [A-Za-z0-9] replaced by '-', while claude-agent-acp's replay only replaces
             // '/'. They agree only on paths of letters, digits, '-' and '/'; with a '.' in the
@@ -99,6 +88,23 @@ impl Sandbox {
             LocalAgent::spawn(&[claude_agent_acp()], &self.spawn_options()).expect("spawn");
         agent.client_mut().set_timeouts(timeouts());
         agent
+    }
+
+    /// The agent, initialized.
+    async fn initialized(&self) -> LocalAgent {
+        let mut agent = self.spawn();
+        agent.client_mut().initialize().await.expect("initialize");
+        agent
+    }
+
+    /// A new session on `agent`, in our cwd.
+    async fn new_session(&self, agent: &LocalAgent) -> String {
+        agent.client().new_session(self.cwd()).await.expect("new")
+    }
+
+    /// Restores `token` on `agent` as the operator restores a saved session.
+    async fn restore(&self, agent: &mut LocalAgent, token: &str) -> RestoreOutcome {
+        restore_saved(agent.client_mut(), Some(token), self.cwd(), timeouts()).await
     }
 
     /// Places the fixture transcript where the agent looks for it (see tests/data and
@@ -151,10 +157,15 @@ fn timeouts() -> AcpTimeouts {
 }
 
 async fn stop(agent: LocalAgent) {
-    agent
-        .shutdown(Duration::from_secs(5))
-        .await
-        .expect("shutdown");
+    stop_agent(agent, Duration::from_secs(5)).await;
+}
+
+/// Asserts that a call failed with the JSON-RPC error `code`.
+fn assert_json_rpc_error(error: &AcpError, code: i64) {
+    assert!(
+        matches!(error.failure(), Some(CallFailure::JsonRpc { code: got, .. }) if *got == code),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -177,13 +188,8 @@ async fn claude_initialize_advertises_load_and_resume() {
 #[ignore = "protocol: needs npm agents (make protocol)"]
 async fn claude_session_new_and_resume_of_the_live_session() {
     let sandbox = Sandbox::new();
-    let mut agent = sandbox.spawn();
-    agent.client_mut().initialize().await.expect("initialize");
-    let session = agent
-        .client()
-        .new_session(sandbox.cwd())
-        .await
-        .expect("new");
+    let agent = sandbox.initialized().await;
+    let session = sandbox.new_session(&agent).await;
     assert!(!session.is_empty());
     // Within the same process the live session resumes (and loads) fine…
     agent
@@ -194,20 +200,13 @@ async fn claude_session_new_and_resume_of_the_live_session() {
     stop(agent).await;
 
     // …but a session that never got a prompt is not persisted: a new process does not know it.
-    let mut agent = sandbox.spawn();
-    agent.client_mut().initialize().await.expect("initialize");
+    let agent = sandbox.initialized().await;
     let error = agent
         .client()
         .resume_session(&session, sandbox.cwd())
         .await
         .expect_err("never-prompted session is gone");
-    assert!(
-        matches!(
-            error.failure(),
-            Some(CallFailure::JsonRpc { code: -32002, .. })
-        ),
-        "{error}"
-    );
+    assert_json_rpc_error(&error, -32002);
     stop(agent).await;
 }
 
@@ -218,16 +217,7 @@ async fn claude_resume_of_a_known_session_returns_that_id() {
     sandbox.place_fixture();
     let mut agent = sandbox.spawn();
     let mut updates = agent.client().subscribe_updates();
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some(FIXTURE_SESSION),
-            sandbox.cwd(),
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
+    let outcome = sandbox.restore(&mut agent, FIXTURE_SESSION).await;
     assert_eq!(
         outcome,
         RestoreOutcome::Restored {
@@ -251,8 +241,7 @@ async fn claude_resume_of_a_known_session_returns_that_id() {
 async fn claude_load_replays_the_fixture_transcript() {
     let sandbox = Sandbox::new();
     sandbox.place_fixture();
-    let mut agent = sandbox.spawn();
-    agent.client_mut().initialize().await.expect("initialize");
+    let agent = sandbox.initialized().await;
     let mut updates = agent.client().subscribe_updates();
     let replayed = agent
         .client()
@@ -288,30 +277,14 @@ async fn claude_load_replays_the_fixture_transcript() {
 #[ignore = "protocol: needs npm agents (make protocol)"]
 async fn claude_unknown_session_is_32002_and_restore_starts_fresh() {
     let sandbox = Sandbox::new();
-    let mut agent = sandbox.spawn();
-    agent.client_mut().initialize().await.expect("initialize");
+    let mut agent = sandbox.initialized().await;
     let error = agent
         .client()
         .resume_session(UNKNOWN_SESSION, sandbox.cwd())
         .await
         .expect_err("unknown");
-    assert!(
-        matches!(
-            error.failure(),
-            Some(CallFailure::JsonRpc { code: -32002, .. })
-        ),
-        "{error}"
-    );
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some(UNKNOWN_SESSION),
-            sandbox.cwd(),
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
+    assert_json_rpc_error(&error, -32002);
+    let outcome = sandbox.restore(&mut agent, UNKNOWN_SESSION).await;
     match &outcome {
         RestoreOutcome::Fresh {
             session_id,
@@ -326,25 +299,14 @@ async fn claude_unknown_session_is_32002_and_restore_starts_fresh() {
 #[ignore = "protocol: needs npm agents (make protocol)"]
 async fn claude_prompt_without_credentials_is_auth_required() {
     let sandbox = Sandbox::new();
-    let mut agent = sandbox.spawn();
-    agent.client_mut().initialize().await.expect("initialize");
-    let session = agent
-        .client()
-        .new_session(sandbox.cwd())
-        .await
-        .expect("new");
+    let agent = sandbox.initialized().await;
+    let session = sandbox.new_session(&agent).await;
     let error = agent
         .client()
         .prompt(&session, "hello")
         .await
         .expect_err("no API key");
-    assert!(
-        matches!(
-            error.failure(),
-            Some(CallFailure::JsonRpc { code: -32000, .. })
-        ),
-        "{error}"
-    );
+    assert_json_rpc_error(&error, -32000);
     stop(agent).await;
 }
 

@@ -16,15 +16,14 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use agentctl_support::{Serve, WAIT, connect_command, wait_exit};
-use kandev_operator::acp::{
-    AcpClient, AcpLimits, AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions,
+use agentctl_support::{
+    Serve, TOKEN, WAIT, connect_command, restore_saved, spawn_agent, stop_agent,
+    test_agent_command, wait_exit,
 };
+use kandev_operator::acp::{AcpClient, AcpLimits, AcpTimeouts, RestoreOutcome};
 use kandev_operator::jsonrpc::AgentLimit;
-use kandev_operator::resume::{NativeSessionResume, RestoreErrorClass};
+use kandev_operator::resume::RestoreErrorClass;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
-const TOKEN: &str = "saved-session-1";
 /// The ceiling of the issue: the operator runs in 256 Mi.
 const RSS_CEILING_KIB: u64 = 150 * 1024;
 const MIB: usize = 1024 * 1024;
@@ -66,13 +65,10 @@ fn sample_peak(
     })
 }
 
-/// `flood` is `--flood KIND [--flood-amount N]`.
-fn agent_args(flood: &str) -> Vec<String> {
-    let mut args: Vec<String> = ["--advertise", "load", "--known-session", TOKEN, "--flood"]
-        .iter()
-        .map(|a| (*a).to_owned())
-        .collect();
-    args.extend(flood.split_whitespace().map(str::to_owned));
+/// The test agent's arguments for `--flood <flood>`, where `flood` is `KIND [--flood-amount N]`.
+fn agent_args(flood: &str) -> Vec<&str> {
+    let mut args = vec!["--advertise", "load", "--known-session", TOKEN, "--flood"];
+    args.extend(flood.split_whitespace());
     args
 }
 
@@ -107,29 +103,11 @@ async fn restore_direct(flood: &str, limits: AcpLimits) -> RestoreOutcome {
 
 async fn restore_direct_expecting(flood: &str, limits: AcpLimits, cut_off: bool) -> RestoreOutcome {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut cmd = vec![AGENT.to_owned()];
-    cmd.extend(agent_args(flood));
-    let options = SpawnOptions {
-        stderr: AgentStderr::Inherit,
-        ..SpawnOptions::default()
-    };
-    let mut agent = LocalAgent::spawn(&cmd, &options).expect("spawn");
+    let mut agent = spawn_agent(&test_agent_command(&agent_args(flood)));
     agent.client().set_limits(limits);
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some(TOKEN),
-            dir.path(),
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
+    let outcome = restore_saved(agent.client_mut(), Some(TOKEN), dir.path(), timeouts()).await;
     assert_eq!(agent.client().is_closed(), cut_off, "the agent was cut off");
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
+    stop_agent(agent, Duration::from_secs(2)).await;
     outcome
 }
 
@@ -141,9 +119,7 @@ async fn restore_through_agentctl(
     limits: AcpLimits,
     serve_cuts_off: bool,
 ) -> (RestoreOutcome, u64) {
-    let args = agent_args(flood);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut serve = Serve::start(&[], &args);
+    let mut serve = Serve::start(&[], &agent_args(flood));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = sample_peak(serve.child.id(), stop.clone());
     let mut connect = tokio::process::Command::from(connect_command(&serve.socket))
@@ -156,15 +132,7 @@ async fn restore_through_agentctl(
     let stdin = connect.stdin.take().expect("stdin");
     let stdout = connect.stdout.take().expect("stdout");
     let mut client = AcpClient::new(stdout, stdin).with_limits(limits);
-    let outcome = client
-        .restore(
-            Some(TOKEN),
-            Path::new("/unused"),
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
+    let outcome = restore_saved(&mut client, Some(TOKEN), Path::new("/unused"), timeouts()).await;
     drop(client);
     let _ = connect.kill().await;
     if serve_cuts_off {
@@ -179,30 +147,47 @@ async fn restore_through_agentctl(
     (outcome, serve_peak)
 }
 
-fn report(name: &str, started: Instant, serve_peak_kib: Option<u64>) {
-    let ours = peak_rss_kib("self").expect("our own status");
-    eprintln!(
-        "{name}: {:.1} s, peak RSS of this process {} MiB{}",
-        started.elapsed().as_secs_f64(),
-        ours / 1024,
-        serve_peak_kib
-            .map(|kib| format!(", of agentctl serve {} MiB", kib / 1024))
-            .unwrap_or_default()
-    );
-    assert!(
-        ours < RSS_CEILING_KIB,
-        "{name}: this process peaked at {ours} KiB"
-    );
-    if let Some(kib) = serve_peak_kib {
-        assert!(kib < RSS_CEILING_KIB, "{name}: serve peaked at {kib} KiB");
+/// One test's turn: the lock held while it runs, and when it started.
+struct Turn {
+    _lock: tokio::sync::MutexGuard<'static, ()>,
+    started: Instant,
+}
+
+/// Waits for this test's turn.
+async fn turn() -> Turn {
+    Turn {
+        _lock: TURNS.lock().await,
+        started: Instant::now(),
+    }
+}
+
+impl Turn {
+    /// Prints how long the test took and the peak RSS of this process (and of serve, when the
+    /// test went through agentctl), and asserts both stayed under the ceiling.
+    fn report(&self, name: &str, serve_peak_kib: Option<u64>) {
+        let ours = peak_rss_kib("self").expect("our own status");
+        eprintln!(
+            "{name}: {:.1} s, peak RSS of this process {} MiB{}",
+            self.started.elapsed().as_secs_f64(),
+            ours / 1024,
+            serve_peak_kib
+                .map(|kib| format!(", of agentctl serve {} MiB", kib / 1024))
+                .unwrap_or_default()
+        );
+        assert!(
+            ours < RSS_CEILING_KIB,
+            "{name}: this process peaked at {ours} KiB"
+        );
+        if let Some(kib) = serve_peak_kib {
+            assert!(kib < RSS_CEILING_KIB, "{name}: serve peaked at {kib} KiB");
+        }
     }
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn a_500_mb_replay_is_counted_streaming_and_cut_off_at_the_budget() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     // The default budget (256 MiB): the replay streams through, never held.
     let limits = AcpLimits::default();
     let outcome = restore_direct("replay", limits).await;
@@ -213,14 +198,13 @@ async fn a_500_mb_replay_is_counted_streaming_and_cut_off_at_the_budget() {
         }
         .to_string(),
     );
-    report("replay 500 MB, direct", started, None);
+    turn.report("replay 500 MB, direct", None);
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn a_30_mib_line_is_dropped_streaming_and_cuts_the_agent_off() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     let limits = AcpLimits::default();
     let outcome = restore_direct("long-line", limits).await;
     assert_cut_off(
@@ -230,24 +214,22 @@ async fn a_30_mib_line_is_dropped_streaming_and_cuts_the_agent_off() {
         }
         .to_string(),
     );
-    report("30 MiB line, direct", started, None);
+    turn.report("30 MiB line, direct", None);
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn an_agent_that_never_reads_its_stdin_is_cut_off() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     let outcome = restore_direct("requests", AcpLimits::default()).await;
     assert_cut_off(&outcome, "agent does not read its input (1024 messages");
-    report("10^6 requests, stdin unread, direct", started, None);
+    turn.report("10^6 requests, stdin unread, direct", None);
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn through_agentctl_a_replay_flood_is_cut_off_at_the_budget() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     // A smaller budget: every byte crosses serve, connect and the client (three parses in a
     // debug build); the bound is the same code as in the direct test.
     let limits = AcpLimits {
@@ -262,14 +244,13 @@ async fn through_agentctl_a_replay_flood_is_cut_off_at_the_budget() {
         }
         .to_string(),
     );
-    report("replay 500 MB, through agentctl", started, Some(serve_peak));
+    turn.report("replay 500 MB, through agentctl", Some(serve_peak));
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn through_agentctl_a_30_mib_line_makes_serve_cut_the_agent_off() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     let (outcome, serve_peak) =
         restore_through_agentctl("long-line", AcpLimits::default(), true).await;
     // serve drops the line while streaming and answers the load with -32090.
@@ -277,21 +258,19 @@ async fn through_agentctl_a_30_mib_line_makes_serve_cut_the_agent_off() {
         &outcome,
         "agentctl cut off the agent: agent exceeded the line limit (8388608 bytes)",
     );
-    report("30 MiB line, through agentctl", started, Some(serve_peak));
+    turn.report("30 MiB line, through agentctl", Some(serve_peak));
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn through_agentctl_an_agent_that_never_reads_its_stdin_is_cut_off() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     let (outcome, serve_peak) =
         restore_through_agentctl("requests", AcpLimits::default(), true).await;
     // Whichever queue fills first (serve's to the agent, or ours to connect) names the bound.
     assert_cut_off(&outcome, "agent does not read its input (1024 messages");
-    report(
+    turn.report(
         "10^6 requests, stdin unread, through agentctl",
-        started,
         Some(serve_peak),
     );
 }
@@ -299,31 +278,25 @@ async fn through_agentctl_an_agent_that_never_reads_its_stdin_is_cut_off() {
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn a_7_mib_replay_line_is_within_the_replay_limit() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     let flood = format!("long-line --flood-amount {}", 7 * MIB);
     let outcome = restore_direct_expecting(&flood, AcpLimits::default(), false).await;
     assert!(
         matches!(outcome, RestoreOutcome::Restored { .. }),
         "{outcome:?}"
     );
-    report("7 MiB replay line, direct", started, None);
+    turn.report("7 MiB replay line, direct", None);
 }
 
 #[tokio::test]
 #[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
 async fn through_agentctl_a_7_mib_replay_line_is_within_the_replay_limit() {
-    let _turn = TURNS.lock().await;
-    let started = Instant::now();
+    let turn = turn().await;
     let flood = format!("long-line --flood-amount {}", 7 * MIB);
     let (outcome, serve_peak) = restore_through_agentctl(&flood, AcpLimits::default(), false).await;
     assert!(
         matches!(outcome, RestoreOutcome::Restored { .. }),
         "{outcome:?}"
     );
-    report(
-        "7 MiB replay line, through agentctl",
-        started,
-        Some(serve_peak),
-    );
+    turn.report("7 MiB replay line, through agentctl", Some(serve_peak));
 }

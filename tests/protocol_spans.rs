@@ -6,11 +6,14 @@
 //! callsites without one can cache them as disabled (a known tracing-core race), which would
 //! make this test flaky.
 
+mod agentctl_support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kandev_operator::acp::{AcpTimeouts, LocalAgent, RestoreOutcome, SpawnOptions};
-use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreMethod};
+use agentctl_support::{restore_saved, spawn_agent, stop_agent, test_agent_command};
+use kandev_operator::acp::{AcpTimeouts, RestoreOutcome};
+use kandev_operator::resume::{FreshReason, RestoreMethod};
 use tracing::span::{Attributes, Id};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
@@ -42,31 +45,11 @@ async fn restore_steps_are_child_spans_named_by_the_rules() {
         .expect("first and only subscriber in this binary");
 
     // resume → -32601 → load of the same id → -32002 → session/new: all three steps run.
-    let cmd: Vec<String> = [
-        env!("CARGO_BIN_EXE_kandev-test-agent"),
-        "--on-resume",
-        "error:-32601",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut agent = LocalAgent::spawn(&cmd, &SpawnOptions::default()).expect("spawn");
+    let mut agent = spawn_agent(&test_agent_command(&["--on-resume", "error:-32601"]));
     let timeouts = AcpTimeouts::uniform(Duration::from_secs(20));
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some("tok"),
-            dir.path(),
-            NativeSessionResume::Auto,
-            false,
-            timeouts,
-        )
-        .await;
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
+    let outcome = restore_saved(agent.client_mut(), Some("tok"), dir.path(), timeouts).await;
+    stop_agent(agent, Duration::from_secs(2)).await;
     assert_eq!(
         outcome,
         RestoreOutcome::Fresh {

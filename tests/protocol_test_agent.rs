@@ -4,21 +4,29 @@
 //! were really called — above all that a failure which keeps the token never sent
 //! `session/new`.
 
+mod agentctl_support;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use agent_client_protocol::v1::schema::StopReason;
+use agentctl_support::{
+    TOKEN, assert_logged, read_lines, restore_saved, spawn_agent, stop_agent, test_agent_command,
+};
 use kandev_operator::acp::{
-    AcpError, AcpTimeouts, AgentStderr, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome,
-    SpawnOptions, restore_with_local_agent,
+    AcpError, AcpTimeouts, LocalAgent, OutcomeKind, RestoreOptions, RestoreOutcome, RestoreReport,
+    restore_with_local_agent,
 };
 use kandev_operator::jsonrpc::CallFailure;
 use kandev_operator::resume::{FreshReason, NativeSessionResume, RestoreErrorClass, RestoreMethod};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
-const TOKEN: &str = "saved-session-1";
+// What the agent logs for the calls a restore makes ([`Run::calls`]).
+const INITIALIZE: &str = "initialize";
+const RESUME: &str = "session/resume saved-session-1";
+const LOAD: &str = "session/load saved-session-1";
+const NEW: &str = "session/new";
 
 /// Short enough to keep hang tests quick, long enough for a loaded machine to start a process.
 fn timeouts() -> AcpTimeouts {
@@ -47,30 +55,22 @@ impl Run {
         }
     }
 
+    /// `kandev-test-agent <args> --log <this run's log>`.
     fn command(&self, args: &[&str]) -> Vec<String> {
-        let mut cmd = vec![AGENT.to_owned()];
-        cmd.extend(args.iter().map(|a| (*a).to_owned()));
+        let mut cmd = test_agent_command(args);
         cmd.extend(["--log".to_owned(), self.log.display().to_string()]);
         cmd
     }
 
     fn spawn(&self, args: &[&str]) -> LocalAgent {
-        let options = SpawnOptions {
-            stderr: AgentStderr::Inherit,
-            ..SpawnOptions::default()
-        };
-        let mut agent = LocalAgent::spawn(&self.command(args), &options).expect("spawn");
+        let mut agent = spawn_agent(&self.command(args));
         agent.client_mut().set_timeouts(timeouts());
         agent
     }
 
     /// Every line the agent logged.
     fn log_lines(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        read_lines(&self.log)
     }
 
     /// The ACP methods the agent received, with their session id when there was one.
@@ -79,6 +79,16 @@ impl Run {
             .into_iter()
             .filter(|l| l.starts_with("initialize") || l.starts_with("session/"))
             .collect()
+    }
+
+    /// Whether the agent was ever asked for a `session/new`.
+    fn asked_for_new(&self) -> bool {
+        self.calls().iter().any(|c| c.starts_with(NEW))
+    }
+
+    /// Restores the saved [`TOKEN`] on a running agent, as [`Run::restore`] does.
+    async fn restore_on(&self, agent: &mut LocalAgent) -> RestoreOutcome {
+        restore_saved(agent.client_mut(), Some(TOKEN), &self.cwd, timeouts()).await
     }
 
     /// Restores `token` with the profile's native resume on and no fresh start requested.
@@ -99,16 +109,13 @@ impl Run {
             .client_mut()
             .restore(token, &self.cwd, native, fresh, timeouts())
             .await;
-        agent
-            .shutdown(Duration::from_secs(2))
-            .await
-            .expect("shutdown");
+        stop(agent).await;
         outcome
     }
 }
 
-fn calls(list: &[&str]) -> Vec<String> {
-    list.iter().map(|c| (*c).to_owned()).collect()
+async fn stop(agent: LocalAgent) {
+    stop_agent(agent, Duration::from_secs(2)).await;
 }
 
 fn assert_failed_keeping_token(
@@ -134,9 +141,18 @@ fn assert_failed_keeping_token(
     }
 }
 
-fn fresh(session_id: &str, why: FreshReason) -> RestoreOutcome {
+/// The saved [`TOKEN`] restored by `method`.
+fn restored(method: RestoreMethod) -> RestoreOutcome {
+    RestoreOutcome::Restored {
+        method,
+        session_id: TOKEN.into(),
+    }
+}
+
+/// A fresh start in the test agent's first new session.
+fn fresh(why: FreshReason) -> RestoreOutcome {
     RestoreOutcome::Fresh {
-        session_id: session_id.to_owned(),
+        session_id: "test-session-1".to_owned(),
         why,
     }
 }
@@ -147,17 +163,8 @@ fn fresh(session_id: &str, why: FreshReason) -> RestoreOutcome {
 async fn resume_ok_restores_the_same_id_without_load_or_new() {
     let run = Run::new();
     let outcome = run.restore(&["--known-session", TOKEN], Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        RestoreOutcome::Restored {
-            method: RestoreMethod::Resume,
-            session_id: TOKEN.into()
-        }
-    );
-    assert_eq!(
-        run.calls(),
-        calls(&["initialize", "session/resume saved-session-1"])
-    );
+    assert_eq!(outcome, restored(RestoreMethod::Resume));
+    assert_eq!(run.calls(), [INITIALIZE, RESUME]);
 }
 
 #[tokio::test]
@@ -165,21 +172,8 @@ async fn method_not_found_on_resume_with_load_advertised_loads_the_same_id() {
     let run = Run::new();
     let args = ["--on-resume", "error:-32601", "--known-session", TOKEN];
     let outcome = run.restore(&args, Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        RestoreOutcome::Restored {
-            method: RestoreMethod::Load,
-            session_id: TOKEN.into()
-        }
-    );
-    assert_eq!(
-        run.calls(),
-        calls(&[
-            "initialize",
-            "session/resume saved-session-1",
-            "session/load saved-session-1"
-        ])
-    );
+    assert_eq!(outcome, restored(RestoreMethod::Load));
+    assert_eq!(run.calls(), [INITIALIZE, RESUME, LOAD]);
 }
 
 #[tokio::test]
@@ -187,19 +181,8 @@ async fn method_not_found_on_resume_and_load_falls_back_to_new_dropping_the_toke
     let run = Run::new();
     let args = ["--on-resume", "error:-32601", "--on-load", "error:-32601"];
     let outcome = run.restore(&args, Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        fresh("test-session-1", FreshReason::MethodNotFound)
-    );
-    assert_eq!(
-        run.calls(),
-        calls(&[
-            "initialize",
-            "session/resume saved-session-1",
-            "session/load saved-session-1",
-            "session/new"
-        ])
-    );
+    assert_eq!(outcome, fresh(FreshReason::MethodNotFound));
+    assert_eq!(run.calls(), [INITIALIZE, RESUME, LOAD, NEW]);
 }
 
 #[tokio::test]
@@ -207,18 +190,8 @@ async fn method_not_found_on_resume_without_load_falls_back_to_new() {
     let run = Run::new();
     let args = ["--advertise", "resume", "--on-resume", "error:-32601"];
     let outcome = run.restore(&args, Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        fresh("test-session-1", FreshReason::MethodNotFound)
-    );
-    assert_eq!(
-        run.calls(),
-        calls(&[
-            "initialize",
-            "session/resume saved-session-1",
-            "session/new"
-        ])
-    );
+    assert_eq!(outcome, fresh(FreshReason::MethodNotFound));
+    assert_eq!(run.calls(), [INITIALIZE, RESUME, NEW]);
 }
 
 #[tokio::test]
@@ -226,63 +199,33 @@ async fn unknown_session_on_resume_falls_back_to_new_without_trying_load() {
     let run = Run::new();
     // No --known-session: resume answers -32002 "Resource not found", like claude-agent-acp.
     let outcome = run.restore(&[], Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        fresh("test-session-1", FreshReason::UnknownSession)
-    );
-    assert_eq!(
-        run.calls(),
-        calls(&[
-            "initialize",
-            "session/resume saved-session-1",
-            "session/new"
-        ])
-    );
+    assert_eq!(outcome, fresh(FreshReason::UnknownSession));
+    assert_eq!(run.calls(), [INITIALIZE, RESUME, NEW]);
 }
 
 #[tokio::test]
 async fn unknown_session_on_load_falls_back_to_new() {
     let run = Run::new();
     let outcome = run.restore(&["--advertise", "load"], Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        fresh("test-session-1", FreshReason::UnknownSession)
-    );
-    assert_eq!(
-        run.calls(),
-        calls(&["initialize", "session/load saved-session-1", "session/new"])
-    );
+    assert_eq!(outcome, fresh(FreshReason::UnknownSession));
+    assert_eq!(run.calls(), [INITIALIZE, LOAD, NEW]);
 }
 
 #[tokio::test]
 async fn load_only_agent_is_loaded_and_replays_to_subscribers() {
     let run = Run::new();
-    let mut agent = run.spawn(&[
+    let args = [
         "--advertise",
         "load",
         "--known-session",
         TOKEN,
         "--replay",
         "3",
-    ]);
+    ];
+    let mut agent = run.spawn(&args);
     let mut updates = agent.client().subscribe_updates();
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some(TOKEN),
-            &run.cwd,
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
-    assert_eq!(
-        outcome,
-        RestoreOutcome::Restored {
-            method: RestoreMethod::Load,
-            session_id: TOKEN.into()
-        }
-    );
+    let outcome = run.restore_on(&mut agent).await;
+    assert_eq!(outcome, restored(RestoreMethod::Load));
     let mut texts = Vec::new();
     while let Ok(update) = updates.try_recv() {
         assert_eq!(update.session_id, TOKEN);
@@ -296,27 +239,21 @@ async fn load_only_agent_is_loaded_and_replays_to_subscribers() {
             "replayed message 2"
         ]
     );
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
+    stop(agent).await;
 }
 
 #[tokio::test]
 async fn neither_resume_nor_load_advertised_is_explicitly_unsupported_so_new() {
     let run = Run::new();
     let outcome = run.restore(&["--advertise", "none"], Some(TOKEN)).await;
-    assert_eq!(
-        outcome,
-        fresh("test-session-1", FreshReason::RestoreUnsupportedByAgent)
-    );
-    assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
+    assert_eq!(outcome, fresh(FreshReason::RestoreUnsupportedByAgent));
+    assert_eq!(run.calls(), [INITIALIZE, NEW]);
 }
 
 #[tokio::test]
 async fn no_token_fresh_request_and_profile_without_native_resume_go_straight_to_new() {
     use NativeSessionResume::{Always, Auto, Never};
-    let rows: [(Option<&str>, NativeSessionResume, bool, FreshReason); 4] = [
+    let rows: [(Option<&str>, NativeSessionResume, bool, FreshReason); 5] = [
         (None, Auto, false, FreshReason::NoResumeToken),
         (Some("   "), Always, false, FreshReason::NoResumeToken),
         (
@@ -326,27 +263,17 @@ async fn no_token_fresh_request_and_profile_without_native_resume_go_straight_to
             FreshReason::ProfileHasNoNativeResume,
         ),
         (None, Never, false, FreshReason::NoResumeToken),
+        // An explicit fresh start ignores a perfectly good token.
+        (Some(TOKEN), Auto, true, FreshReason::NoResumeToken),
     ];
     for (token, native, fresh_requested, why) in rows {
         let run = Run::new();
         let outcome = run
             .restore_with(&["--known-session", TOKEN], token, native, fresh_requested)
             .await;
-        assert_eq!(outcome, fresh("test-session-1", why), "{token:?} {native}");
-        assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
+        assert_eq!(outcome, fresh(why), "{token:?} {native} {fresh_requested}");
+        assert_eq!(run.calls(), [INITIALIZE, NEW]);
     }
-    // An explicit fresh start ignores a perfectly good token.
-    let run = Run::new();
-    let outcome = run
-        .restore_with(
-            &["--known-session", TOKEN],
-            Some(TOKEN),
-            NativeSessionResume::Auto,
-            true,
-        )
-        .await;
-    assert_eq!(outcome, fresh("test-session-1", FreshReason::NoResumeToken));
-    assert_eq!(run.calls(), calls(&["initialize", "session/new"]));
 }
 
 // ---- Failures that keep the token (never a session/new) ---------------------------------
@@ -366,11 +293,7 @@ async fn json_rpc_errors_that_are_not_conclusive_keep_the_token() {
         let outcome = run.restore(&args, Some(TOKEN)).await;
         assert_failed_keeping_token(&outcome, RestoreMethod::Resume, class);
         // Neither session/load nor session/new: only -32601 may move on to load.
-        assert_eq!(
-            run.calls(),
-            calls(&["initialize", "session/resume saved-session-1"]),
-            "{behavior}"
-        );
+        assert_eq!(run.calls(), [INITIALIZE, RESUME], "{behavior}");
     }
 }
 
@@ -388,7 +311,7 @@ async fn auth_required_on_load_after_method_not_found_keeps_the_token() {
         unreachable!()
     };
     assert!(reason.contains("after: session/resume"), "{reason}");
-    assert!(!run.calls().iter().any(|c| c.starts_with("session/new")));
+    assert!(!run.asked_for_new());
 }
 
 #[tokio::test]
@@ -396,37 +319,19 @@ async fn a_hang_past_the_timeout_keeps_the_token() {
     let run = Run::new();
     let outcome = run.restore(&["--on-resume", "hang"], Some(TOKEN)).await;
     assert_failed_keeping_token(&outcome, RestoreMethod::Resume, RestoreErrorClass::Timeout);
-    assert_eq!(
-        run.calls(),
-        calls(&["initialize", "session/resume saved-session-1"])
-    );
+    assert_eq!(run.calls(), [INITIALIZE, RESUME]);
 }
 
 #[tokio::test]
 async fn garbage_instead_of_an_answer_keeps_the_token() {
     let run = Run::new();
     let mut agent = run.spawn(&["--on-resume", "garbage"]);
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some(TOKEN),
-            &run.cwd,
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
+    let outcome = run.restore_on(&mut agent).await;
     // Garbage lines are skipped, so no answer ever comes: a timeout.
     assert_failed_keeping_token(&outcome, RestoreMethod::Resume, RestoreErrorClass::Timeout);
     assert_eq!(agent.client().garbage_lines(), 3);
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
-    assert_eq!(
-        run.calls(),
-        calls(&["initialize", "session/resume saved-session-1"])
-    );
+    stop(agent).await;
+    assert_eq!(run.calls(), [INITIALIZE, RESUME]);
 }
 
 #[tokio::test]
@@ -440,10 +345,7 @@ async fn a_malformed_answer_keeps_the_token() {
         RestoreMethod::Resume,
         RestoreErrorClass::Malformed,
     );
-    assert_eq!(
-        run.calls(),
-        calls(&["initialize", "session/resume saved-session-1"])
-    );
+    assert_eq!(run.calls(), [INITIALIZE, RESUME]);
 }
 
 #[tokio::test]
@@ -459,8 +361,8 @@ async fn a_crash_mid_restore_keeps_the_token() {
         let run = Run::new();
         let outcome = run.restore(args, Some(TOKEN)).await;
         assert_failed_keeping_token(&outcome, tried, RestoreErrorClass::Transport);
-        assert!(run.log_lines().contains(&"crash".to_owned()));
-        assert!(!run.calls().iter().any(|c| c.starts_with("session/new")));
+        assert_logged(&run.log_lines(), "crash");
+        assert!(!run.asked_for_new());
     }
 }
 
@@ -481,7 +383,7 @@ async fn a_crash_during_initialize_keeps_the_token() {
         other => panic!("unexpected {other:?}"),
     }
     assert_eq!(outcome.method_name(), "initialize");
-    assert_eq!(run.calls(), calls(&["initialize"]));
+    assert_eq!(run.calls(), [INITIALIZE]);
 }
 
 #[tokio::test]
@@ -500,7 +402,7 @@ async fn an_unsupported_protocol_version_keeps_the_token() {
         ),
         "{outcome:?}"
     );
-    assert_eq!(run.calls(), calls(&["initialize"]));
+    assert_eq!(run.calls(), [INITIALIZE]);
 }
 
 #[tokio::test]
@@ -520,14 +422,7 @@ async fn a_failing_fallback_new_reports_the_token_as_dropped() {
         } => assert!(reason.contains("after: session/resume"), "{reason}"),
         other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(
-        run.calls(),
-        calls(&[
-            "initialize",
-            "session/resume saved-session-1",
-            "session/new"
-        ])
-    );
+    assert_eq!(run.calls(), [INITIALIZE, RESUME, NEW]);
     // A failing session/new on an explicit fresh start keeps the (ignored) token.
     let run = Run::new();
     let outcome = run
@@ -547,83 +442,63 @@ async fn a_failing_fallback_new_reports_the_token_as_dropped() {
 async fn chatter_from_the_agent_is_answered_or_ignored() {
     let run = Run::new();
     let mut agent = run.spawn(&["--chatter", "--known-session", TOKEN]);
-    let outcome = agent
-        .client_mut()
-        .restore(
-            Some(TOKEN),
-            &run.cwd,
-            NativeSessionResume::Auto,
-            false,
-            timeouts(),
-        )
-        .await;
+    let outcome = run.restore_on(&mut agent).await;
     assert!(
         matches!(outcome, RestoreOutcome::Restored { .. }),
         "{outcome:?}"
     );
     // One garbage line per request (initialize, resume).
     assert_eq!(agent.client().garbage_lines(), 2);
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
+    stop(agent).await;
     let log = run.log_lines();
     // The permission request is cancelled, the fs request refused with -32601.
-    assert!(
-        log.contains(&r#"response agent-1 ok {"outcome":{"outcome":"cancelled"}}"#.to_owned()),
-        "{log:?}"
+    assert_logged(
+        &log,
+        r#"response agent-1 ok {"outcome":{"outcome":"cancelled"}}"#,
     );
-    assert!(
-        log.contains(&"response agent-2 error -32601".to_owned()),
-        "{log:?}"
-    );
-    assert!(
-        log.contains(&"response agent-4 error -32601".to_owned()),
-        "{log:?}"
-    );
+    assert_logged(&log, "response agent-2 error -32601");
+    assert_logged(&log, "response agent-4 error -32601");
+}
+
+/// A running agent with a new session (`test-session-1`).
+async fn with_session(run: &Run, args: &[&str]) -> (LocalAgent, String) {
+    let mut agent = run.spawn(args);
+    agent.client_mut().initialize().await.expect("initialize");
+    let session = agent.client().new_session(&run.cwd).await.expect("new");
+    (agent, session)
 }
 
 #[tokio::test]
 async fn prompt_streams_updates_and_cancel_ends_a_hanging_turn() {
     let run = Run::new();
-    let mut agent = run.spawn(&[]);
-    agent.client_mut().initialize().await.expect("initialize");
-    let session = agent.client().new_session(&run.cwd).await.expect("new");
+    let (agent, session) = with_session(&run, &[]).await;
     let mut updates = agent.client().subscribe_updates();
-    let stop = agent
+    let stop_reason = agent
         .client()
         .prompt(&session, "hello")
         .await
         .expect("prompt");
-    assert_eq!(stop, StopReason::EndTurn);
+    assert_eq!(stop_reason, StopReason::EndTurn);
     let update = updates.recv().await.expect("update");
     assert_eq!(update.text(), Some("echo: hello"));
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
+    stop(agent).await;
 
     let run = Run::new();
-    let mut agent = run.spawn(&["--on-prompt", "hang"]);
-    agent.client_mut().initialize().await.expect("initialize");
-    let session = agent.client().new_session(&run.cwd).await.expect("new");
-    let (stop, ()) = tokio::join!(agent.client().prompt(&session, "long task"), async {
+    let (agent, session) = with_session(&run, &["--on-prompt", "hang"]).await;
+    let (stop_reason, ()) = tokio::join!(agent.client().prompt(&session, "long task"), async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         agent.client().cancel(&session).await.expect("cancel");
     });
-    assert_eq!(stop.expect("prompt"), StopReason::Cancelled);
-    agent
-        .shutdown(Duration::from_secs(2))
-        .await
-        .expect("shutdown");
+    assert_eq!(stop_reason.expect("prompt"), StopReason::Cancelled);
+    stop(agent).await;
     assert_eq!(
         run.calls(),
-        calls(&[
-            "initialize",
-            "session/new",
+        [
+            INITIALIZE,
+            NEW,
             "session/prompt test-session-1",
             "session/cancel test-session-1"
-        ])
+        ]
     );
 }
 
@@ -649,18 +524,33 @@ async fn calls_after_the_agent_exits_fail_as_transport_closed() {
 
 // ---- restore_with_local_agent (the core of `agentctl restore`) ---------------------------
 
-fn options() -> RestoreOptions {
-    RestoreOptions {
+/// `restore_with_local_agent` with this file's timeouts.
+async fn local_restore(
+    cmd: &[String],
+    token: Option<&str>,
+    cwd: &Path,
+) -> Result<RestoreReport, AcpError> {
+    let options = RestoreOptions {
         timeouts: timeouts(),
         ..RestoreOptions::default()
-    }
+    };
+    restore_with_local_agent(cmd, token, cwd, options).await
+}
+
+/// A report's method, session id and outcome.
+fn summary(report: &RestoreReport) -> (&str, Option<&str>, OutcomeKind) {
+    (
+        report.method.as_str(),
+        report.session_id.as_deref(),
+        report.outcome,
+    )
 }
 
 #[tokio::test]
 async fn local_restore_reports_restored_fresh_and_failed() {
     let run = Run::new();
     let cmd = run.command(&["--known-session", TOKEN]);
-    let report = restore_with_local_agent(&cmd, Some(TOKEN), &run.cwd, options())
+    let report = local_restore(&cmd, Some(TOKEN), &run.cwd)
         .await
         .expect("report");
     assert!(report.succeeded());
@@ -673,30 +563,22 @@ async fn local_restore_reports_restored_fresh_and_failed() {
     );
 
     let cmd = run.command(&["--new-session-id", "brand-new"]);
-    let report = restore_with_local_agent(&cmd, Some("unknown"), &run.cwd, options())
+    let report = local_restore(&cmd, Some("unknown"), &run.cwd)
         .await
         .expect("report");
     assert_eq!(
-        (
-            report.method.as_str(),
-            report.session_id.as_deref(),
-            report.outcome
-        ),
+        summary(&report),
         ("session/new", Some("brand-new"), OutcomeKind::Fresh)
     );
     assert_eq!(report.reason, "unknown_session");
 
     let cmd = run.command(&["--on-resume", "error:-32000"]);
-    let report = restore_with_local_agent(&cmd, Some(TOKEN), &run.cwd, options())
+    let report = local_restore(&cmd, Some(TOKEN), &run.cwd)
         .await
         .expect("report");
     assert!(!report.succeeded());
     assert_eq!(
-        (
-            report.method.as_str(),
-            report.session_id.as_deref(),
-            report.outcome
-        ),
+        summary(&report),
         ("session/resume", Some(TOKEN), OutcomeKind::Failed)
     );
     assert!(
@@ -712,7 +594,7 @@ async fn local_restore_reports_restored_fresh_and_failed() {
 async fn local_restore_accepts_a_relative_cwd() {
     let run = Run::new();
     let cmd = run.command(&[]);
-    let report = restore_with_local_agent(&cmd, None, Path::new("."), options())
+    let report = local_restore(&cmd, None, Path::new("."))
         .await
         .expect("report");
     assert_eq!(report.outcome, OutcomeKind::Fresh);
@@ -722,12 +604,12 @@ async fn local_restore_accepts_a_relative_cwd() {
 #[tokio::test]
 async fn local_restore_errors_only_when_it_cannot_start() {
     let run = Run::new();
-    let error = restore_with_local_agent(&[], Some(TOKEN), &run.cwd, options())
+    let error = local_restore(&[], Some(TOKEN), &run.cwd)
         .await
         .expect_err("empty");
     assert!(matches!(error, AcpError::EmptyCommand));
     let missing = vec!["/nonexistent/kandev-agent".to_owned()];
-    let error = restore_with_local_agent(&missing, Some(TOKEN), &run.cwd, options())
+    let error = local_restore(&missing, Some(TOKEN), &run.cwd)
         .await
         .expect_err("missing");
     assert!(matches!(error, AcpError::Spawn { .. }), "{error}");

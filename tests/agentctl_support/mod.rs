@@ -1,7 +1,8 @@
-//! Helpers shared by the `agentctl_*` tests: run `agentctl serve` over a unix socket in a temp
-//! dir, drive `agentctl connect` / `agentctl events` as real processes with piped stdio, and
-//! read what `kandev-test-agent` logged. Plain threads and std processes: what is under test is
-//! the binaries, not an async client.
+//! Helpers shared by the `agentctl_*` and `protocol_*` tests and the agents smoke test: run
+//! `agentctl serve` over a unix socket in a temp dir, drive `agentctl connect` / `agentctl
+//! events` as real processes with piped stdio, read what `kandev-test-agent` logged, and drive an
+//! ACP agent directly over its stdio (spawn, restore, stop). Plain threads and std processes for
+//! agentctl: what is under test is the binaries, not an async client.
 #![allow(dead_code)]
 
 #[path = "../support/mod.rs"]
@@ -13,13 +14,21 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use kandev_operator::acp::{
+    AcpClient, AcpTimeouts, AgentStderr, LocalAgent, RestoreOutcome, SpawnOptions,
+};
+use kandev_operator::resume::NativeSessionResume;
 use serde_json::{Value, json};
 pub use support::process::{line_reader, wait_exit};
 
 pub const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
 pub const TEST_AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
+/// A saved session token (the test agent knows it with `--known-session`).
+pub const TOKEN: &str = "saved-session-1";
 /// Generous: the machine is shared with other builds.
 pub const WAIT: Duration = Duration::from_secs(30);
+/// The workspace of a [`Serve`], below its temp dir.
+pub const WORKSPACE: &str = "ws";
 
 /// `agentctl` without what a pod's environment gives it (socket, session name, workspace): a
 /// test passes what it means.
@@ -38,12 +47,102 @@ pub fn connect_command(socket: &Path) -> Command {
     cmd
 }
 
+/// `kandev-test-agent <args>` as a command line.
+pub fn test_agent_command(args: &[&str]) -> Vec<String> {
+    std::iter::once(TEST_AGENT)
+        .chain(args.iter().copied())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A temp dir in /tmp named `<prefix>…`: no `.` in its path (claude-agent-acp's project
+/// directories depend on it).
+pub fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .expect("tempdir")
+}
+
+/// The claude-agent-acp that `bash e2e/agents.sh` installed, from `KANDEV_CLAUDE_AGENT_ACP`.
+pub fn claude_agent_acp() -> String {
+    match std::env::var("KANDEV_CLAUDE_AGENT_ACP") {
+        Ok(path) if !path.is_empty() => path,
+        _ => panic!(
+            "KANDEV_CLAUDE_AGENT_ACP is not set: run `bash e2e/agents.sh` and point it at \
+             <printed bin dir>/claude-agent-acp (make protocol)"
+        ),
+    }
+}
+
+/// The lines of the file at `path` (none while it does not exist).
+pub fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Kills `child` (if it still runs) and waits for it.
+fn reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Where serve records the history of session `name` in `workspace`.
+pub fn history_file(workspace: &Path, name: &str) -> PathBuf {
+    workspace
+        .join(".kandev/sessions")
+        .join(format!("{name}.jsonl"))
+}
+
+/// Writes `text` as the recorded history of session `name`, as an earlier pod left it.
+pub fn write_history(workspace: &Path, name: &str, text: &str) -> PathBuf {
+    let path = history_file(workspace, name);
+    std::fs::create_dir_all(path.parent().expect("sessions dir")).expect("sessions dir");
+    std::fs::write(&path, text).expect("history");
+    path
+}
+
+// ---- An ACP agent over its own stdio -------------------------------------------------------
+
+/// Spawns `cmd` as an ACP agent over its stdio, its stderr shared with ours.
+pub fn spawn_agent(cmd: &[String]) -> LocalAgent {
+    let options = SpawnOptions {
+        stderr: AgentStderr::Inherit,
+        ..SpawnOptions::default()
+    };
+    LocalAgent::spawn(cmd, &options).expect("spawn")
+}
+
+/// Restores `token` as the operator restores a saved session: native resume as the profile
+/// allows it (`auto`), no fresh start requested.
+pub async fn restore_saved(
+    client: &mut AcpClient,
+    token: Option<&str>,
+    cwd: &Path,
+    timeouts: AcpTimeouts,
+) -> RestoreOutcome {
+    client
+        .restore(token, cwd, NativeSessionResume::Auto, false, timeouts)
+        .await
+}
+
+/// Stops an agent: its stdin closed, killed if it has not exited within `grace`.
+pub async fn stop_agent(agent: LocalAgent, grace: Duration) {
+    agent.shutdown(grace).await.expect("shutdown");
+}
+
+// ---- agentctl serve, connect and events ----------------------------------------------------
+
 /// One `agentctl serve` with `kandev-test-agent` (or another command) in a temp workspace.
 pub struct Serve {
     pub child: Child,
     pub dir: tempfile::TempDir,
     pub workspace: PathBuf,
     pub socket: PathBuf,
+    /// `dir/agent.log`, where [`Serve::start`]'s test agent logs (`--log`).
     pub agent_log: PathBuf,
     pub stderr: Receiver<String>,
 }
@@ -51,32 +150,36 @@ pub struct Serve {
 impl Serve {
     /// `agentctl serve --workspace W --socket S <serve_args> -- kandev-test-agent --log L <agent_args>`
     pub fn start(serve_args: &[&str], agent_args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let agent_log = dir.path().join("agent.log");
-        let mut command = vec![TEST_AGENT.to_owned(), "--log".into(), path_str(&agent_log)];
-        command.extend(agent_args.iter().map(|a| (*a).to_owned()));
-        Self::start_in(dir, serve_args, &command, agent_log)
+        Self::start_agent_in(
+            tempfile::tempdir().expect("tempdir"),
+            serve_args,
+            agent_args,
+        )
     }
 
-    /// Like [`Serve::start`] with an arbitrary agent command (empty: none after `--`).
+    /// Like [`Serve::start`] in `dir`, which the test may have prepared (its workspace is
+    /// `dir/`[`WORKSPACE`]).
+    pub fn start_agent_in(
+        dir: tempfile::TempDir,
+        serve_args: &[&str],
+        agent_args: &[&str],
+    ) -> Self {
+        let agent_log = path_str(&dir.path().join("agent.log"));
+        let mut command = test_agent_command(&["--log", &agent_log]);
+        command.extend(agent_args.iter().map(|a| (*a).to_owned()));
+        Self::start_in(dir, serve_args, &command, &[])
+    }
+
+    /// Serve in `dir` with an arbitrary agent command (empty: none after `--`) and extra
+    /// environment for serve (inherited by the agent).
     pub fn start_in(
         dir: tempfile::TempDir,
         serve_args: &[&str],
         command: &[String],
-        agent_log: PathBuf,
-    ) -> Self {
-        Self::start_with_env(dir, serve_args, command, agent_log, &[])
-    }
-
-    /// Like [`Serve::start_in`], with extra environment for serve (inherited by the agent).
-    pub fn start_with_env(
-        dir: tempfile::TempDir,
-        serve_args: &[&str],
-        command: &[String],
-        agent_log: PathBuf,
         env: &[(&str, &Path)],
     ) -> Self {
-        let workspace = dir.path().join("ws");
+        let agent_log = dir.path().join("agent.log");
+        let workspace = dir.path().join(WORKSPACE);
         std::fs::create_dir_all(&workspace).expect("workspace");
         let socket = dir.path().join("a.sock");
         let mut cmd = agentctl();
@@ -145,11 +248,7 @@ impl Serve {
 
     /// Lines the test agent logged: `<method> [<sessionId>]`, `response <id> …`.
     pub fn agent_log(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.agent_log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        read_lines(&self.agent_log)
     }
 
     /// Polls the agent log until `predicate` holds.
@@ -190,9 +289,7 @@ impl Serve {
     }
 
     pub fn history_path(&self, name: &str) -> PathBuf {
-        self.workspace
-            .join(".kandev/sessions")
-            .join(format!("{name}.jsonl"))
+        history_file(&self.workspace, name)
     }
 
     /// The history file's entries (waits for it to hold at least `min` lines).
@@ -216,20 +313,24 @@ impl Serve {
         }
     }
 
+    /// Sends serve SIGTERM (through `kill`): the graceful stop a pod gets.
+    pub fn sigterm(&self) -> std::io::Result<ExitStatus> {
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+    }
+
     /// Stops serve (SIGKILL takes the agent down with it only through kill_on_drop, so use
-    /// SIGTERM via `kill`).
+    /// SIGTERM).
     pub fn stop(&mut self) {
         if self.is_running() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(self.child.id().to_string())
-                .status();
+            let _ = self.sigterm();
             let deadline = Instant::now() + WAIT;
             while self.is_running() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            reap(&mut self.child);
         }
     }
 }
@@ -284,6 +385,11 @@ impl Client {
         self.send_raw(&message.to_string());
     }
 
+    /// Sends a request without waiting for its response.
+    pub fn send_request(&mut self, id: Value, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
+    }
+
     /// The next line from agentctl, as JSON (every line must be JSON).
     pub fn next(&mut self) -> Value {
         match self.lines.recv_timeout(WAIT) {
@@ -296,8 +402,34 @@ impl Client {
 
     /// Sends a request and returns its response, keeping everything else in `seen`.
     pub fn request(&mut self, id: Value, method: &str, params: Value) -> Value {
-        self.send(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
+        self.send_request(id.clone(), method, params);
         self.response(&id)
+    }
+
+    /// `initialize` (after serve's own, answered from its cache).
+    pub fn initialize(&mut self, id: u64) -> Value {
+        self.request(json!(id), "initialize", initialize_params())
+    }
+
+    /// `session/new` in `cwd`.
+    pub fn new_session(&mut self, id: u64, cwd: &Path) -> Value {
+        self.request(json!(id), "session/new", new_session_params(cwd))
+    }
+
+    /// `session/prompt` of `text` to `session`.
+    pub fn prompt(&mut self, id: u64, session: &str, text: &str) -> Value {
+        self.request(json!(id), "session/prompt", prompt_params(session, text))
+    }
+
+    /// `session/resume` with `params`.
+    pub fn resume(&mut self, id: u64, params: Value) -> Value {
+        self.request(json!(id), "session/resume", params)
+    }
+
+    /// `session/load` of `session` in `cwd`.
+    pub fn load(&mut self, id: u64, session: &str, cwd: &Path) -> Value {
+        let params = json!({"sessionId": session, "cwd": cwd, "mcpServers": []});
+        self.request(json!(id), "session/load", params)
     }
 
     /// Waits for the response with `id`.
@@ -329,8 +461,7 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
 }
 
@@ -384,8 +515,7 @@ impl Events {
 
 impl Drop for Events {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
 }
 
@@ -399,6 +529,11 @@ pub fn new_session_params(cwd: &Path) -> Value {
 
 pub fn prompt_params(session: &str, text: &str) -> Value {
     json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]})
+}
+
+/// Asserts that `log` (an agent's log) has the line `line`.
+pub fn assert_logged(log: &[String], line: &str) {
+    assert!(log.iter().any(|l| l == line), "{line:?} not in {log:?}");
 }
 
 /// The texts of `agent_message_chunk` updates among `messages`.
