@@ -1,7 +1,7 @@
 //! `agentctl serve` + `connect` + `events` as real processes over a unix socket, with
 //! `kandev-test-agent` as the agent: the bridge survives clients coming and going, one client
-//! at a time, initialize from the cache, events, history and history injection, and the pod
-//! dying with its agent.
+//! at a time, initialize from the cache, events, history and history injection, the pod dying
+//! with its agent, and repository credentials kept from the agent.
 
 mod agentctl_support;
 
@@ -429,3 +429,36 @@ fn the_pod_dies_with_its_agent() {
     assert!(!serve.socket.exists(), "the socket is removed");
 }
 
+/// Repository credentials are the clone's: the agent's environment lacks them, and agentctl, which
+/// holds them, is not dumpable, so the agent (the same user) cannot read them in
+/// `/proc/<agentctl>/environ` either. (The tests run as root, who may read it anyway: agentctl's
+/// log reports what the kernel says after the change.)
+#[test]
+fn repository_credentials_stay_out_of_the_agents_reach() {
+    const PASSWORD: &str = "s3cr3t-for-the-clone";
+    let command = test_agent_command(&[]);
+    let env = [
+        ("KANDEV_GIT_USERNAME", std::path::Path::new("git")),
+        ("KANDEV_GIT_PASSWORD", std::path::Path::new(PASSWORD)),
+    ];
+    let with = Serve::start_in(scratch("kandev-agentctl-"), &[], &command, &env);
+    let without = Serve::start(&[], &[]);
+    let sealed = |serve: &Serve| {
+        serve
+            .read
+            .borrow()
+            .iter()
+            .any(|line| line.contains("agentctl is not dumpable"))
+    };
+    assert!(sealed(&with), "not sealed: {:?}", with.read.borrow());
+    assert!(!sealed(&without), "sealed without credentials");
+    let agents = with.agent_pids();
+    assert_eq!(agents.len(), 1, "one agent process");
+    let environ = std::fs::read(format!("/proc/{}/environ", agents[0])).expect("agent environ");
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(!environ.contains(PASSWORD), "the agent has the password");
+    assert!(
+        !environ.contains("KANDEV_GIT_"),
+        "the agent has a KANDEV_GIT_ variable"
+    );
+}

@@ -338,6 +338,18 @@ pub fn run_cli() -> i32 {
             }
         }
     };
+    let sealed = super::seal::seal_if_holding_credentials();
+    if matches!(cli.command, Command::Serve(_)) {
+        match sealed {
+            Some(true) => tracing::info!(
+                "repository credentials in the environment: agentctl is not dumpable, so only a privileged process can read its environment"
+            ),
+            Some(false) => tracing::warn!(
+                "repository credentials in the environment, but agentctl could not make itself non-dumpable: a process of the same user may read them"
+            ),
+            None => {}
+        }
+    }
     let code = runtime.block_on(async {
         let code = run(cli.command).await;
         if let Some(telemetry) = telemetry {

@@ -22,7 +22,8 @@
 //! machine: id rewriting, caching, events, what to record), [`events`] (the events format, shared
 //! with the operator's follower), [`journal`] (the event journal), [`serve`] (processes, sockets,
 //! history I/O around the hub), [`client`] (`connect` and `events`), [`launch`] (which argv
-//! to start), [`socket`] (socket paths and the hello line), [`time`] (timestamps), [`history`]
+//! to start), [`socket`] (socket paths and the hello line), [`seal`] (the repository credentials kept from the
+//! agent), [`time`] (timestamps), [`history`]
 //! (`agentctl history`: the recorded history file, printed), [`cli`] (the command line).
 
 pub mod checkout;
@@ -33,6 +34,7 @@ pub mod history;
 pub mod hub;
 pub mod journal;
 pub mod launch;
+pub mod seal;
 pub mod serve;
 pub mod socket;
 pub mod time;

@@ -180,15 +180,13 @@ fn spawn_agent(
 ) -> Result<AgentHandles, AgentctlError> {
     let argv = &options.launch.argv;
     let program = argv.first().ok_or(AgentctlError::NoCommand)?;
-    let mut child = tokio::process::Command::new(program)
-        .args(&argv[1..])
-        .envs(&options.launch.env)
-        // The clone's credentials are agentctl's, not the agent's.
-        .env_remove(super::checkout::ENV_GIT_USERNAME)
-        .env_remove(super::checkout::ENV_GIT_PASSWORD)
-        .env_remove(super::checkout::ENV_GIT_SSH_KEY)
-        .env_remove(super::checkout::ENV_GIT_KNOWN_HOSTS)
-        .env_remove(super::checkout::ENV_GIT_CA_BUNDLE)
+    let mut command = tokio::process::Command::new(program);
+    command.args(&argv[1..]).envs(&options.launch.env);
+    // The clone's credentials are agentctl's, not the agent's.
+    for name in super::seal::CREDENTIAL_VARIABLES {
+        command.env_remove(name);
+    }
+    let mut child = command
         .current_dir(&options.cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -145,6 +145,8 @@ pub struct Serve {
     /// `dir/agent.log`, where [`Serve::start`]'s test agent logs (`--log`).
     pub agent_log: PathBuf,
     pub stderr: Receiver<String>,
+    /// Every line of serve's log that a wait has read so far, in order.
+    pub read: std::cell::RefCell<Vec<String>>,
 }
 
 impl Serve {
@@ -210,6 +212,7 @@ impl Serve {
             socket,
             agent_log,
             stderr,
+            read: std::cell::RefCell::default(),
         };
         serve.wait_for_socket();
         serve
@@ -239,8 +242,12 @@ impl Serve {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
+                Ok(line) => {
+                    self.read.borrow_mut().push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
                 Err(_) => panic!("serve never logged {needle:?}"),
             }
         }
