@@ -115,24 +115,22 @@ fn operator_args(docs: &[Value]) -> Vec<String> {
     strings(&operator_container(docs)["args"])
 }
 
-fn values_yaml() -> Value {
-    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).expect("values.yaml");
-    serde_yaml::from_str(&text).expect("values.yaml parses")
+/// A YAML file of the chart (`Chart.yaml`, `values.yaml`), as JSON.
+fn chart_yaml(file: &str) -> Value {
+    let text = std::fs::read_to_string(chart_dir().join(file)).expect(file);
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{file} parses: {e}"))
 }
 
 // ---- without helm -------------------------------------------------------------------------
 
 #[test]
 fn chart_images_and_versions_match_the_dockerfile_and_crate() {
-    let chart: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
-    )
-    .expect("Chart.yaml parses");
+    let chart = chart_yaml("Chart.yaml");
     assert_eq!(chart["apiVersion"], "v2");
     assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
     assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
 
-    let values = values_yaml();
+    let values = chart_yaml("values.yaml");
     let operator_repo = values["image"]["repository"].as_str().expect("image");
     let agentctl_repo = values["agentctlImage"]["repository"]
         .as_str()
@@ -192,11 +190,8 @@ fn chart_images_and_versions_match_the_dockerfile_and_crate() {
 /// default is the chart's `agentctlImage.repository` at the chart's appVersion, never `latest`.
 #[test]
 fn the_binarys_default_agentctl_image_is_the_charts_pinned_one() {
-    let chart: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
-    )
-    .expect("Chart.yaml parses");
-    let values = values_yaml();
+    let chart = chart_yaml("Chart.yaml");
+    let values = chart_yaml("values.yaml");
     let pinned = format!(
         "{}:{}",
         values["agentctlImage"]["repository"]
@@ -263,10 +258,7 @@ fn dockerfile_base_images_are_pinned() {
 /// Chart.yaml declares the Kubernetes versions it supports.
 #[test]
 fn chart_declares_its_kube_version() {
-    let chart: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(chart_dir().join("Chart.yaml")).expect("Chart.yaml"),
-    )
-    .expect("Chart.yaml parses");
+    let chart = chart_yaml("Chart.yaml");
     assert_eq!(chart["kubeVersion"], ">=1.30.0-0");
 }
 
@@ -470,7 +462,7 @@ fn agent_pod_containment_values_reach_the_operator() {
                 || a.starts_with("--allowed-image-prefix"))
     );
     // The chart's defaults are the binary's.
-    let values = values_yaml();
+    let values = chart_yaml("values.yaml");
     let denied: Vec<String> = strings(&values["agentPods"]["networkPolicy"]["deniedEgressCIDRs"]);
     assert_eq!(
         denied,

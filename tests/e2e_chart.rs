@@ -17,19 +17,21 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_support::sessions::{Sessions, handled, needs_resume};
+use e2e_support::sessions::{
+    Sessions, assert_condition, condition, condition_is, template_workspace,
+};
 use e2e_support::support::chart::{self, CRDS, RELEASE, chart_dir};
 use e2e_support::support::process::{run, run_with_stdin};
 use e2e_support::{
-    client, harness_pid, kubectl, read_crd, repo_path, restricted_namespace, unique, wait_for,
+    client, harness_pid, kubectl, read_crd, repo_path, restricted_namespace, unique,
     wait_for_within, with_cleanup,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kandev_operator::api::conditions;
 use kandev_operator::api::{SessionState, TaskSession};
-use kandev_operator::controller::conditions;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
@@ -41,6 +43,26 @@ const OPERATOR_ACCOUNT: &str = "system:serviceaccount:kandev-chart-e2e:kandev-op
 /// succeed, see [`chart::install_or_upgrade`].
 fn helm_install(args: &[&str]) {
     chart::install_or_upgrade(CHART_NS, args);
+}
+
+/// `helm install` of the chart under test into [`CHART_NS`] with `--take-ownership` (the CRDs
+/// may exist already, applied by other e2e tests) and `--wait` up to [`chart::helm_timeout`],
+/// then `extra`; must succeed.
+fn install(extra: &[&str]) {
+    let chart = chart::chart_arg();
+    let timeout = chart::helm_timeout();
+    let install = [
+        "install",
+        RELEASE,
+        &chart,
+        "-n",
+        CHART_NS,
+        "--take-ownership",
+        "--wait",
+        "--timeout",
+        &timeout,
+    ];
+    helm_install(&[&install[..], extra].concat());
 }
 
 /// `kubectl auth can-i VERB RESOURCE -n NAMESPACE` as the operator's ServiceAccount: "yes" or
@@ -113,14 +135,38 @@ async fn started(sessions: &Sessions, name: &str) {
 /// still terminating refuses the next install).
 fn uninstall() {
     chart::uninstall(CHART_NS, "2m");
-    run(kubectl().args([
-        "delete",
-        "namespace",
-        CHART_NS,
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=120s",
-    ]));
+    chart::delete_namespaces(&[CHART_NS]);
+}
+
+/// The start of every test here: a client for the cluster, and no release left over from an
+/// interrupted run.
+async fn client_without_release() -> Client {
+    let client = client().await;
+    uninstall(); // leftovers of an interrupted run
+    client
+}
+
+/// The cleanup of every test here: deletes the test's `namespaces` without waiting, then
+/// [`uninstall`]s.
+fn delete_namespaces_and_uninstall(namespaces: &[&str]) {
+    for namespace in namespaces {
+        run(kubectl().args(["delete", "namespace", namespace, "--wait=false"]));
+    }
+    uninstall();
+}
+
+/// Deletes session `name` and waits up to 60 s until it is gone: the operator stopped its pod
+/// and lifted its finalizer.
+async fn delete_session(sessions: &Sessions, name: &str) {
+    sessions.delete(name).await;
+    wait_for_within(
+        &sessions.sessions(),
+        name,
+        "deleted",
+        Duration::from_secs(60),
+        |ts: Option<&TaskSession>| ts.is_none(),
+    )
+    .await;
 }
 
 /// The played operator pods of the release.
@@ -143,27 +189,12 @@ fn logs(pod: &str) -> String {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
-    let client = client().await;
-    let chart = chart_dir();
-    let chart = chart.to_str().expect("utf-8 chart path");
-    uninstall(); // leftovers of an interrupted run
+    let client = client_without_release().await;
     let sessions = Sessions::new(&client, &unique("chart"));
     let body = async {
-        let timeout = chart::helm_timeout();
         // The operator's pods pass the restricted Pod Security Standard, or they are refused.
         restricted_namespace(&client, CHART_NS).await;
-        // --take-ownership: the CRDs may exist already (applied by other e2e tests).
-        helm_install(&[
-            "install",
-            RELEASE,
-            chart,
-            "-n",
-            CHART_NS,
-            "--take-ownership",
-            "--wait",
-            "--timeout",
-            &timeout,
-        ]);
+        install(&[]);
 
         // Two replicas, both played, one leader.
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), CHART_NS);
@@ -216,57 +247,28 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
             .token_of(name)
             .await
             .expect("a resume token after session/new");
-        sessions.lose_pods(name).await;
-        wait_for(&sessions.sessions(), name, "needsResume", needs_resume()).await;
+        sessions.lose(name).await;
         sessions.annotate(name, "chart-r1").await;
-        wait_for_within(
-            &sessions.sessions(),
-            name,
-            "handled chart-r1",
-            Duration::from_secs(120),
-            handled("chart-r1"),
-        )
-        .await;
-        let ts = sessions.sessions().get(name).await.expect("session");
-        let status = ts.status.expect("status");
+        sessions
+            .wait_handled_within(name, "chart-r1", Duration::from_secs(120))
+            .await;
+        let status = sessions.status(name).await;
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-        let resumed =
-            conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed condition");
-        assert_eq!(
-            (resumed.status.as_str(), resumed.reason.as_str()),
-            ("True", "Restored"),
-            "{resumed:?}"
-        );
+        assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
         assert_eq!(
             sessions.token_of(name).await.as_deref(),
             Some(token.as_str()),
             "same token back"
         );
         assert_eq!(sessions.live_pods(name).await.len(), 1);
-        let steps = ["AgentLost", "ResumeRequested", "Resumed"];
-        let reasons = sessions.event_reasons_with(name, &steps).await;
-        for expected in steps {
-            assert!(
-                reasons.iter().any(|r| r == expected),
-                "event {expected} missing from {reasons:?}"
-            );
-        }
+        sessions
+            .assert_events_in_order(name, &["AgentLost", "ResumeRequested", "Resumed"])
+            .await;
 
         // Deleting the session: the operator stops the pod and lifts its finalizer.
-        sessions.delete(name).await;
-        wait_for_within(
-            &sessions.sessions(),
-            name,
-            "deleted",
-            Duration::from_secs(60),
-            |ts: Option<&TaskSession>| ts.is_none(),
-        )
-        .await;
+        delete_session(&sessions, name).await;
     };
-    let cleanup = async {
-        run(kubectl().args(["delete", "namespace", &sessions.namespace, "--wait=false"]));
-        uninstall();
-    };
+    let cleanup = async { delete_namespaces_and_uninstall(&[&sessions.namespace]) };
     with_cleanup(body, cleanup).await;
 }
 
@@ -276,10 +278,7 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_its_pods() {
-    let client = client().await;
-    let chart = chart_dir();
-    let chart = chart.to_str().expect("utf-8 chart path");
-    uninstall(); // leftovers of an interrupted run
+    let client = client_without_release().await;
     let watched = Sessions::new(&client, &unique("watched"));
     let other = Sessions::new(&client, &unique("unwatched"));
     // Watched too, without Pod Security: there the admission policy is the only guard.
@@ -289,18 +288,8 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         watched.ensure_namespace().await;
         other.ensure_namespace().await;
         run(kubectl().args(["create", "namespace", &lax]));
-        let timeout = chart::helm_timeout();
         // --wait: the pod is ready only after its RBAC self-check passed, here per namespace.
-        helm_install(&[
-            "install",
-            RELEASE,
-            chart,
-            "-n",
-            CHART_NS,
-            "--take-ownership",
-            "--wait",
-            "--timeout",
-            &timeout,
+        install(&[
             "--set",
             "replicaCount=1",
             "--set",
@@ -415,7 +404,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
             .get(&format!("{name}-agent-egress"))
             .await
             .expect("the session's egress NetworkPolicy");
-        let ts = watched.sessions().get(name).await.expect("session");
+        let ts = watched.get(name).await;
         assert!(
             policy
                 .owner_references()
@@ -433,31 +422,18 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         );
         // An image outside the allow-list never gets a pod: the launch stalls as InvalidSpec.
         let refused = "refused-image";
-        let mut ts = watched.new_session(
-            refused,
-            "claude-code",
-            serde_json::json!({"template": {"size": "1Gi"}}),
-        );
+        let mut ts = watched.new_session(refused, "claude-code", template_workspace());
         ts.spec.image = Some("evil.example/agentctl:1".into());
-        watched
-            .sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create TaskSession");
-        let stalled = wait_for(
-            &watched.sessions(),
-            refused,
-            "Stalled InvalidSpec",
-            |ts: Option<&TaskSession>| {
-                ts.and_then(|t| t.status.as_ref())
-                    .and_then(|s| conditions::find(&s.conditions, conditions::STALLED))
-                    .is_some_and(|c| c.status == "True" && c.reason == "InvalidSpec")
-            },
-        )
-        .await
-        .expect("session");
+        watched.create_session(&ts).await;
+        let stalled = watched
+            .wait(
+                refused,
+                "Stalled InvalidSpec",
+                condition_is(conditions::STALLED, "True", "InvalidSpec"),
+            )
+            .await;
         let status = stalled.status.expect("status");
-        let stall = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
+        let stall = condition(&status, conditions::STALLED);
         assert!(
             stall
                 .message
@@ -470,29 +446,18 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         let ignored = "unwatched-session";
         other.create(ignored, "claude-code").await;
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let ts = other.sessions().get(ignored).await.expect("session");
+        let ts = other.get(ignored).await;
         assert!(
             ts.status.is_none() && ts.finalizers().is_empty(),
             "the operator reached into an unwatched namespace: {ts:?}"
         );
 
         for name in [name, refused] {
-            watched.delete(name).await;
-            wait_for_within(
-                &watched.sessions(),
-                name,
-                "deleted",
-                Duration::from_secs(60),
-                |ts: Option<&TaskSession>| ts.is_none(),
-            )
-            .await;
+            delete_session(&watched, name).await;
         }
     };
     let cleanup = async {
-        for ns in [&watched.namespace, &other.namespace, &lax] {
-            run(kubectl().args(["delete", "namespace", ns, "--wait=false"]));
-        }
-        uninstall();
+        delete_namespaces_and_uninstall(&[&watched.namespace, &other.namespace, &lax]);
     };
     with_cleanup(body, cleanup).await;
 }
@@ -558,27 +523,14 @@ fn service_account_token(name: &str) -> String {
 async fn chart_metrics_are_served_only_to_authorized_scrapers() {
     const PORT: u16 = 18481;
     const LOCAL_PORT: u16 = 18482;
-    let client = client().await;
-    let chart = chart_dir();
-    let chart = chart.to_str().expect("utf-8 chart path");
-    uninstall(); // leftovers of an interrupted run
+    let client = client_without_release().await;
     let body = async {
-        let timeout = chart::helm_timeout();
         restricted_namespace(&client, CHART_NS).await;
         let readers = format!(
             r#"metrics.readers=[{{"kind":"ServiceAccount","name":"scraper","namespace":"{CHART_NS}"}}]"#
         );
         // --wait: Ready only after the RBAC self-check, which now asks for the two reviews.
-        helm_install(&[
-            "install",
-            RELEASE,
-            chart,
-            "-n",
-            CHART_NS,
-            "--take-ownership",
-            "--wait",
-            "--timeout",
-            &timeout,
+        install(&[
             "--set",
             "replicaCount=1",
             "--set",
@@ -630,12 +582,12 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
         helm_install(&[
             "upgrade",
             RELEASE,
-            chart,
+            &chart::chart_arg(),
             "-n",
             CHART_NS,
             "--wait",
             "--timeout",
-            &timeout,
+            &chart::helm_timeout(),
             "--reuse-values",
             "--set",
             "metrics.access=localhost",
@@ -770,10 +722,8 @@ fn crd_annotation(crd: &str, key: &str) -> String {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessions() {
-    let client = client().await;
-    let chart = chart_dir();
-    let chart = chart.to_str().expect("utf-8 chart path");
-    uninstall(); // leftovers of an interrupted run
+    let client = client_without_release().await;
+    let chart = chart::chart_arg();
     let work = tempfile::tempdir().expect("tempdir");
     let previous = package_chart_at(PREVIOUS_CHART_COMMIT, work.path());
     let next = next_chart_with_a_changed_crd(work.path());
@@ -811,7 +761,7 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
 
         // Without --take-ownership Helm refuses to adopt the CRDs, and changes nothing.
         let upgrade = [
-            &["upgrade", RELEASE, chart][..],
+            &["upgrade", RELEASE, &chart][..],
             &common,
             &["--reset-then-reuse-values"],
         ]
@@ -876,12 +826,8 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
         );
         let columns = live_printer_columns();
         assert!(columns.iter().any(|c| c == "Upgraded"), "{columns:?}");
-        let ts = sessions
-            .sessions()
-            .get(name)
-            .await
-            .expect("the session survives");
-        let status = ts.status.expect("status");
+        // The session survives.
+        let status = sessions.status(name).await;
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
         assert_eq!(
             sessions.token_of(name).await.as_deref(),
@@ -889,15 +835,7 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
         );
 
         // The operator ends the session; helm uninstall leaves the CRDs.
-        sessions.delete(name).await;
-        wait_for_within(
-            &sessions.sessions(),
-            name,
-            "deleted",
-            Duration::from_secs(60),
-            |ts: Option<&TaskSession>| ts.is_none(),
-        )
-        .await;
+        delete_session(&sessions, name).await;
         chart::uninstall(CHART_NS, "2m").expect_success();
         for crd in CRDS {
             let out = run(kubectl().args(["get", "crd", crd]));
@@ -905,8 +843,7 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
         }
     };
     let cleanup = async {
-        run(kubectl().args(["delete", "namespace", &sessions.namespace, "--wait=false"]));
-        uninstall();
+        delete_namespaces_and_uninstall(&[&sessions.namespace]);
         // Later tests expect the CRDs of crds/, not the changed copy's.
         for crd in CRDS {
             run(kubectl()

@@ -8,21 +8,25 @@ mod e2e_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use e2e_support::sessions::Sessions;
 use e2e_support::support::process::run;
 use e2e_support::{
     client, exec_output, harness_pid, install_crd, is_played, kubectl, unique, wait_for,
+    wait_for_within,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, AttachParams, DeleteParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
+use kube::api::{Api, AttachParams, AttachedProcess, DeleteParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::wait::{Condition, conditions};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, Lines};
 
 const NODE: &str = "kwok-node-0";
 const HARNESS: &str = "kandev-e2e-harness";
@@ -64,6 +68,12 @@ fn with_restart_policy(name: &str, args: &[&str], policy: &str) -> Pod {
     .expect("valid pod")
 }
 
+/// A fresh namespace for one test (the CRDs are not needed: see [`Sessions::fresh_on`]); run the
+/// test in [`Sessions::run`].
+async fn fresh() -> Sessions {
+    Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await
+}
+
 fn is_lost() -> impl Condition<Pod> {
     |pod: Option<&Pod>| {
         pod.is_none_or(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
@@ -75,6 +85,7 @@ async fn start_played_pod(sessions: &Sessions, name: &str, args: &[&str]) -> (Po
     start(sessions, managed_pod(name, args)).await
 }
 
+/// Creates `pod` and waits until the harness plays it; returns the pod and the local pid.
 async fn start(sessions: &Sessions, pod: Pod) -> (Pod, u32) {
     let api = sessions.pods();
     let name = pod.metadata.name.clone().expect("name");
@@ -91,6 +102,21 @@ async fn start(sessions: &Sessions, pod: Pod) -> (Pod, u32) {
     .expect("pod exists");
     let pid = harness_pid(&pod).expect("numeric pid annotation");
     (pod, pid)
+}
+
+/// Deletes `pod` and waits until it is gone.
+async fn delete_and_wait(sessions: &Sessions, pod: &Pod) {
+    let api = sessions.pods();
+    let name = pod.metadata.name.as_deref().expect("name");
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    wait_for(&api, name, "deleted", conditions::is_deleted(&uid_of(pod))).await;
+}
+
+/// Sends SIGKILL to the local process `pid`; `kill` must succeed.
+fn sigkill(pid: u32) {
+    run(Command::new("kill").args(["-KILL", &pid.to_string()])).expect_success();
 }
 
 fn proc_path(pid: u32, what: &str) -> PathBuf {
@@ -144,7 +170,7 @@ fn uid_of(pod: &Pod) -> String {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn managed_pod_runs_on_the_kwok_node_as_a_local_process() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let name = unique("e2e-run");
     sessions
         .run(async {
@@ -193,6 +219,44 @@ async fn managed_pod_runs_on_the_kwok_node_as_a_local_process() {
 // ---------------------------------------------------------------------------------------------
 // (b) exec through the API server reaches a local process next to the pod's process
 
+/// `kandev-e2e-harness ndjson-echo` exec'd in pod `name` through the API server: the exec, its
+/// stdin, and the lines of its stdout.
+async fn exec_echo(
+    sessions: &Sessions,
+    name: &str,
+) -> (
+    AttachedProcess,
+    impl AsyncWrite + Unpin,
+    Lines<BufReader<impl AsyncRead + Unpin>>,
+) {
+    let ap = AttachParams::default()
+        .stdin(true)
+        .stdout(true)
+        .stderr(false);
+    let mut attached = sessions
+        .pods()
+        .exec(name, [HARNESS, "ndjson-echo"], &ap)
+        .await
+        .expect("exec through the API server");
+    let stdin = attached.stdin().expect("stdin");
+    let lines = BufReader::new(attached.stdout().expect("stdout")).lines();
+    (attached, stdin, lines)
+}
+
+/// Writes `message` as one line and flushes it.
+async fn send(stdin: &mut (impl AsyncWrite + Unpin), message: &Value) {
+    stdin
+        .write_all(format!("{message}\n").as_bytes())
+        .await
+        .expect("write");
+    stdin.flush().await.expect("flush");
+}
+
+/// The `pid` of an answer of the echo: the process that answered.
+fn pid_in(answer: &Value) -> u32 {
+    u32::try_from(answer["pid"].as_u64().expect("pid")).expect("pid fits u32")
+}
+
 /// Reads one line with a deadline, as JSON.
 async fn read_json<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Lines<R>) -> Value {
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
@@ -206,42 +270,27 @@ async fn read_json<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Li
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let name = unique("e2e-exec");
     sessions
         .run(async {
             let (pod, idle_pid) = start_played_pod(&sessions, &name, &["idle"]).await;
             let uid = uid_of(&pod);
-            let ap = AttachParams::default()
-                .stdin(true)
-                .stdout(true)
-                .stderr(false);
-            let mut attached = sessions
-                .pods()
-                .exec(&name, [HARNESS, "ndjson-echo"], &ap)
-                .await
-                .expect("exec through the API server");
-            let mut stdin = attached.stdin().expect("stdin");
-            let mut lines = BufReader::new(attached.stdout().expect("stdout")).lines();
+            let (mut attached, mut stdin, mut lines) = exec_echo(&sessions, &name).await;
             let status = attached.take_status().expect("status channel");
 
             let mut echo_pid = None;
             for i in 1..=5u64 {
                 let msg =
                     json!({"i": i, "text": format!("hello {i}"), "nested": {"list": [i, i * 2]}});
-                stdin
-                    .write_all(format!("{msg}\n").as_bytes())
-                    .await
-                    .expect("write");
-                stdin.flush().await.expect("flush");
+                send(&mut stdin, &msg).await;
                 let answer = read_json(&mut lines).await;
                 assert_eq!(answer["echo"], msg);
                 assert_eq!(answer["seq"], json!(i));
                 assert_eq!(answer["pod"], json!(name));
                 // Only the harness's Exec object puts the pod UID into the exec'd process's env.
                 assert_eq!(answer["podUid"], json!(uid));
-                let pid =
-                    u32::try_from(answer["pid"].as_u64().expect("pid")).expect("pid fits u32");
+                let pid = pid_in(&answer);
                 assert_ne!(
                     pid,
                     std::process::id(),
@@ -268,11 +317,7 @@ async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
             assert_eq!(env.get("E2E_MARKER"), Some(&name));
 
             // End the conversation explicitly: kwok never closes the exec'd process's stdin.
-            stdin
-                .write_all(b"{\"bye\":true}\n")
-                .await
-                .expect("write bye");
-            stdin.flush().await.expect("flush");
+            send(&mut stdin, &json!({"bye": true})).await;
             assert_eq!(read_json(&mut lines).await, json!({"bye": true}));
             let status = tokio::time::timeout(Duration::from_secs(20), status)
                 .await
@@ -298,7 +343,7 @@ async fn exec_ndjson_round_trip_reaches_a_local_process_of_the_pod() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn deleting_the_pod_kills_its_local_process() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let name = unique("e2e-del");
     sessions
         .run(async {
@@ -306,21 +351,9 @@ async fn deleting_the_pod_kills_its_local_process() {
             assert!(alive(pid));
             // An exec session abandoned without {"bye":true}: kwok never closes the exec'd
             // process's stdin, so only the pod's death may end it (as in a real container).
-            let ap = AttachParams::default()
-                .stdin(true)
-                .stdout(true)
-                .stderr(false);
-            let mut attached = sessions
-                .pods()
-                .exec(&name, [HARNESS, "ndjson-echo"], &ap)
-                .await
-                .expect("exec");
-            let mut stdin = attached.stdin().expect("stdin");
-            let mut lines = BufReader::new(attached.stdout().expect("stdout")).lines();
-            stdin.write_all(b"{\"hello\":1}\n").await.expect("write");
-            stdin.flush().await.expect("flush");
-            let answer = read_json(&mut lines).await;
-            let echo_pid = u32::try_from(answer["pid"].as_u64().expect("pid")).expect("u32");
+            let (attached, mut stdin, mut lines) = exec_echo(&sessions, &name).await;
+            send(&mut stdin, &json!({"hello": 1})).await;
+            let echo_pid = pid_in(&read_json(&mut lines).await);
             attached.abort();
             drop((stdin, lines, attached));
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -329,12 +362,7 @@ async fn deleting_the_pod_kills_its_local_process() {
                 "the abandoned exec'd process {echo_pid} should linger until the pod dies"
             );
 
-            let api = sessions.pods();
-            api.delete(&name, &DeleteParams::default())
-                .await
-                .expect("delete pod");
-            let uid = uid_of(&pod);
-            wait_for(&api, &name, "deleted", conditions::is_deleted(&uid)).await;
+            delete_and_wait(&sessions, &pod).await;
             assert!(
                 wait_dead(pid, Duration::from_secs(15)).await,
                 "local process {pid} survived its pod"
@@ -352,15 +380,14 @@ async fn deleting_the_pod_kills_its_local_process() {
                     "execs",
                 ),
             );
-            let mut gone = false;
-            for _ in 0..100 {
-                if execs.get_opt(&name).await.expect("get exec").is_none() {
-                    gone = true;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            assert!(gone, "Exec {name} still exists");
+            wait_for_within(
+                &execs,
+                &name,
+                "gone (no Exec for a deleted pod)",
+                Duration::from_secs(10),
+                |exec: Option<&DynamicObject>| exec.is_none(),
+            )
+            .await;
         })
         .await;
 }
@@ -371,16 +398,12 @@ async fn deleting_the_pod_kills_its_local_process() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn killing_the_local_process_makes_the_pod_look_lost() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let name = unique("e2e-lost");
     sessions
         .run(async {
             let (_pod, pid) = start_played_pod(&sessions, &name, &["idle"]).await;
-            let killed = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status()
-                .expect("kill");
-            assert!(killed.success());
+            sigkill(pid);
             assert!(wait_dead(pid, Duration::from_secs(10)).await);
             let api = sessions.pods();
             let pod = wait_for(&api, &name, "lost (Failed or gone)", is_lost()).await;
@@ -425,17 +448,13 @@ async fn killing_the_local_process_makes_the_pod_look_lost() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_crashed_container_with_restart_policy_always_is_restarted() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let name = unique("e2e-crash");
     sessions
         .run(async {
             let (_pod, pid) =
                 start(&sessions, with_restart_policy(&name, &["idle"], "Always")).await;
-            let killed = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status()
-                .expect("kill");
-            assert!(killed.success());
+            sigkill(pid);
             let api = sessions.pods();
             let waiting = |pod: Option<&Pod>| {
                 pod.and_then(|p| p.status.as_ref())
@@ -483,7 +502,7 @@ async fn a_crashed_container_with_restart_policy_always_is_restarted() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn pod_logs_show_the_local_process_output() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let name = unique("e2e-logs");
     sessions
         .run(async {
@@ -494,11 +513,8 @@ async fn pod_logs_show_the_local_process_output() {
                 "echo \"hello from $KANDEV_POD_NAME\"; echo oops >&2; exec kandev-e2e-harness idle"
                     .into(),
             ]);
+            start(&sessions, pod).await;
             let api = sessions.pods();
-            api.create(&PostParams::default(), &pod)
-                .await
-                .expect("create pod");
-            wait_for(&api, &name, "played", is_played()).await;
             let mut logs = String::new();
             for _ in 0..50 {
                 logs = api
@@ -548,7 +564,7 @@ fn pod_with_claim(name: &str, claim: &str) -> Pod {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let (client, ns) = (&sessions.client, &sessions.namespace);
     let claim = unique("e2e-claim");
     let (first, second) = (unique("e2e-pvc-a"), unique("e2e-pvc-b"));
@@ -568,11 +584,7 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
             )
             .await;
 
-            let api = sessions.pods();
-            api.create(&PostParams::default(), &pod_with_claim(&first, &claim))
-                .await
-                .expect("create pod a");
-            wait_for(&api, &first, "played", is_played()).await;
+            let (pod_a, _) = start(&sessions, pod_with_claim(&first, &claim)).await;
             let wrote = exec_output(
                 client,
                 ns,
@@ -588,22 +600,9 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
                 wrote.trim_end().ends_with(&format!("volumes/{ns}/{claim}")),
                 "workdir {wrote:?}"
             );
-            api.delete(&first, &DeleteParams::default())
-                .await
-                .expect("delete pod a");
-            let uid = api
-                .get_opt(&first)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|p| p.metadata.uid)
-                .unwrap_or_default();
-            wait_for(&api, &first, "deleted", conditions::is_deleted(&uid)).await;
+            delete_and_wait(&sessions, &pod_a).await;
 
-            api.create(&PostParams::default(), &pod_with_claim(&second, &claim))
-                .await
-                .expect("create pod b");
-            wait_for(&api, &second, "played", is_played()).await;
+            start(&sessions, pod_with_claim(&second, &claim)).await;
             let read = exec_output(client, ns, &second, &["cat", "marker"]).await;
             assert_eq!(read.trim_end(), format!("written by {first}"));
         })
@@ -613,10 +612,17 @@ async fn pvc_is_provisioned_and_its_content_survives_the_pod() {
 // ---------------------------------------------------------------------------------------------
 // (e) the CRDs: installable, printer columns, CEL validation messages
 
+/// `kubectl get ARGS` against the cluster of $KUBECONFIG, which must succeed: its stdout.
+fn kubectl_get(args: &[&str]) -> String {
+    let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    run(kubectl()
+        .args(["--kubeconfig", &kubeconfig])
+        .arg("get")
+        .args(args))
+    .expect_success()
+}
 
-
-
-fn storage_version(crd: &CustomResourceDefinition) -> &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion{
+fn storage_version(crd: &CustomResourceDefinition) -> &CustomResourceDefinitionVersion {
     crd.spec
         .versions
         .iter()
@@ -654,7 +660,7 @@ fn valid_task_session(name: &str) -> Value {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn task_session_crd_installs_prints_columns_and_validates() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let crd = install_crd(&sessions.client, "crds/tasksessions.kandev.dev.yaml").await;
     let api = dynamic_api(&sessions, &crd);
     let name = unique("e2e-ts");
@@ -681,13 +687,7 @@ async fn task_session_crd_installs_prints_columns_and_validates() {
                     "CRD lacks printer column {want}: {columns:?}"
                 );
             }
-            let stdout = run(kubectl()
-                .args([
-                    "--kubeconfig",
-                    &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
-                ])
-                .args(["get", "ts", &name, "-n", &sessions.namespace]))
-            .expect_success();
+            let stdout = kubectl_get(&["ts", &name, "-n", &sessions.namespace]);
             let mut rows = stdout.lines();
             let header: Vec<&str> = rows.next().expect("header").split_whitespace().collect();
             let mut want = vec!["NAME".to_string()];
@@ -749,7 +749,7 @@ async fn task_session_crd_installs_prints_columns_and_validates() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn executor_running_crd_installs_and_is_served() {
-    let sessions = Sessions::fresh_on(&client().await, "kandev-e2e-cluster").await;
+    let sessions = fresh().await;
     let crd = install_crd(&sessions.client, "crds/executorrunnings.kandev.dev.yaml").await;
     let api = dynamic_api(&sessions, &crd);
     let body = async {
@@ -760,13 +760,7 @@ async fn executor_running_crd_installs_and_is_served() {
         let mut names = vec![crd.spec.names.plural.clone()];
         names.extend(crd.spec.names.short_names.clone().unwrap_or_default());
         for n in names {
-            run(kubectl()
-                .args([
-                    "--kubeconfig",
-                    &std::env::var("KUBECONFIG").expect("KUBECONFIG"),
-                ])
-                .args(["get", &n, "-n", &sessions.namespace]))
-            .expect_success();
+            kubectl_get(&[&n, "-n", &sessions.namespace]);
         }
     };
     sessions.run(body).await;

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use e2e_support::support::chart;
-use e2e_support::support::process::{Output, run, run_async};
-use e2e_support::{client, kubectl, repo_path, with_cleanup};
+use e2e_support::support::process::{Output, run_async};
+use e2e_support::{client, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
 const PAGES: [&str; 12] = [
@@ -133,32 +133,10 @@ async fn run_block(block: &Block) -> (Option<i32>, String) {
 /// Leftovers of an interrupted run: sessions (their finalizer needs the operator), the release,
 /// the namespaces and the CRDs' absence are restored to "nothing installed".
 fn clean_slate() {
-    let quiet = |args: &[&str]| {
-        run(kubectl().args(args));
-    };
-    let sessions = run(kubectl().args(["get", "ts", "-n", "team-a", "-o", "name"])).stdout;
-    for ts in sessions.lines().filter(|l| !l.is_empty()) {
-        quiet(&[
-            "patch",
-            "-n",
-            "team-a",
-            ts,
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"finalizers":null}}"#,
-        ]);
-    }
+    chart::lift_finalizers(Some("team-a"));
     // helm's own default for --timeout.
     chart::uninstall(chart::NAMESPACE, "5m");
-    quiet(&[
-        "delete",
-        "namespace",
-        "team-a",
-        chart::NAMESPACE,
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=120s",
-    ]);
+    chart::delete_namespaces(&["team-a", chart::NAMESPACE]);
     // The chart's CRDs are templates: CRDs that other tests applied (or another release kept)
     // would make the docs' `helm install` refuse to adopt them.
     chart::delete_crds();

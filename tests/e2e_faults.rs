@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use e2e_support::faults::{FaultProxy, HttpFaultProxy};
 use e2e_support::operator::Operator;
-use e2e_support::sessions::{Sessions, handled, needs_resume};
-use e2e_support::{kubectl, repo_path, unique, wait_for, wait_for_within};
-use kandev_operator::api::{SessionState, TaskSession};
+use e2e_support::sessions::{Sessions, status_where};
+use e2e_support::support::process::run;
+use e2e_support::{agentctl_exec, kubectl, repo_path, unique};
+use kandev_operator::api::{SessionState, TaskSession, TaskSessionStatus};
 use kube::ResourceExt;
+use kube::runtime::wait::Condition;
 use serde_json::json;
 
 /// Long enough for a resume that waits out a fault.
@@ -80,13 +82,9 @@ impl Scenario {
     /// Requests a resume and waits until the operator is in the middle of it.
     async fn resume_latched(&self, request: &str) {
         self.sessions.annotate(&self.name, request).await;
-        wait_for(
-            &self.sessions.sessions(),
-            &self.name,
-            "latched",
-            latched(request),
-        )
-        .await;
+        self.sessions
+            .wait(&self.name, "latched", latched(request))
+            .await;
     }
 
     fn assert_one_leader(&mut self) {
@@ -102,40 +100,30 @@ impl Scenario {
 
 /// The moment to inject a fault: the operator has latched the request (it is in the middle of
 /// the resume).
-fn latched(token: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| s.active_resume_request.as_deref() == Some(token))
-    }
+fn latched(token: &str) -> impl Condition<TaskSession> + '_ {
+    status_where(move |s| s.active_resume_request.as_deref() == Some(token))
 }
 
 /// A session started and then lost; returns its token.
 async fn lost_session(sessions: &Sessions, name: &str) -> String {
     sessions.create(name, "faults-agent").await;
-    sessions
-        .wait_state(name, SessionState::WaitingForInput)
-        .await
-        .expect("session");
+    sessions.wait_waiting_for_input(name).await;
     let token = sessions.token_of(name).await.expect("a token");
-    sessions.lose_pods(name).await;
-    wait_for(&sessions.sessions(), name, "needsResume", needs_resume())
-        .await
-        .expect("session");
+    sessions.lose(name).await;
     token
+}
+
+/// Waits up to [`HANDLED_WITHIN`] until `request` is handled; the status then.
+async fn handled_status(sessions: &Sessions, name: &str, request: &str) -> TaskSessionStatus {
+    let ts = sessions
+        .wait_handled_within(name, request, HANDLED_WITHIN)
+        .await;
+    ts.status.expect("status")
 }
 
 /// Waits until `request` is handled; whether it resumed the agent.
 async fn resumed(sessions: &Sessions, name: &str, request: &str) -> bool {
-    let ts = wait_for_within(
-        &sessions.sessions(),
-        name,
-        "the resume handled",
-        HANDLED_WITHIN,
-        handled(request),
-    )
-    .await
-    .expect("session");
-    !ts.status.expect("status").needs_resume
+    !handled_status(sessions, name, request).await.needs_resume
 }
 
 /// After the resume: handled, one pod, the same token, and the agent saw exactly one launch per
@@ -148,16 +136,7 @@ async fn assert_resumed_once(sessions: &Sessions, name: &str, request: &str, tok
 /// one `initialize` per pod (agentctl's own), one `session/new` (the first launch), at most one
 /// restore per later pod and at least one, one task prompt.
 async fn assert_resumed(sessions: &Sessions, name: &str, request: &str, token: &str, pods: usize) {
-    let ts = wait_for_within(
-        &sessions.sessions(),
-        name,
-        "the resume handled",
-        HANDLED_WITHIN,
-        handled(request),
-    )
-    .await
-    .expect("session");
-    let status = ts.status.expect("status");
+    let status = handled_status(sessions, name, request).await;
     assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
     assert!(!status.needs_resume, "{status:#?}");
     assert_eq!(
@@ -165,33 +144,8 @@ async fn assert_resumed(sessions: &Sessions, name: &str, request: &str, token: &
         Some(token),
         "token kept"
     );
-    let live = sessions.live_pods(name).await;
-    assert_eq!(
-        live.len(),
-        1,
-        "one agentctl pod: {:?}",
-        live.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-    );
-    let out = kubectl()
-        .args([
-            "exec",
-            "-n",
-            &sessions.namespace,
-            &live[0].name_any(),
-            "-c",
-            "agentctl",
-            "--",
-            "cat",
-            "calls.log",
-        ])
-        .output()
-        .expect("kubectl exec");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let log = String::from_utf8_lossy(&out.stdout);
+    let pod = sessions.the_pod(name).await;
+    let log = agentctl_exec(&sessions.namespace, &pod.name_any(), &["cat", "calls.log"]);
     let count = |prefix: &str| {
         log.lines()
             .filter(|l| *l == prefix || l.starts_with(&format!("{prefix} ")))
@@ -314,12 +268,10 @@ async fn a_resume_survives_a_kube_apiserver_restart() {
     scenario
         .run(async |scenario| {
             scenario.resume_latched("r1").await;
-            let restarted = std::process::Command::new("bash")
+            run(std::process::Command::new("bash")
                 .arg(repo_path("e2e/cluster.sh"))
-                .args(["restart-apiserver", "5"])
-                .status()
-                .expect("run e2e/cluster.sh restart-apiserver");
-            assert!(restarted.success(), "kube-apiserver restarted");
+                .args(["restart-apiserver", "5"]))
+            .expect_success();
             scenario.assert_one_leader();
             scenario.finish("r1").await;
         })
@@ -377,18 +329,11 @@ impl Drop for KubeletRestore {
     fn drop(&mut self) {
         let patch =
             json!({"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}}}});
-        let restored = kubectl()
-            .args([
-                "patch",
-                "node",
-                self.node,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-            ])
-            .arg(patch.to_string())
-            .status();
-        if !restored.is_ok_and(|s| s.success()) {
+        let restored = run(kubectl()
+            .args(["patch", "node", self.node, "--subresource=status"])
+            .args(["--type=merge", "-p"])
+            .arg(patch.to_string()));
+        if !restored.success() {
             eprintln!(
                 "could not point node {} back at its kubelet port {}",
                 self.node, self.port

@@ -8,14 +8,18 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, handled, needs_resume};
-use e2e_support::{unique, wait_for};
+use e2e_support::sessions::{
+    Sessions, assert_condition, condition, condition_is, status_where, template_workspace,
+};
+use e2e_support::{poll, unique, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Pod;
+use kandev_operator::api::conditions;
 use kandev_operator::api::names::pod_name;
-use kandev_operator::api::{CredentialRef, SessionState, TaskSession, TaskState};
-use kandev_operator::controller::conditions;
+use kandev_operator::api::{
+    CredentialRef, SessionState, TaskSession, TaskSessionStatus, TaskState,
+};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -35,10 +39,7 @@ async fn setup() -> Sessions {
 }
 
 async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
-    let ts = sessions
-        .wait_state(name, SessionState::WaitingForInput)
-        .await
-        .expect("session");
+    let ts = sessions.wait_waiting_for_input(name).await;
     let status = ts.status.expect("status");
     assert_eq!(
         status.task_state,
@@ -49,14 +50,7 @@ async fn started_and_waiting(sessions: &Sessions, name: &str) -> (String, Pod) {
         .token_of(name)
         .await
         .expect("a resume token after session/new");
-    let pods = sessions.live_pods(name).await;
-    assert_eq!(
-        pods.len(),
-        1,
-        "exactly one agentctl pod: {:?}",
-        pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-    );
-    (token, pods.into_iter().next().expect("pod"))
+    (token, sessions.the_pod(name).await)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -70,37 +64,23 @@ async fn failed_with(sessions: &Sessions, name: &str) -> String {
     ts.status.and_then(|s| s.error_message).unwrap_or_default()
 }
 
-/// The Stalled condition of `ts`, if True with `reason`.
-fn stalled_with(reason: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .and_then(|s| conditions::find(&s.conditions, conditions::STALLED))
-            .is_some_and(|c| c.status == "True" && c.reason == reason)
-    }
-}
-
-/// After a stall: not FAILED, needsResume, the message names the cause, no pod left, and a
-/// `LaunchStalled` Event.
+/// After a first launch stalled: not FAILED, needsResume, the message names the cause, no pod
+/// left, and a `LaunchStalled` Event after the launch's `Starting`.
 async fn assert_stalled(sessions: &Sessions, name: &str, reason: &str, says: &str) -> TaskSession {
-    let ts = wait_for(&sessions.sessions(), name, reason, stalled_with(reason))
-        .await
-        .expect("session");
+    let stalled_with = condition_is(conditions::STALLED, "True", reason);
+    let ts = sessions.wait(name, reason, stalled_with).await;
     let status = ts.status.clone().expect("status");
-    let condition = conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
-    assert!(condition.message.contains(says), "{condition:?}");
+    let stalled = condition(&status, conditions::STALLED);
+    assert!(stalled.message.contains(says), "{stalled:?}");
     assert_ne!(status.state, SessionState::Failed, "{status:#?}");
     assert!(status.needs_resume, "{status:#?}");
     assert!(status.active_resume_request.is_none(), "{status:#?}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !sessions.live_pods(name).await.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stalled pod is removed"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let events = sessions.event_reasons_with(name, &["LaunchStalled"]).await;
-    assert!(events.iter().any(|r| r == "LaunchStalled"), "{events:?}");
+    sessions
+        .wait_no_live_pods(name, "the stalled pod is removed")
+        .await;
+    sessions
+        .assert_events_in_order(name, &["Starting", "LaunchStalled"])
+        .await;
     ts
 }
 
@@ -134,32 +114,16 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
         }
         {
             let _operator = operator().args(&short).start();
-            let mut ts = sessions.new_session(
-                &unpullable,
-                "claude-code",
-                json!({"template": {"size": "1Gi"}}),
-            );
+            let mut ts = sessions.new_session(&unpullable, "claude-code", template_workspace());
             ts.spec.image = Some("registry.invalid/kandev/agentctl:e2e".into());
-            sessions
-                .sessions()
-                .create(&PostParams::default(), &ts)
-                .await
-                .expect("create");
-            let mut ts = sessions.new_session(
-                &no_secret,
-                "claude-code",
-                json!({"template": {"size": "1Gi"}}),
-            );
+            sessions.create_session(&ts).await;
+            let mut ts = sessions.new_session(&no_secret, "claude-code", template_workspace());
             ts.spec.credentials = vec![CredentialRef {
                 env: "ANTHROPIC_API_KEY".into(),
                 secret_name: "e2e-no-such-secret".into(),
                 key: "api-key".into(),
             }];
-            sessions
-                .sessions()
-                .create(&PostParams::default(), &ts)
-                .await
-                .expect("create");
+            sessions.create_session(&ts).await;
             assert_stalled(
                 &sessions,
                 &unpullable,
@@ -180,24 +144,13 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             let late = unique("late-pvc");
             let claim = format!("{late}-ws");
             let ts = sessions.new_session(&late, "claude-code", json!({"claimName": claim}));
-            sessions
-                .sessions()
-                .create(&PostParams::default(), &ts)
-                .await
-                .expect("create");
-            let ts = wait_for(
-                &sessions.sessions(),
-                &late,
-                "WorkspaceMissing",
-                stalled_with("WorkspaceMissing"),
-            )
-            .await
-            .expect("session");
+            sessions.create_session(&ts).await;
+            let missing = condition_is(conditions::STALLED, "True", "WorkspaceMissing");
+            let ts = sessions.wait(&late, "WorkspaceMissing", missing).await;
             let status = ts.status.expect("status");
             assert_eq!(status.state, SessionState::Created, "{status:#?}");
-            let condition =
-                conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
-            assert!(condition.message.contains(&claim), "{condition:?}");
+            let stalled = condition(&status, conditions::STALLED);
+            assert!(stalled.message.contains(&claim), "{stalled:?}");
             sessions.create_claim(&claim).await;
             started_and_waiting(&sessions, &late).await;
         }
@@ -207,14 +160,7 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
         let (token, pod) = {
             let _operator = operator().start();
             // The stalled first launch starts with a new token (and its task description).
-            sessions.annotate(&unschedulable, "s1").await;
-            wait_for(
-                &sessions.sessions(),
-                &unschedulable,
-                "handled s1",
-                handled("s1"),
-            )
-            .await;
+            sessions.resume(&unschedulable, "s1").await;
             assert!(sessions.token_of(&unschedulable).await.is_some(), "started");
             sessions.create(&resumed, "claude-code").await;
             started_and_waiting(&sessions, &resumed).await
@@ -222,22 +168,11 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
         sessions.delete_pod(&pod).await;
         {
             let _operator = operator().args(&nowhere).args(&short).start();
-            wait_for(
-                &sessions.sessions(),
-                &resumed,
-                "needsResume",
-                needs_resume(),
-            )
-            .await
-            .expect("session");
-            sessions.annotate(&resumed, "r1").await;
-            let ts = wait_for(&sessions.sessions(), &resumed, "handled r1", handled("r1"))
-                .await
-                .expect("session");
+            sessions.wait_needs_resume(&resumed).await;
+            let ts = sessions.resume(&resumed, "r1").await;
             let status = ts.status.expect("status");
-            let condition =
-                conditions::find(&status.conditions, conditions::STALLED).expect("Stalled");
-            assert_eq!(condition.reason, "Unschedulable", "{condition:?}");
+            let stalled = condition(&status, conditions::STALLED);
+            assert_eq!(stalled.reason, "Unschedulable", "{stalled:?}");
             assert!(status.needs_resume, "{status:#?}");
             assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
             assert!(
@@ -271,51 +206,31 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             sessions.annotate(&resumed, "r2").await;
             latched_pod("r2").await;
             sessions.annotate(&resumed, "r3").await;
-            let superseded = |ts: Option<&TaskSession>| {
-                ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
-                    s.active_resume_request.as_deref() == Some("r3")
-                        && s.recent_resume_requests.iter().any(|t| t == "r2")
-                })
-            };
-            let ts = wait_for(
-                &sessions.sessions(),
-                &resumed,
-                "r3 supersedes r2",
-                superseded,
-            )
-            .await
-            .expect("session");
+            let superseded = status_where(|s| {
+                s.active_resume_request.as_deref() == Some("r3")
+                    && s.recent_resume_requests.iter().any(|t| t == "r2")
+            });
+            let ts = sessions
+                .wait(&resumed, "r3 supersedes r2", superseded)
+                .await;
             let status = ts.status.expect("status");
-            let condition =
-                conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-            assert_eq!(condition.reason, "Superseded", "{condition:?}");
+            let superseded = condition(&status, conditions::RESUMED);
+            assert_eq!(superseded.reason, "Superseded", "{superseded:?}");
             latched_pod("r3").await;
-            let live: Vec<String> = sessions
-                .live_pods(&resumed)
-                .await
-                .iter()
-                .map(|p| p.name_any())
-                .collect();
             assert_eq!(
-                live,
+                sessions.live_pod_names(&resumed).await,
                 [pod_name(&resumed, "r3")],
                 "only the new request's pod"
             );
-            assert!(
-                sessions
-                    .event_reasons_with(&resumed, &["ResumeSuperseded"])
-                    .await
-                    .iter()
-                    .any(|r| r == "ResumeSuperseded")
-            );
+            // Only a latched request is superseded: its Event comes first.
+            sessions
+                .assert_events_in_order(&resumed, &["ResumeRequested", "ResumeSuperseded"])
+                .await;
         }
 
         // On a healthy operator, a new token supersedes r3 and resumes the same agent session.
         let _operator = operator().start();
-        sessions.annotate(&resumed, "r4").await;
-        let ts = wait_for(&sessions.sessions(), &resumed, "handled r4", handled("r4"))
-            .await
-            .expect("session");
+        let ts = sessions.resume(&resumed, "r4").await;
         let status = ts.status.expect("status");
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
         assert!(!status.needs_resume);
@@ -330,13 +245,11 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             Some(token.as_str()),
             "same token back"
         );
-        let live: Vec<String> = sessions
-            .live_pods(&resumed)
-            .await
-            .iter()
-            .map(|p| p.name_any())
-            .collect();
-        assert_eq!(live, [pod_name(&resumed, "r4")], "one agentctl pod");
+        assert_eq!(
+            sessions.live_pod_names(&resumed).await,
+            [pod_name(&resumed, "r4")],
+            "one agentctl pod"
+        );
     };
     sessions.run_with_operator(operator(), body).await;
 }
@@ -362,9 +275,7 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
 
         // Lost pod: marked, not relaunched.
         sessions.delete_pod(&pod).await;
-        let ts = wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
-            .await
-            .expect("session");
+        let ts = sessions.wait_needs_resume(&name).await;
         let status = ts.status.expect("status");
         assert_eq!(
             status.resume_reason.map(|r| r.as_str()),
@@ -391,9 +302,8 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
             .expect("stray pod");
         // Several looks at the session with the stray pod there.
         operator.await_reconciles(4).await;
-        let ts = sessions.sessions().get(&name).await.expect("session");
         assert!(
-            ts.status.expect("status").needs_resume,
+            sessions.status(&name).await.needs_resume,
             "a stray pod with the session's labels made the session look running"
         );
         let decoys = sessions
@@ -415,21 +325,12 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         );
 
         // Resume on annotation.
-        sessions.annotate(&name, "r1").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled r1", handled("r1"))
-            .await
-            .expect("session");
+        let ts = sessions.resume(&name, "r1").await;
         let status = ts.status.expect("status");
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
         assert_eq!(status.task_state, TaskState::Review);
         assert!(!status.needs_resume);
-        let resumed =
-            conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed condition");
-        assert_eq!(
-            (resumed.status.as_str(), resumed.reason.as_str()),
-            ("True", "Restored"),
-            "{resumed:?}"
-        );
+        let resumed = assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
         assert!(
             resumed.message.contains("session/resume"),
             "{}",
@@ -455,11 +356,7 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         let resumed_events = reasons.iter().filter(|r| *r == "Resumed").count();
         sessions.annotate(&name, "r1").await;
         let touch = json!({"metadata": {"annotations": {"e2e.kandev.dev/touch": "1"}}});
-        sessions
-            .sessions()
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&touch))
-            .await
-            .expect("touch");
+        sessions.merge(&name, touch).await.expect("touch");
         operator.await_reconciles(2).await;
         let same = sessions.live_pods(&name).await;
         assert_eq!(
@@ -475,9 +372,8 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
 
         // A new token after another loss: a new resume.
         sessions.delete_pod(&after[0]).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "r2").await;
-        wait_for(&sessions.sessions(), &name, "handled r2", handled("r2")).await;
+        sessions.wait_needs_resume(&name).await;
+        sessions.resume(&name, "r2").await;
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),
             Some(token.as_str()),
@@ -489,20 +385,14 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
         // GitOps rollback: the manifest goes back to r1 while the agent is lost. r1 was handled
         // before, so nothing starts; the session stays lost and resumable (DESIGN §3 handshake).
         sessions.delete_pod(&live[0]).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.wait_needs_resume(&name).await;
         sessions.annotate(&name, "r1").await;
         operator.await_reconciles(3).await;
         assert!(
             sessions.live_pods(&name).await.is_empty(),
             "a re-applied old token started a pod"
         );
-        let status = sessions
-            .sessions()
-            .get(&name)
-            .await
-            .expect("session")
-            .status
-            .expect("status");
+        let status = sessions.status(&name).await;
         assert_eq!(status.last_handled_resume_request.as_deref(), Some("r2"));
         assert_eq!(status.recent_resume_requests, ["r1", "r2"]);
         assert_eq!(status.active_resume_request, None);
@@ -532,44 +422,31 @@ async fn rejected_and_inconclusive_restores() {
             .await
             .expect("set token");
         sessions.delete_pod(&pod).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "u1").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled u1", handled("u1"))
-            .await
-            .expect("session");
+        sessions.wait_needs_resume(&name).await;
+        let ts = sessions.resume(&name, "u1").await;
         let status = ts.status.expect("status");
         assert_eq!(
             status.state,
             SessionState::WaitingForInput,
             "token rejected is not FAILED: {status:#?}"
         );
-        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-        assert_eq!(
-            (resumed.status.as_str(), resumed.reason.as_str()),
-            ("False", "TokenRejected")
-        );
+        assert_condition(&status, conditions::RESUMED, ("False", "TokenRejected"));
         let token = sessions.token_of(&name).await.expect("a new token");
         assert_ne!(token, unknown, "the rejected token is replaced");
-        assert!(
-            sessions
-                .event_reasons_with(&name, &["TokenRejected"])
-                .await
-                .iter()
-                .any(|r| r == "TokenRejected")
-        );
+        // The rejection is the outcome of the resume the request started.
+        sessions
+            .assert_events_in_order(&name, &["ResumeRequested", "TokenRejected"])
+            .await;
 
         // Inconclusive: -32603 on resume keeps the token and says why.
         let name = unique("inconclusive");
         sessions.create(&name, "test-inconclusive").await;
         let (token, pod) = started_and_waiting(&sessions, &name).await;
         sessions.delete_pod(&pod).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "i1").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled i1", handled("i1"))
-            .await
-            .expect("session");
+        sessions.wait_needs_resume(&name).await;
+        let ts = sessions.resume(&name, "i1").await;
         let status = ts.status.expect("status");
-        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
+        let resumed = condition(&status, conditions::RESUMED);
         assert_eq!(resumed.status, "False");
         assert!(
             resumed.message.contains("token is kept"),
@@ -618,33 +495,18 @@ async fn refusals_and_bad_input() {
         sessions.create(&name, "test-new-fails").await;
         let message = failed_with(&sessions, &name).await;
         assert!(message.contains("starting the agent failed"), "{message}");
-        assert!(
-            sessions
-                .event_reasons_with(&name, &["LaunchFailed"])
-                .await
-                .iter()
-                .any(|r| r == "LaunchFailed"),
-            "LaunchFailed event"
-        );
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !sessions.live_pods(&name).await.is_empty() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the pod of a failed first launch is deleted"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let agent_not_running = |ts: Option<&TaskSession>| {
-            ts.and_then(|t| t.status.as_ref())
-                .is_some_and(|s| !conditions::is_true(&s.conditions, conditions::AGENT_RUNNING))
-        };
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "AgentRunning not True",
-            agent_not_running,
-        )
-        .await;
+        // The launch failed after it started.
+        sessions
+            .assert_events_in_order(&name, &["Starting", "LaunchFailed"])
+            .await;
+        sessions
+            .wait_no_live_pods(&name, "the pod of a failed first launch is deleted")
+            .await;
+        let agent_not_running =
+            status_where(|s| !conditions::is_true(&s.conditions, conditions::AGENT_RUNNING));
+        sessions
+            .wait(&name, "AgentRunning not True", agent_not_running)
+            .await;
 
         // The user's workspace PVC (claimName) vanished while the session was lost: the resume ends
         // FAILED with reason WorkspaceLost (never on an empty replacement), and Resumed reports this
@@ -652,34 +514,11 @@ async fn refusals_and_bad_input() {
         let name = unique("pvcgone");
         let claim = format!("{name}-ws");
         sessions.create_claim(&claim).await;
-        let claims = sessions.claims();
         let ts = sessions.new_session(&name, "claude-code", json!({"claimName": claim}));
-        sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create");
-        started_and_waiting(&sessions, &name).await;
-        sessions.lose_pods(&name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        claims
-            .delete(&claim, &Default::default())
-            .await
-            .expect("delete the workspace PVC");
-        let gone = |pvc: Option<&PersistentVolumeClaim>| pvc.is_none();
-        wait_for(&claims, &claim, "deleted", gone).await;
-        sessions.annotate(&name, "p1").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
-            .await
-            .expect("session");
-        let status = ts.status.expect("status");
+        sessions.create_session(&ts).await;
+        let status = resumed_without_workspace(&sessions, &name, &claim).await;
         assert_eq!(status.state, SessionState::Failed, "{status:#?}");
-        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-        assert_eq!(
-            (resumed.status.as_str(), resumed.reason.as_str()),
-            ("False", "WorkspaceLost"),
-            "{resumed:?}"
-        );
+        assert_condition(&status, conditions::RESUMED, ("False", "WorkspaceLost"));
         assert!(
             sessions.live_pods(&name).await.is_empty(),
             "no pod on a lost workspace"
@@ -689,24 +528,17 @@ async fn refusals_and_bad_input() {
         let name = unique("tplgone");
         let claim = format!("{name}-workspace");
         sessions.create(&name, "claude-code").await;
-        started_and_waiting(&sessions, &name).await;
-        sessions.lose_pods(&name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        claims
-            .delete(&claim, &Default::default())
-            .await
-            .expect("delete the template's PVC");
-        wait_for(&claims, &claim, "deleted", gone).await;
-        sessions.annotate(&name, "p1").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled p1", handled("p1"))
-            .await
-            .expect("session");
-        let status = ts.status.expect("status");
+        let status = resumed_without_workspace(&sessions, &name, &claim).await;
         assert_eq!(status.state, SessionState::Failed, "{status:#?}");
-        let ready = conditions::find(&status.conditions, conditions::READY).expect("Ready");
+        let ready = condition(&status, conditions::READY);
         assert_eq!(ready.reason, "WorkspaceLost", "{ready:?}");
         assert!(
-            claims.get_opt(&claim).await.expect("get").is_none(),
+            sessions
+                .claims()
+                .get_opt(&claim)
+                .await
+                .expect("get")
+                .is_none(),
             "the template's PVC is not recreated"
         );
 
@@ -715,28 +547,34 @@ async fn refusals_and_bad_input() {
             sessions.create(&name, "claude-code").await;
             started_and_waiting(&sessions, &name).await;
             sessions.set_status(&name, json!({"state": terminal})).await;
-            sessions.annotate(&name, "t1").await;
-            let ts = wait_for(&sessions.sessions(), &name, "handled t1", handled("t1"))
-                .await
-                .expect("session");
+            let ts = sessions.resume(&name, "t1").await;
             let status = ts.status.expect("status");
             assert_eq!(status.state.as_str(), terminal);
-            let resumed =
-                conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-            assert_eq!(
-                (resumed.status.as_str(), resumed.reason.as_str()),
-                ("False", "TerminalState")
-            );
-            assert!(
-                sessions
-                    .event_reasons_with(&name, &["ResumeRefused"])
-                    .await
-                    .iter()
-                    .any(|r| r == "ResumeRefused")
-            );
+            assert_condition(&status, conditions::RESUMED, ("False", "TerminalState"));
+            sessions.assert_event(&name, "ResumeRefused").await;
         }
     };
     sessions.run(body).await;
+}
+
+/// Starts the session `name`, loses its agent, and deletes its workspace PVC `claim` (the user's
+/// or the template's) while it is lost; then requests a resume. The status once it is handled.
+async fn resumed_without_workspace(
+    sessions: &Sessions,
+    name: &str,
+    claim: &str,
+) -> TaskSessionStatus {
+    started_and_waiting(sessions, name).await;
+    sessions.lose(name).await;
+    let claims = sessions.claims();
+    claims
+        .delete(claim, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete the workspace PVC {claim}: {e}"));
+    let gone = |pvc: Option<&PersistentVolumeClaim>| pvc.is_none();
+    wait_for(&claims, claim, "deleted", gone).await;
+    let ts = sessions.resume(name, "p1").await;
+    ts.status.expect("status")
 }
 
 /// The operator dies right after persisting STARTING, then right after creating the pod; each
@@ -762,10 +600,9 @@ async fn operator_restarts_mid_resume_leave_exactly_one_pod() {
                 live.iter().map(|p| p.uid()).collect::<Vec<_>>(),
                 vec![first_pod.uid()]
             );
-            let ts = sessions.sessions().get(&name).await.expect("session");
             assert_eq!(
-                ts.status.map(|s| s.state),
-                Some(SessionState::WaitingForInput)
+                sessions.status(&name).await.state,
+                SessionState::WaitingForInput
             );
         }
         for (step, request) in [("starting", "s1"), ("pod-created", "s2")] {
@@ -775,7 +612,7 @@ async fn operator_restarts_mid_resume_leave_exactly_one_pod() {
             }
             {
                 let _operator = operator().start();
-                wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+                sessions.wait_needs_resume(&name).await;
             }
             sessions.annotate(&name, request).await;
             let mut crashing = operator().fault(step).start();
@@ -785,20 +622,9 @@ async fn operator_restarts_mid_resume_leave_exactly_one_pod() {
                 "fault point {step}"
             );
             let _operator = operator().start();
-            wait_for(
-                &sessions.sessions(),
-                &name,
-                &format!("handled {request}"),
-                handled(request),
-            )
-            .await;
-            let live = sessions.live_pods(&name).await;
-            assert_eq!(
-                live.len(),
-                1,
-                "after a crash at {step}: {:?}",
-                live.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-            );
+            sessions.wait_handled(&name, request).await;
+            let live = sessions.live_pod_names(&name).await;
+            assert_eq!(live.len(), 1, "after a crash at {step}: {live:?}");
             assert_eq!(
                 sessions.token_of(&name).await.as_deref(),
                 Some(token.as_str())
@@ -820,15 +646,17 @@ async fn lease_holder(sessions: &Sessions, lease: &str) -> Option<String> {
 }
 
 async fn wait_lease_holder(sessions: &Sessions, lease: &str, identity: &str, within: Duration) {
-    let deadline = tokio::time::Instant::now() + within;
-    while lease_holder(sessions, lease).await.as_deref() != Some(identity) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{identity} did not hold lease {lease} within {within:?} (holder: {:?})",
-            lease_holder(sessions, lease).await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    poll(
+        within,
+        Duration::from_millis(500),
+        async || match lease_holder(sessions, lease).await {
+            Some(holder) if holder == identity => Ok(()),
+            holder => Err(format!(
+                "{identity} did not hold lease {lease} within {within:?} (holder: {holder:?})"
+            )),
+        },
+    )
+    .await;
 }
 
 /// Two replicas: one leads (holds the Lease) and acts, the other waits; when the leader dies the
@@ -861,9 +689,8 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
         // The lease lasts 15 s without renewal.
         wait_lease_holder(&sessions, &lease, "replica-b", Duration::from_secs(45)).await;
         sessions.delete_pod(&pod).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "ha1").await;
-        wait_for(&sessions.sessions(), &name, "handled ha1", handled("ha1")).await;
+        sessions.wait_needs_resume(&name).await;
+        sessions.resume(&name, "ha1").await;
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())

@@ -11,15 +11,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, needs_resume};
+use e2e_support::sessions::{Sessions, assert_condition, executor_status_where};
 use e2e_support::support::process::{Output, finish_async};
-use e2e_support::{kubectl, unique, wait_for};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use e2e_support::{agentctl_exec, kubeconfig_path, kubectl, poll_until, unique, wait_for};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kandev_operator::api::conditions;
 use kandev_operator::api::{
     ExecutorPhase, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState, TaskState,
 };
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
@@ -72,8 +73,9 @@ async fn finish(child: tokio::process::Child, what: &str) -> Run {
     run
 }
 
-fn plugin_command(args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(PLUGIN);
+/// `program <args>` with no stdin and its output piped (for [`finish`]), killed when dropped.
+fn piped_command(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -82,31 +84,35 @@ fn plugin_command(args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
+fn plugin_command(args: &[&str]) -> tokio::process::Command {
+    piped_command(PLUGIN, args)
+}
+
 /// `kubectl-kandev <args>` (KUBECONFIG from the environment).
 async fn plugin(args: &[&str]) -> Run {
     let child = plugin_command(args).spawn().expect("start kubectl-kandev");
     finish(child, &format!("kubectl-kandev {}", args.join(" "))).await
 }
 
+/// The e2e kubectl with `args`, and `dir` first on PATH (where kubectl finds plugins), run to
+/// its end; `what` names it in messages.
+async fn kubectl_with_plugins_in(dir: &Path, args: &[&str], what: &str) -> Run {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![dir.to_path_buf()];
+    paths.extend(std::env::split_paths(&path));
+    let child = piped_command(kubectl().get_program(), args)
+        .env("PATH", std::env::join_paths(paths).expect("PATH"))
+        .spawn()
+        .expect("start kubectl");
+    finish(child, what).await
+}
+
 /// `kubectl kandev <args>` through the e2e kubectl, with the plugin's directory first on PATH:
 /// proves kubectl's plugin discovery finds it.
 async fn via_kubectl(args: &[&str]) -> Run {
     let dir = Path::new(PLUGIN).parent().expect("plugin dir");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut paths = vec![dir.to_path_buf()];
-    paths.extend(std::env::split_paths(&path));
-    let program = kubectl().get_program().to_owned();
-    let child = tokio::process::Command::new(program)
-        .arg("kandev")
-        .args(args)
-        .env("PATH", std::env::join_paths(paths).expect("PATH"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start kubectl");
-    finish(child, &format!("kubectl kandev {}", args.join(" "))).await
+    let what = format!("kubectl kandev {}", args.join(" "));
+    kubectl_with_plugins_in(dir, &[&["kandev"][..], args].concat(), &what).await
 }
 
 /// A cluster client with the CRDs installed, and a fresh namespace whose default ServiceAccount
@@ -115,23 +121,23 @@ async fn setup() -> Sessions {
     Sessions::fresh("plugin").await
 }
 
-/// The session's only live pod.
-async fn the_pod(sessions: &Sessions, name: &str) -> Pod {
-    let live = sessions.live_pods(name).await;
-    assert_eq!(live.len(), 1, "one live pod: {live:#?}");
-    live.into_iter().next().expect("pod")
-}
-
 async fn started(sessions: &Sessions, name: &str) -> String {
-    sessions
-        .wait_state(name, SessionState::WaitingForInput)
-        .await;
+    sessions.wait_waiting_for_input(name).await;
     sessions.token_of(name).await.expect("a resume token")
 }
 
+/// Deletes the session's one live pod.
 async fn lose_pod(sessions: &Sessions, name: &str) {
-    let pod = the_pod(sessions, name).await;
+    let pod = sessions.the_pod(name).await;
     sessions.delete_pod(&pod).await;
+}
+
+/// Asserts that `text` (what a run printed) contains each of `expected`.
+fn assert_prints<S: AsRef<str>>(text: &str, expected: &[S]) {
+    for expected in expected {
+        let expected = expected.as_ref();
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
 }
 
 /// The value after `label` on a line of `text` (`  request: kandev-…`).
@@ -166,14 +172,15 @@ async fn status_and_resume_wait_on_a_lost_session() {
         let run = via_kubectl(&["status", &name, "-n", &ns])
             .await
             .expect_code(0);
-        for line in [
-            "State:         WAITING_FOR_INPUT".to_string(),
-            "Needs resume:  no".to_string(),
-            "Reason:        already_running".to_string(),
-            format!("Resume token:  present ({token})"),
-        ] {
-            assert!(run.stdout.contains(&line), "{line:?} in {}", run.stdout);
-        }
+        assert_prints(
+            &run.stdout,
+            &[
+                "State:         WAITING_FOR_INPUT".to_string(),
+                "Needs resume:  no".to_string(),
+                "Reason:        already_running".to_string(),
+                format!("Resume token:  present ({token})"),
+            ],
+        );
         assert!(
             field(&run.stdout, "Pod:").is_some_and(|p| p.ends_with("(Running)")),
             "{}",
@@ -204,7 +211,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
                 .contains(&json["pod"]["liveness"].as_str().unwrap_or("")),
             "{json:#}"
         );
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.wait_needs_resume(&name).await;
         let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
         assert!(run.stdout.contains("Needs resume:  yes"), "{}", run.stdout);
         assert!(
@@ -235,7 +242,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
         let request = field(&run.stdout, "request:")
             .expect("request line")
             .to_string();
-        let ts = sessions.sessions().get(&name).await.expect("session");
+        let ts = sessions.get(&name).await;
         assert_eq!(
             ts.annotations().get(RESUME_ANNOTATION),
             Some(&request),
@@ -271,7 +278,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
             .json();
         assert_eq!(json["outcome"], "already_running");
         assert_eq!(json["request"], Value::Null);
-        let ts = sessions.sessions().get(&name).await.expect("session");
+        let ts = sessions.get(&name).await;
         assert_eq!(ts.annotations().get(RESUME_ANNOTATION), Some(&request));
 
         // Missing sessions.
@@ -304,9 +311,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
 
 /// A copy of $KUBECONFIG whose contexts all default to `ns`.
 fn kubeconfig_with_namespace(ns: &str) -> tempfile::NamedTempFile {
-    let source = std::env::var_os("KUBECONFIG").expect("KUBECONFIG");
-    let first = std::env::split_paths(&source).next().expect("a path");
-    let text = std::fs::read_to_string(&first).expect("read kubeconfig");
+    let text = std::fs::read_to_string(kubeconfig_path()).expect("read kubeconfig");
     let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig YAML");
     let contexts = config
         .get_mut("contexts")
@@ -346,7 +351,7 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
         );
 
         lose_pod(&sessions, &name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.wait_needs_resume(&name).await;
         let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(4);
         assert!(run.stderr.contains("resume it first"), "{}", run.stderr);
 
@@ -354,17 +359,14 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             .await
             .expect_code(0);
         assert_eq!(run.stdout, "echo: hello plugin\n");
-        for expected in [
-            "needs a resume (agent_not_running)",
-            "resumed (restored)",
-            "[stop reason: end_turn]",
-        ] {
-            assert!(
-                run.stderr.contains(expected),
-                "{expected:?} in {}",
-                run.stderr
-            );
-        }
+        assert_prints(
+            &run.stderr,
+            &[
+                "needs a resume (agent_not_running)",
+                "resumed (restored)",
+                "[stop reason: end_turn]",
+            ],
+        );
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
@@ -440,13 +442,10 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
             .await
             .expect_code(0);
         assert_eq!(run.stdout, "echo: are you there\n");
-        for expected in ["vanished", "resumed (restored)", "[stop reason: end_turn]"] {
-            assert!(
-                run.stderr.contains(expected),
-                "{expected:?} in {}",
-                run.stderr
-            );
-        }
+        assert_prints(
+            &run.stderr,
+            &["vanished", "resumed (restored)", "[stop reason: end_turn]"],
+        );
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
@@ -484,17 +483,10 @@ async fn refusals_and_timeouts_without_an_operator() {
                 json!({"state": "WAITING_FOR_INPUT", "taskState": "REVIEW"}),
             )
             .await;
-        let fresh_flag =
-            json!({"metadata": {"annotations": {RESUME_FRESH_ANNOTATION: "old-request"}}});
+        // A leftover fresh flag.
         sessions
-            .sessions()
-            .patch(
-                &name,
-                &PatchParams::apply("kandev-e2e-user"),
-                &Patch::Merge(&fresh_flag),
-            )
-            .await
-            .expect("set a leftover fresh flag");
+            .annotate_as_user(&name, json!({RESUME_FRESH_ANNOTATION: "old-request"}))
+            .await;
         let started = std::time::Instant::now();
         let run = plugin(&["resume", &name, "-n", &ns, "--wait", "--timeout", "1s"])
             .await
@@ -520,7 +512,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             "{}",
             run.stderr
         );
-        let ts = sessions.sessions().get(&name).await.expect("session");
+        let ts = sessions.get(&name).await;
         let first = ts
             .annotations()
             .get(RESUME_ANNOTATION)
@@ -538,7 +530,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             .expect_code(0);
         let second = run.stdout.trim().to_string();
         assert!(second.starts_with("kandev-") && second != first, "{run:#?}");
-        let ts = sessions.sessions().get(&name).await.expect("session");
+        let ts = sessions.get(&name).await;
         assert_eq!(ts.annotations().get(RESUME_ANNOTATION), Some(&second));
         assert_eq!(
             ts.annotations().get(RESUME_FRESH_ANNOTATION),
@@ -564,7 +556,7 @@ async fn refusals_and_timeouts_without_an_operator() {
                 json!({"state": "COMPLETED", "taskState": "COMPLETED"}),
             )
             .await;
-        let before = sessions.sessions().get(&name).await.expect("session");
+        let before = sessions.get(&name).await;
         let run = plugin(&["resume", &name, "-n", &ns, "--wait"])
             .await
             .expect_code(4);
@@ -577,7 +569,7 @@ async fn refusals_and_timeouts_without_an_operator() {
             .await
             .expect_code(4);
         assert!(run.stderr.contains("COMPLETED"), "{}", run.stderr);
-        let after = sessions.sessions().get(&name).await.expect("session");
+        let after = sessions.get(&name).await;
         assert_eq!(
             before.annotations().get(RESUME_ANNOTATION),
             after.annotations().get(RESUME_ANNOTATION),
@@ -642,14 +634,9 @@ async fn journal_cursor(sessions: &Sessions, name: &str) -> u64 {
 /// Waits until no event stream into `pod` is open (the follower closed it once the agent was
 /// idle).
 async fn no_event_stream(pod: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while event_streams(pod) > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "an idle session still holds an event stream into {pod}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let missing = format!("an idle session still holds an event stream into {pod}");
+    let (within, every) = (Duration::from_secs(60), Duration::from_millis(250));
+    poll_until(within, every, &missing, async || event_streams(pod) == 0).await;
 }
 
 /// An idle session holds no exec stream: the operator reads agentctl's event journal from its
@@ -668,7 +655,7 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
             .create_with_task(&name, "plugin-echo-ids", Some("Say hello."))
             .await;
         started(&sessions, &name).await;
-        let pod = the_pod(&sessions, &name).await.name_any();
+        let pod = sessions.the_pod(&name).await.name_any();
         no_event_stream(&pod).await;
         let before = journal_cursor(&sessions, &name).await;
         assert!(
@@ -680,23 +667,13 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
         plugin(&["prompt", &name, "while you were away", "-n", &ns])
             .await
             .expect_code(0);
-        let out = kubectl()
-            .args(["exec", "-n", &ns, &pod, "-c", "agentctl", "--"])
-            .args([
-                "agentctl",
-                "events",
-                "--since",
-                &before.to_string(),
-                "--once",
-            ])
-            .output()
-            .expect("kubectl exec");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let since = before.to_string();
+        let out = agentctl_exec(
+            &ns,
+            &pod,
+            &["agentctl", "events", "--since", &since, "--once"],
         );
-        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        let lines: Vec<Value> = out
             .lines()
             .map(|l| serde_json::from_str(l).expect("a JSON line"))
             .collect();
@@ -726,29 +703,17 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
         assert_ne!(before_gap.as_deref(), Some(gap_message.as_str()));
 
         let operator = start_operator();
-        let caught_up = |er: Option<&kandev_operator::api::ExecutorRunning>| {
-            er.and_then(|er| er.status.as_ref()).is_some_and(|s| {
-                s.journal_cursor.is_some_and(|c| c >= last)
-                    && s.last_message_uuid.as_deref() == Some(gap_message.as_str())
-            })
-        };
-        wait_for(
-            &sessions.executors(),
-            &name,
-            "the journal caught up",
-            caught_up,
-        )
-        .await;
+        let caught_up = executor_status_where(|s| {
+            s.journal_cursor.is_some_and(|c| c >= last)
+                && s.last_message_uuid.as_deref() == Some(gap_message.as_str())
+        });
+        sessions
+            .wait_executor(&name, "the journal caught up", caught_up)
+            .await;
         no_event_stream(&pod).await;
         assert_eq!(
-            sessions
-                .sessions()
-                .get(&name)
-                .await
-                .ok()
-                .and_then(|t| t.status)
-                .map(|s| s.state),
-            Some(SessionState::WaitingForInput)
+            sessions.status(&name).await.state,
+            SessionState::WaitingForInput
         );
         drop(operator);
     };
@@ -775,34 +740,24 @@ async fn sessions_end_completed_or_cancelled() {
             json!({"template": {"size": "1Gi"}, "retention": "Delete"}),
         );
         ts.metadata.namespace = Some(ns.clone());
-        sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create");
+        sessions.create_session(&ts).await;
         started(&sessions, &done).await;
         let run = plugin(&["complete", &done, "--wait", "-n", &ns])
             .await
             .expect_code(0);
         assert!(run.stdout.contains("is COMPLETED"), "{run:#?}");
-        let status = sessions
-            .sessions()
-            .get(&done)
-            .await
-            .expect("get")
-            .status
-            .expect("status");
+        let status = sessions.status(&done).await;
         assert_eq!(
             (status.state, status.task_state),
             (SessionState::Completed, TaskState::Completed)
         );
         assert!(!status.is_resumable && !status.needs_resume, "{status:#?}");
         assert!(sessions.live_pods(&done).await.is_empty(), "agent stopped");
-        let er = sessions.executors().get(&done).await.expect("er");
+        let er = sessions.executor(&done).await;
         let er = er.status.expect("er status");
         assert_eq!(er.status, Some(ExecutorPhase::Stopped));
         assert!(!er.resumable);
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(sessions.client.clone(), &ns);
+        let claims = sessions.claims();
         let claim = format!("{done}-workspace");
         let gone = |pvc: Option<&PersistentVolumeClaim>| {
             pvc.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
@@ -811,27 +766,17 @@ async fn sessions_end_completed_or_cancelled() {
 
         // A resume is refused; the end cannot change.
         let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: "after-end"}}});
-        sessions
-            .sessions()
-            .patch(&done, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("annotate");
-        let handled = |ts: Option<&kandev_operator::api::TaskSession>| {
-            ts.and_then(|t| t.status.as_ref())
-                .is_some_and(|s| s.last_handled_resume_request.as_deref() == Some("after-end"))
-        };
-        wait_for(&sessions.sessions(), &done, "the request refused", handled).await;
+        sessions.merge(&done, patch).await.expect("annotate");
+        let refused = sessions.wait_handled(&done, "after-end").await;
+        let refused = refused.status.expect("status");
+        assert_condition(&refused, conditions::RESUMED, ("False", "TerminalState"));
+        sessions.assert_event(&done, "ResumeRefused").await;
         assert!(
             sessions.live_pods(&done).await.is_empty(),
             "no pod after a refused resume"
         );
         let err = sessions
-            .sessions()
-            .patch(
-                &done,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"end": "Cancelled"}})),
-            )
+            .merge(&done, json!({"spec": {"end": "Cancelled"}}))
             .await
             .expect_err("spec.end is set once");
         assert!(err.to_string().contains("spec.end is set once"), "{err}");
@@ -841,21 +786,11 @@ async fn sessions_end_completed_or_cancelled() {
         sessions
             .create_with_task(&busy, "plugin-hang", Some("Work forever."))
             .await;
-        let working = |ts: Option<&kandev_operator::api::TaskSession>| {
-            ts.and_then(|t| t.status.as_ref())
-                .is_some_and(|s| s.state == SessionState::Running)
-        };
-        wait_for(&sessions.sessions(), &busy, "RUNNING", working).await;
+        sessions.wait_state(&busy, SessionState::Running).await;
         plugin(&["cancel", &busy, "--wait", "--timeout", "2m", "-n", &ns])
             .await
             .expect_code(0);
-        let status = sessions
-            .sessions()
-            .get(&busy)
-            .await
-            .expect("get")
-            .status
-            .expect("status");
+        let status = sessions.status(&busy).await;
         assert_eq!(
             (status.state, status.task_state),
             (SessionState::Cancelled, TaskState::Cancelled)
@@ -890,21 +825,12 @@ async fn complete_via_kubectl(words: &[&str]) -> Vec<String> {
     for name in ["kubectl-kandev", "kubectl_complete-kandev"] {
         std::os::unix::fs::symlink(PLUGIN, dir.path().join(name)).expect("link");
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut paths = vec![dir.path().to_path_buf()];
-    paths.extend(std::env::split_paths(&path));
-    let program = kubectl().get_program().to_owned();
-    let child = tokio::process::Command::new(program)
-        .args(["__complete", "kandev"])
-        .args(words)
-        .env("PATH", std::env::join_paths(paths).expect("PATH"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start kubectl");
-    let run = finish(child, &format!("kubectl __complete kandev {words:?}")).await;
+    let run = kubectl_with_plugins_in(
+        dir.path(),
+        &[&["__complete", "kandev"][..], words].concat(),
+        &format!("kubectl __complete kandev {words:?}"),
+    )
+    .await;
     assert_eq!(run.code(), 0, "{run:#?}");
     // kubectl's debug lines go to stderr; the answer is the candidates, then `:directive`.
     assert!(

@@ -10,17 +10,25 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, handled};
-use e2e_support::{harness_pid, kubectl, unique, wait_for, wait_for_within};
+use e2e_support::sessions::{
+    Sessions, assert_condition, condition, condition_is, has_condition, status_where,
+};
+use e2e_support::support::process::run_with_stdin;
+use e2e_support::{harness_pid, kubectl, poll_until, unique, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kandev_operator::api::conditions;
 use kandev_operator::api::{PROMPTED_ANNOTATION, SessionState, TaskSession};
-use kandev_operator::controller::conditions;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
+use kube::runtime::wait::Condition;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 /// The cluster's one node (e2e/cluster.sh).
 const NODE: &str = "kwok-node-0";
+
+/// How long a loss (the limits of [`operator`], then the pod's deletion) and the resume after it
+/// may take.
+const LOSS_WITHIN: Duration = Duration::from_secs(120);
 
 /// An operator that declares an agent unreachable after 4 s without an answer (each contact
 /// waits 10 s for one) and a node lost after 2 s; its agent `reach-agent`
@@ -40,47 +48,39 @@ fn operator() -> OperatorBuilder {
         ])
 }
 
-async fn running_session(sessions: &Sessions, name: &str) -> Pod {
-    sessions.create(name, "reach-agent").await;
-    sessions
-        .wait_state(name, SessionState::WaitingForInput)
-        .await
-        .expect("session");
-    assert_eq!(sessions.token_of(name).await.as_deref(), Some("s-reach"));
-    let pods = sessions.live_pods(name).await;
-    assert_eq!(pods.len(), 1);
-    pods.into_iter().next().expect("pod")
+/// A cluster client with the CRDs installed, and a namespace of the test's own.
+async fn setup() -> Sessions {
+    Sessions::fresh("kandev-e2e-reach").await
 }
 
-/// NeedsResume=True with `reason`.
-fn lost_because(reason: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .filter(|s| s.needs_resume)
-            .and_then(|s| conditions::find(&s.conditions, conditions::NEEDS_RESUME))
-            .is_some_and(|c| c.status == "True" && c.reason == reason)
-    }
+async fn running_session(sessions: &Sessions, name: &str) -> Pod {
+    sessions.create(name, "reach-agent").await;
+    sessions.wait_waiting_for_input(name).await;
+    assert_eq!(sessions.token_of(name).await.as_deref(), Some("s-reach"));
+    sessions.the_pod(name).await
+}
+
+/// needsResume, and NeedsResume=True with `reason`.
+fn lost_because(reason: &str) -> impl Condition<TaskSession> + '_ {
+    status_where(move |s| {
+        s.needs_resume && has_condition(s, conditions::NEEDS_RESUME, "True", reason)
+    })
+}
+
+/// Waits up to [`LOSS_WITHIN`] until the session is lost with `reason`.
+async fn wait_lost(sessions: &Sessions, name: &str, reason: &str) -> TaskSession {
+    sessions
+        .wait_within(name, reason, LOSS_WITHIN, lost_because(reason))
+        .await
 }
 
 /// After the loss: the pod with `uid` is gone, AgentRunning and the Events say why, the token is
 /// kept, and a resume restores the same session in a new pod.
 async fn assert_lost_then_resumed(sessions: &Sessions, name: &str, uid: &str, reason: &str) {
-    let ts = wait_for_within(
-        &sessions.sessions(),
-        name,
-        reason,
-        Duration::from_secs(120),
-        lost_because(reason),
-    )
-    .await
-    .expect("session");
+    let ts = wait_lost(sessions, name, reason).await;
     let status = ts.status.expect("status");
     assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
-    let agent = conditions::find(&status.conditions, conditions::AGENT_RUNNING).expect("cond");
-    assert_eq!(
-        (agent.status.as_str(), agent.reason.as_str()),
-        ("False", reason)
-    );
+    assert_condition(&status, conditions::AGENT_RUNNING, ("False", reason));
     assert!(
         sessions
             .live_pods(name)
@@ -97,28 +97,13 @@ async fn assert_lost_then_resumed(sessions: &Sessions, name: &str, uid: &str, re
 
     let token = format!("r-{}", reason.to_lowercase());
     sessions.annotate(name, &token).await;
-    let ts = wait_for_within(
-        &sessions.sessions(),
-        name,
-        "resumed",
-        Duration::from_secs(120),
-        handled(&token),
-    )
-    .await
-    .expect("session");
+    let ts = sessions
+        .wait_handled_within(name, &token, LOSS_WITHIN)
+        .await;
     let status = ts.status.expect("status");
-    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-    assert_eq!(
-        (resumed.status.as_str(), resumed.reason.as_str()),
-        ("True", "Restored"),
-        "{status:#?}"
-    );
+    assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
     assert!(!status.needs_resume);
-    let agent = conditions::find(&status.conditions, conditions::AGENT_RUNNING).expect("cond");
-    assert_eq!(
-        (agent.status.as_str(), agent.reason.as_str()),
-        ("True", "PodRunning")
-    );
+    assert_condition(&status, conditions::AGENT_RUNNING, ("True", "PodRunning"));
     assert_eq!(sessions.token_of(name).await.as_deref(), Some("s-reach"));
     assert_eq!(sessions.live_pods(name).await.len(), 1);
 }
@@ -128,7 +113,9 @@ async fn assert_lost_then_resumed(sessions: &Sessions, name: &str, uid: &str, re
 struct Frozen(i32);
 
 impl Frozen {
-    fn new(pid: i32) -> Self {
+    /// Freezes the process the harness plays `pod` with (agentctl serve).
+    fn agentctl_of(pod: &Pod) -> Self {
+        let pid = harness_pid(pod).expect("the harness's pid annotation") as i32;
         // SAFETY: kill(2) with a pid the harness started for this test's pod.
         let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
         assert_eq!(rc, 0, "SIGSTOP {pid}");
@@ -153,66 +140,37 @@ impl Drop for Frozen {
     }
 }
 
-/// AgentRunning=False with `reason`.
-fn agent_running_false(reason: &str) -> impl Fn(Option<&TaskSession>) -> bool + '_ {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .and_then(|s| conditions::find(&s.conditions, conditions::AGENT_RUNNING))
-            .is_some_and(|c| c.status == "False" && c.reason == reason)
-    }
-}
-
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
-    let sessions = Sessions::fresh("kandev-e2e-reach").await;
+    let sessions = setup().await;
     let _operator = operator().start();
     let body = async {
         let name = unique("frozen");
         let pod = running_session(&sessions, &name).await;
         let uid = pod.uid().expect("uid");
-        let pid = harness_pid(&pod).expect("the harness's pid annotation") as i32;
 
         // agentctl serve stops answering; a client's nudge makes the operator read its journal.
-        let frozen = Frozen::new(pid);
+        let frozen = Frozen::agentctl_of(&pod);
         let nudge = json!({"metadata": {"annotations": {PROMPTED_ANNOTATION: "after-freeze"}}});
-        sessions
-            .sessions()
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&nudge))
-            .await
-            .expect("nudge");
+        sessions.merge(&name, nudge).await.expect("nudge");
         // Not declared before the limit: the pod still runs and the session is not lost yet.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let status = sessions
-            .sessions()
-            .get(&name)
-            .await
-            .expect("session")
-            .status
-            .expect("status");
+        let status = sessions.status(&name).await;
         assert!(!status.needs_resume, "{status:#?}");
 
         // kwok removes a deleted pod's object at once, while the harness stops its process within
         // its grace period (a frozen serve needs the SIGKILL): a real kubelet keeps the pod until
         // the container is dead. Wait for the process too, so that the next serve finds the
         // workspace's socket free.
-        wait_for_within(
-            &sessions.sessions(),
-            &name,
-            "AgentUnreachable",
-            Duration::from_secs(120),
-            lost_because("AgentUnreachable"),
+        wait_lost(&sessions, &name, "AgentUnreachable").await;
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            "the frozen agentctl was not stopped with its pod",
+            async || frozen.gone(),
         )
-        .await
-        .expect("session");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !frozen.gone() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the frozen agentctl was not stopped with its pod"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        .await;
         assert_lost_then_resumed(&sessions, &name, &uid, "AgentUnreachable").await;
     };
     sessions.run(body).await;
@@ -225,37 +183,23 @@ async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone() {
-    let sessions = Sessions::fresh("kandev-e2e-reach").await;
+    let sessions = setup().await;
     let operator = operator().start();
     let body = async {
         let name = unique("frozen-request");
         let pod = running_session(&sessions, &name).await;
-        let pid = harness_pid(&pod).expect("the harness's pid annotation") as i32;
 
         // Healthy: a request is acknowledged as already running, after agentctl answered.
-        sessions.annotate(&name, "r-healthy").await;
-        let ts = wait_for(&sessions.sessions(), &name, "handled", handled("r-healthy"))
-            .await
-            .expect("session");
-        let resumed = ts
-            .status
-            .as_ref()
-            .and_then(|s| conditions::find(&s.conditions, conditions::RESUMED))
-            .expect("Resumed")
-            .clone();
+        let ts = sessions.resume(&name, "r-healthy").await;
+        let status = ts.status.expect("status");
+        let resumed = condition(&status, conditions::RESUMED);
         assert_eq!(resumed.reason, "AlreadyRunning", "{resumed:?}");
 
-        let frozen = Frozen::new(pid);
+        let frozen = Frozen::agentctl_of(&pod);
         sessions.annotate(&name, "r-frozen").await;
         // The request seen (agentctl contacted) and looked at again: still no answer.
         operator.await_reconciles(3).await;
-        let status = sessions
-            .sessions()
-            .get(&name)
-            .await
-            .expect("session")
-            .status
-            .expect("status");
+        let status = sessions.status(&name).await;
         assert_eq!(
             status.last_handled_resume_request.as_deref(),
             Some("r-healthy"),
@@ -264,32 +208,16 @@ async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone()
         // The operator writes why before it deletes the pod. Stop the frozen process at once, as
         // the kubelet would at the end of the grace period (kwok removes the pod's object at once,
         // a kubelet only once the container is dead), so that the next serve finds the socket free.
-        wait_for_within(
-            &sessions.sessions(),
-            &name,
-            "AgentUnreachable",
-            Duration::from_secs(120),
-            agent_running_false("AgentUnreachable"),
-        )
-        .await
-        .expect("session");
+        let unreachable = condition_is(conditions::AGENT_RUNNING, "False", "AgentUnreachable");
+        sessions
+            .wait_within(&name, "AgentUnreachable", LOSS_WITHIN, unreachable)
+            .await;
         drop(frozen);
-        let ts = wait_for_within(
-            &sessions.sessions(),
-            &name,
-            "handled r-frozen",
-            Duration::from_secs(120),
-            handled("r-frozen"),
-        )
-        .await
-        .expect("session");
+        let ts = sessions
+            .wait_handled_within(&name, "r-frozen", LOSS_WITHIN)
+            .await;
         let status = ts.status.expect("status");
-        let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-        assert_eq!(
-            (resumed.status.as_str(), resumed.reason.as_str()),
-            ("True", "Restored"),
-            "{status:#?}"
-        );
+        assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
         assert_eq!(sessions.token_of(&name).await.as_deref(), Some("s-reach"));
         // The waiting request is latched as soon as the pod is gone, usually before a steady
         // pass could declare the loss (AgentLost), so only the order of these is fixed.
@@ -323,17 +251,10 @@ impl NodeGone {
     }
 
     fn restore(&self) {
-        use std::io::Write;
-        let mut child = kubectl()
-            .args(["apply", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("kubectl");
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(self.manifest.as_bytes());
+        let applied = run_with_stdin(kubectl().args(["apply", "-f", "-"]), &self.manifest);
+        if !applied.success() {
+            eprintln!("could not restore the node: {}", applied.stderr);
         }
-        let _ = child.wait();
     }
 }
 
@@ -358,7 +279,7 @@ async fn node_ready(client: &Client) {
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_pod_on_a_deleted_node_is_lost_and_resumed_once_the_node_is_back() {
-    let sessions = Sessions::fresh("kandev-e2e-reach").await;
+    let sessions = setup().await;
     let client = sessions.client.clone();
     let _operator = operator().start();
     let body = async {
@@ -371,15 +292,14 @@ async fn a_pod_on_a_deleted_node_is_lost_and_resumed_once_the_node_is_back() {
         );
 
         let gone = NodeGone::delete(&client).await;
-        wait_for_within(
-            &sessions.sessions(),
-            &name,
-            "NodeLost",
-            Duration::from_secs(60),
-            lost_because("NodeLost"),
-        )
-        .await
-        .expect("session");
+        sessions
+            .wait_within(
+                &name,
+                "NodeLost",
+                Duration::from_secs(60),
+                lost_because("NodeLost"),
+            )
+            .await;
         // The pod was force-deleted by the operator (not by the pod garbage collector, 40 s later):
         // the session said why before it went.
         drop(gone);

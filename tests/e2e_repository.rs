@@ -6,15 +6,13 @@
 
 mod e2e_support;
 
-use std::time::Duration;
-
 use e2e_support::git::{GitDaemon, HttpsGit, Repositories};
 use e2e_support::operator::Operator;
-use e2e_support::sessions::{Sessions, handled, needs_resume};
-use e2e_support::{pod_sh as sh, unique, wait_for};
+use e2e_support::sessions::{Sessions, condition_is};
+use e2e_support::{pod_sh as sh, unique};
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
-use kandev_operator::api::{SessionState, TaskSession, WorktreeStatus};
-use kandev_operator::controller::conditions;
+use kandev_operator::api::conditions;
+use kandev_operator::api::{SessionState, WorktreeStatus};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -26,67 +24,40 @@ async fn setup() -> Sessions {
 /// A claude-code session without a first prompt (it boots idle) on a template workspace, with
 /// `repository`.
 async fn create_session(sessions: &Sessions, name: &str, repository: serde_json::Value) {
-    let mut ts = sessions.new_session_with_task(
-        name,
-        "claude-code",
-        None,
-        json!({"template": {"size": "1Gi"}}),
-    );
-    ts.spec.repository = Some(serde_json::from_value(repository).expect("repository"));
     sessions
-        .sessions()
-        .create(&PostParams::default(), &ts)
-        .await
-        .expect("create TaskSession");
-}
-
-async fn waiting_for_input(sessions: &Sessions, name: &str) -> TaskSession {
-    sessions
-        .wait_state(name, SessionState::WaitingForInput)
-        .await
-        .expect("session")
+        .create_with_repository(name, "claude-code", repository)
+        .await;
 }
 
 async fn worktree(sessions: &Sessions, name: &str) -> WorktreeStatus {
-    let er = sessions
-        .executors()
-        .get(name)
-        .await
-        .expect("ExecutorRunning");
+    let er = sessions.executor(name).await;
     er.status
         .and_then(|s| s.worktree)
         .unwrap_or_else(|| panic!("no worktree in ExecutorRunning {name}"))
 }
 
-async fn the_pod(sessions: &Sessions, name: &str) -> Pod {
-    let pods = sessions.live_pods(name).await;
-    assert_eq!(pods.len(), 1, "one agentctl pod");
-    pods.into_iter().next().expect("pod")
+/// Loses the session's one pod `pod` and waits until the session needs a resume.
+async fn lose_pod(sessions: &Sessions, name: &str, pod: &Pod) {
+    sessions.delete_pod(pod).await;
+    sessions.wait_needs_resume(name).await;
+}
+
+/// Resumes the session with `token` and waits until it is WAITING_FOR_INPUT; its one pod then.
+async fn resumed_pod(sessions: &Sessions, name: &str, token: &str) -> Pod {
+    sessions.resume(name, token).await;
+    sessions.wait_waiting_for_input(name).await;
+    sessions.the_pod(name).await
 }
 
 /// Waits for `Stalled=True` with `reason` and returns its message; the pod is removed and the
 /// session stays resumable.
 async fn stalled(sessions: &Sessions, name: &str, reason: &str) -> String {
-    let ts = wait_for(
-        &sessions.sessions(),
-        name,
-        reason,
-        |ts: Option<&TaskSession>| {
-            ts.and_then(|t| t.status.as_ref())
-                .and_then(|s| conditions::find(&s.conditions, conditions::STALLED))
-                .is_some_and(|c| c.status == "True" && c.reason == reason)
-        },
-    )
-    .await
-    .expect("session");
+    let stalled_with = condition_is(conditions::STALLED, "True", reason);
+    let ts = sessions.wait(name, reason, stalled_with).await;
     let status = ts.status.expect("status");
     assert_ne!(status.state, SessionState::Failed, "{status:#?}");
     assert!(status.needs_resume, "{status:#?}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !sessions.live_pods(name).await.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "the pod is removed");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    sessions.wait_no_live_pods(name, "the pod is removed").await;
     conditions::find(&status.conditions, conditions::STALLED)
         .map(|c| c.message.clone())
         .unwrap_or_default()
@@ -130,7 +101,7 @@ async fn a_repository_is_cloned_on_first_start_and_kept_across_a_resume() {
         )
         .await;
 
-        waiting_for_input(&sessions, &name).await;
+        sessions.wait_waiting_for_input(&name).await;
         let recorded = worktree(&sessions, &name).await;
         assert_eq!(
             recorded,
@@ -142,7 +113,7 @@ async fn a_repository_is_cloned_on_first_start_and_kept_across_a_resume() {
                 commit: Some(upstream.develop.clone()),
             }
         );
-        let pod = the_pod(&sessions, &name).await;
+        let pod = sessions.the_pod(&name).await;
         let client = sessions.client.clone();
         assert_eq!(
             sh(
@@ -157,12 +128,8 @@ async fn a_repository_is_cloned_on_first_start_and_kept_across_a_resume() {
 
         // No git server any more: the resume must not need one.
         drop(daemon);
-        sessions.delete_pod(&pod).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "r1").await;
-        wait_for(&sessions.sessions(), &name, "handled r1", handled("r1")).await;
-        waiting_for_input(&sessions, &name).await;
-        let pod = the_pod(&sessions, &name).await;
+        lose_pod(&sessions, &name, &pod).await;
+        let pod = resumed_pod(&sessions, &name, "r1").await;
         assert_eq!(
             sh(
                 &client,
@@ -184,7 +151,7 @@ async fn a_repository_is_cloned_on_first_start_and_kept_across_a_resume() {
 async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
     const WRONG: &str = "wrong-password-5678";
     let sessions = setup().await;
-    let _operator = Operator::builder().start();
+    let operator = Operator::builder().start();
     let body = async {
         let repos = Repositories::new();
         let upstream = repos.create("app");
@@ -227,6 +194,11 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
             !everything.contains(WRONG),
             "the password leaked: {everything}"
         );
+        let log = std::fs::read_to_string(operator.log()).expect("the operator's log");
+        assert!(
+            !log.contains(WRONG),
+            "the password is in the operator's log"
+        );
         assert!(
             event_notes(&sessions, &name)
                 .await
@@ -243,15 +215,8 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
             )
             .await
             .expect("fix the secret");
-        sessions.annotate(&name, "fixed").await;
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "handled fixed",
-            handled("fixed"),
-        )
-        .await;
-        waiting_for_input(&sessions, &name).await;
+        sessions.resume(&name, "fixed").await;
+        sessions.wait_waiting_for_input(&name).await;
         let recorded = worktree(&sessions, &name).await;
         assert_eq!(recorded.branch.as_deref(), Some("main"));
         assert_eq!(recorded.commit.as_deref(), Some(upstream.main.as_str()));
@@ -272,31 +237,16 @@ async fn a_workspace_holding_something_else_stalls_with_workspace_mismatch() {
         let daemon = GitDaemon::start(repos.path()).await;
         let name = unique("repo-mismatch");
         // A session without a repository writes into its workspace…
-        let ts = sessions.new_session_with_task(
-            &name,
-            "claude-code",
-            None,
-            json!({"template": {"size": "1Gi"}}),
-        );
-        sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create");
-        waiting_for_input(&sessions, &name).await;
+        sessions.create_with_task(&name, "claude-code", None).await;
+        sessions.wait_waiting_for_input(&name).await;
         let client = sessions.client.clone();
-        let pod = the_pod(&sessions, &name).await;
+        let pod = sessions.the_pod(&name).await;
         sh(&client, &pod, "echo mine > notes.txt").await;
-        sessions.delete_pod(&pod).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        lose_pod(&sessions, &name, &pod).await;
         // …then gets one, and is resumed.
+        let repository = json!({"spec": {"repository": {"url": daemon.url("app")}}});
         sessions
-            .sessions()
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"repository": {"url": daemon.url("app")}}})),
-            )
+            .merge(&name, repository)
             .await
             .expect("add the repository");
         sessions.annotate(&name, "m1").await;
@@ -308,18 +258,10 @@ async fn a_workspace_holding_something_else_stalls_with_workspace_mismatch() {
         // Nothing was cloned over it: without the repository, the next start finds the workspace
         // as it was.
         sessions
-            .sessions()
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"repository": null}})),
-            )
+            .merge(&name, json!({"spec": {"repository": null}}))
             .await
             .expect("remove the repository");
-        sessions.annotate(&name, "m2").await;
-        wait_for(&sessions.sessions(), &name, "handled m2", handled("m2")).await;
-        waiting_for_input(&sessions, &name).await;
-        let pod = the_pod(&sessions, &name).await;
+        let pod = resumed_pod(&sessions, &name, "m2").await;
         assert_eq!(
             sh(
                 &client,

@@ -20,24 +20,29 @@
 mod e2e_support;
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use e2e_support::git::{GitDaemon, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, handled, needs_resume};
-use e2e_support::{pod_sh as sh, unique, wait_for};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
-use kandev_operator::api::{
-    AgentActivity, ConfigOptionValue, ExecutorPhase, ExecutorRunning, RESUME_ANNOTATION,
-    RESUME_FRESH_ANNOTATION, SessionConfigState, SessionState, TaskSession, WorktreeStatus,
+use e2e_support::sessions::{
+    Sessions, assert_condition, condition, executor_status_where, status_where,
 };
-use kandev_operator::controller::conditions;
+use e2e_support::support::process::{Output, run_async};
+use e2e_support::{pod_sh as sh, poll, unique};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kandev_operator::api::conditions;
+use kandev_operator::api::{
+    AgentActivity, ConfigOptionValue, ExecutorPhase, ExecutorRunningStatus, RESUME_ANNOTATION,
+    RESUME_FRESH_ANNOTATION, SessionConfigState, SessionState, WorktreeStatus,
+};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use serde_json::json;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
+
+/// Longest a plugin run may take before the test fails.
+const PLUGIN_LIMIT: Duration = Duration::from_secs(180);
 
 /// Where the scripted agent logs, relative to its working directory (the workspace): under
 /// `.kandev/`, which agentctl keeps out of git. (An absolute path would not do: the harness maps
@@ -53,9 +58,8 @@ impl AgentLog {
     /// The log in the session's workspace: the harness provisions each PVC as a hostPath PV
     /// on a local directory.
     async fn of(sessions: &Sessions, name: &str) -> Self {
-        let claims: Api<PersistentVolumeClaim> =
-            Api::namespaced(sessions.client.clone(), &sessions.namespace);
-        let claim = claims
+        let claim = sessions
+            .claims()
             .get(&format!("{name}-workspace"))
             .await
             .expect("workspace PVC");
@@ -105,18 +109,18 @@ impl AgentLog {
         what: &str,
         predicate: impl Fn(&[Vec<String>]) -> bool,
     ) -> Vec<Vec<String>> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let processes = self.per_process();
-            if predicate(&processes) {
-                return processes;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the agent log never showed {what}: {processes:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        poll(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            async || {
+                let processes = self.per_process();
+                if predicate(&processes) {
+                    return Ok(processes);
+                }
+                Err(format!("the agent log never showed {what}: {processes:?}"))
+            },
+        )
+        .await
     }
 
     /// The texts of the prompts one process received (`prompt-text <JSON string>` lines).
@@ -155,46 +159,50 @@ async fn setup() -> Sessions {
     Sessions::fresh("kandev-e2e-resume-cases").await
 }
 
-async fn executor(sessions: &Sessions, name: &str) -> ExecutorRunning {
+/// The ExecutorRunning's status now.
+async fn executor_status(sessions: &Sessions, name: &str) -> ExecutorRunningStatus {
+    sessions.executor(name).await.status.expect("ER status")
+}
+
+/// Waits until the ExecutorRunning's status says `what` (`holds` for it).
+async fn wait_executor_status(
+    sessions: &Sessions,
+    name: &str,
+    what: &str,
+    holds: impl Fn(&ExecutorRunningStatus) -> bool,
+) {
     sessions
-        .executors()
-        .get(name)
-        .await
-        .expect("ExecutorRunning")
+        .wait_executor(name, what, executor_status_where(holds))
+        .await;
 }
 
 /// Waits until the ExecutorRunning's `lastMessageUUID` is `expected`.
 async fn last_message_is(sessions: &Sessions, name: &str, expected: Option<&str>) {
-    let expected = expected.map(str::to_owned);
     let what = format!("lastMessageUUID {expected:?}");
-    wait_for(
-        &sessions.executors(),
-        name,
-        &what,
-        move |er: Option<&ExecutorRunning>| {
-            er.and_then(|e| e.status.as_ref())
-                .is_some_and(|s| s.last_message_uuid == expected)
-        },
+    wait_executor_status(sessions, name, &what, |s| {
+        s.last_message_uuid.as_deref() == expected
+    })
+    .await;
+}
+
+/// Once the session needs a resume (its agent lost by the test), resumes it with `token`; the
+/// Resumed condition's status and reason then.
+async fn resumed_after_loss(sessions: &Sessions, name: &str, token: &str) -> (String, String) {
+    sessions.wait_needs_resume(name).await;
+    sessions.resume(name, token).await;
+    let status = sessions.status(name).await;
+    let resumed = condition(&status, conditions::RESUMED);
+    (resumed.status.clone(), resumed.reason.clone())
+}
+
+/// `kubectl-kandev <args>` (KUBECONFIG from the environment), to its end.
+async fn plugin(args: &[&str]) -> Output {
+    run_async(
+        tokio::process::Command::new(PLUGIN).args(args),
+        PLUGIN_LIMIT,
     )
     .await
-    .expect("ExecutorRunning");
-}
-
-async fn the_pod(sessions: &Sessions, name: &str) -> Pod {
-    let pods = sessions.live_pods(name).await;
-    assert_eq!(pods.len(), 1, "one agentctl pod");
-    pods.into_iter().next().expect("pod")
-}
-
-async fn resumed_condition(sessions: &Sessions, name: &str) -> (String, String, String) {
-    let ts = sessions.sessions().get(name).await.expect("session");
-    let status = ts.status.expect("status");
-    let resumed = conditions::find(&status.conditions, conditions::RESUMED).expect("Resumed");
-    (
-        resumed.status.clone(),
-        resumed.reason.clone(),
-        resumed.message.clone(),
-    )
+    .unwrap_or_else(|run| panic!("kubectl-kandev ran longer than {PLUGIN_LIMIT:?}: {run:#?}"))
 }
 
 /// Case C (DESIGN §3): a session lost while its agent works on the task description, resumed
@@ -215,10 +223,7 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
     let body = async {
         let name = unique("case-c");
         sessions.create_with_task(&name, "case-c", Some(TASK)).await;
-        sessions
-            .wait_state(&name, SessionState::Running)
-            .await
-            .expect("session");
+        sessions.wait_state(&name, SessionState::Running).await;
         let first_token = sessions.token_of(&name).await.expect("a token");
         let log = AgentLog::of(&sessions, &name).await;
         let processes = log
@@ -228,46 +233,19 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
             .await;
         assert_eq!(AgentLog::prompts(&processes[0]), [TASK]);
 
-        sessions.lose_pods(&name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
+        sessions.lose(&name).await;
         // While the launch runs, the session is STARTING and remembers where it goes back to: a
         // prompt is re-sent, so RUNNING. (A watch sees every state the operator persists.)
-        let starting = {
-            let api = sessions.sessions();
-            let name = name.clone();
-            tokio::spawn(async move {
-                wait_for(
-                    &api,
-                    &name,
-                    "STARTING with previousState RUNNING",
-                    |ts: Option<&TaskSession>| {
-                        ts.and_then(|t| t.status.as_ref()).is_some_and(|s| {
-                            s.state == SessionState::Starting
-                                && s.previous_state == Some(SessionState::Running)
-                                && s.active_resume_request.as_deref() == Some("c1")
-                        })
-                    },
-                )
-                .await
-                .is_some()
-            })
-        };
-        // Its initial list done before the request.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let patch = json!({"metadata": {"annotations": {
-            RESUME_ANNOTATION: "c1", RESUME_FRESH_ANNOTATION: "c1"}}});
-        sessions
-            .sessions()
-            .patch(
-                &name,
-                &PatchParams::apply("kandev-e2e-user"),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .expect("request a fresh resume");
-        let ts = wait_for(&sessions.sessions(), &name, "handled c1", handled("c1"))
-            .await
-            .expect("session");
+        let restarting = status_where(|s| {
+            s.state == SessionState::Starting
+                && s.previous_state == Some(SessionState::Running)
+                && s.active_resume_request.as_deref() == Some("c1")
+        });
+        let starting = sessions.watch_for(&name, restarting).await;
+        // A fresh resume requested.
+        let fresh = json!({RESUME_ANNOTATION: "c1", RESUME_FRESH_ANNOTATION: "c1"});
+        sessions.annotate_as_user(&name, fresh).await;
+        let ts = sessions.wait_handled(&name, "c1").await;
         assert!(
             starting.await.expect("the STARTING watch"),
             "never STARTING"
@@ -282,14 +260,18 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
         );
         assert_eq!(status.executor_ref.as_deref(), Some(name.as_str()));
         assert_eq!(status.observed_generation, generation);
-        let (ok, reason, message) = resumed_condition(&sessions, &name).await;
-        assert_eq!((ok.as_str(), reason.as_str()), ("True", "Started"));
-        assert!(message.contains("sent the task description"), "{message}");
+        let now = sessions.status(&name).await;
+        let resumed = assert_condition(&now, conditions::RESUMED, ("True", "Started"));
+        assert!(
+            resumed.message.contains("sent the task description"),
+            "{}",
+            resumed.message
+        );
         let token = sessions.token_of(&name).await.expect("a token");
         assert_ne!(token, first_token, "a fresh session has a new token");
         // The executor record of the new launch.
-        let pod = the_pod(&sessions, &name).await;
-        let er = executor(&sessions, &name).await.status.expect("ER status");
+        let pod = sessions.the_pod(&name).await;
+        let er = executor_status(&sessions, &name).await;
         assert_eq!(er.status, Some(ExecutorPhase::Running));
         assert_eq!(
             er.activity,
@@ -361,23 +343,17 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
     let body = async {
         let name = unique("inject");
         sessions.create_with_task(&name, "inject", Some(TASK)).await;
-        sessions
-            .wait_state(&name, SessionState::WaitingForInput)
-            .await
-            .expect("session");
+        sessions.wait_waiting_for_input(&name).await;
         let old_token = sessions.token_of(&name).await.expect("a token");
         let log = AgentLog::of(&sessions, &name).await;
         last_message_is(&sessions, &name, Some(&format!("{old_token}/m-1"))).await;
 
         sessions.lose_pods(&name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "h1").await;
-        wait_for(&sessions.sessions(), &name, "handled h1", handled("h1")).await;
-        let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+        let (ok, reason) = resumed_after_loss(&sessions, &name, "h1").await;
         assert_eq!((ok.as_str(), reason.as_str()), ("False", "TokenRejected"));
         let token = sessions.token_of(&name).await.expect("a token");
         assert_ne!(token, old_token, "the rejected token is replaced");
-        let er = executor(&sessions, &name).await;
+        let er = sessions.executor(&name).await;
         assert_eq!(
             er.status.and_then(|s| s.last_message_uuid),
             None,
@@ -396,18 +372,8 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
         );
 
         for prompt in ["What did you do so far?", "And then?"] {
-            let output = tokio::process::Command::new(PLUGIN)
-                .args(["prompt", &name, prompt, "-n", &sessions.namespace])
-                .stdin(Stdio::null())
-                .output()
-                .await
-                .expect("run kubectl-kandev prompt");
-            assert_eq!(
-                output.status.code(),
-                Some(0),
-                "{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let run = plugin(&["prompt", &name, prompt, "-n", &sessions.namespace]).await;
+            assert_eq!(run.status.code(), Some(0), "{}", run.stderr);
         }
         let processes = log.per_process();
         let prompts = AgentLog::prompts(&processes[1]);
@@ -434,7 +400,7 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
         assert_eq!(prompts[1], "And then?", "wrapped once, not twice");
         // The new session's answers carry their ids (m-1, m-2 of the new agent process).
         last_message_is(&sessions, &name, Some(&format!("{token}/m-2"))).await;
-        let er = executor(&sessions, &name).await.status.expect("ER status");
+        let er = executor_status(&sessions, &name).await;
         assert_eq!(er.activity, Some(AgentActivity::Idle));
         assert!(
             er.journal_cursor.is_some_and(|c| c >= 4),
@@ -470,31 +436,15 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
         let upstream = repos.create("app");
         let daemon = GitDaemon::start(repos.path()).await;
         let name = unique("repo-resume");
-        let mut ts: TaskSession = sessions.new_session_with_task(
-            &name,
-            "repo-agent",
-            None,
-            json!({"template": {"size": "1Gi"}}),
-        );
-        ts.spec.repository = Some(
-            serde_json::from_value(
-                json!({"url": daemon.url("app"), "branch": "kandev/resume", "baseBranch": "develop"}),
-            )
-            .expect("repository"),
-        );
+        let repository =
+            json!({"url": daemon.url("app"), "branch": "kandev/resume", "baseBranch": "develop"});
         sessions
-            .sessions()
-            .create(&PostParams::default(), &ts)
+            .create_with_repository(&name, "repo-agent", repository)
+            .await;
+        sessions.wait_waiting_for_input(&name).await;
+        let first = executor_status(&sessions, &name)
             .await
-            .expect("create TaskSession");
-        sessions
-            .wait_state(&name, SessionState::WaitingForInput)
-            .await
-            .expect("session");
-        let first = executor(&sessions, &name)
-            .await
-            .status
-            .and_then(|s| s.worktree)
+            .worktree
             .expect("worktree");
         assert_eq!(first.branch.as_deref(), Some("kandev/resume"));
         assert_eq!(first.commit.as_deref(), Some(upstream.develop.as_str()));
@@ -502,19 +452,14 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
         // Nothing prompted yet: `kubectl kandev history` runs `agentctl history` in the pod, which
         // exits 3 saying there is no recorded history (kwok's exec status carries no exit code, so
         // the plugin goes by agentctl's words here); the plugin says so and succeeds.
-        let output = tokio::process::Command::new(PLUGIN)
-            .args(["history", &name, "-n", &sessions.namespace])
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .expect("run kubectl-kandev history");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(0), "{stderr}");
-        assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+        let run = plugin(&["history", &name, "-n", &sessions.namespace]).await;
+        let stderr = &run.stderr;
+        assert_eq!(run.status.code(), Some(0), "{stderr}");
+        assert_eq!(run.stdout, "");
         assert!(stderr.contains("has no recorded history yet"), "{stderr}");
 
         let client = sessions.client.clone();
-        let pod = the_pod(&sessions, &name).await;
+        let pod = sessions.the_pod(&name).await;
         let head = sh(
             &client,
             &pod,
@@ -538,12 +483,9 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
 
         drop(daemon);
         sessions.delete_pod(&pod).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "w1").await;
-        wait_for(&sessions.sessions(), &name, "handled w1", handled("w1")).await;
-        let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+        let (ok, reason) = resumed_after_loss(&sessions, &name, "w1").await;
         assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
-        let pod = the_pod(&sessions, &name).await;
+        let pod = sessions.the_pod(&name).await;
         let after = sh(
             &client,
             &pod,
@@ -552,10 +494,9 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
         )
         .await;
         assert_eq!(after, format!("{before}\nchanged\n{head}"));
-        let worktree = executor(&sessions, &name)
+        let worktree = executor_status(&sessions, &name)
             .await
-            .status
-            .and_then(|s| s.worktree)
+            .worktree
             .expect("worktree");
         assert_eq!(
             worktree,
@@ -578,17 +519,10 @@ async fn a_repository_session_is_resumed_with_its_worktree_intact() {
 /// Waits until the ExecutorRunning's `sessionConfig` is `expected`.
 async fn session_config_is(sessions: &Sessions, name: &str, expected: SessionConfigState) {
     let what = format!("sessionConfig {expected:?}");
-    wait_for(
-        &sessions.executors(),
-        name,
-        &what,
-        move |er: Option<&ExecutorRunning>| {
-            er.and_then(|e| e.status.as_ref())
-                .is_some_and(|s| s.session_config.as_ref() == Some(&expected))
-        },
-    )
-    .await
-    .expect("ExecutorRunning");
+    wait_executor_status(sessions, name, &what, |s| {
+        s.session_config.as_ref() == Some(&expected)
+    })
+    .await;
 }
 
 /// Restore keeps config and model state: the mode the agent switched to before the loss is set
@@ -615,10 +549,7 @@ async fn a_resume_sets_the_sessions_mode_back() {
         sessions
             .create_with_task(&name, "config-agent", Some("set-mode plan"))
             .await;
-        sessions
-            .wait_state(&name, SessionState::WaitingForInput)
-            .await
-            .expect("session");
+        sessions.wait_waiting_for_input(&name).await;
         let planned = SessionConfigState {
             mode: Some("plan".into()),
             model: Some("small".into()),
@@ -631,10 +562,7 @@ async fn a_resume_sets_the_sessions_mode_back() {
         let log = AgentLog::of(&sessions, &name).await;
 
         sessions.lose_pods(&name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume()).await;
-        sessions.annotate(&name, "m1").await;
-        wait_for(&sessions.sessions(), &name, "handled m1", handled("m1")).await;
-        let (ok, reason, _) = resumed_condition(&sessions, &name).await;
+        let (ok, reason) = resumed_after_loss(&sessions, &name, "m1").await;
         assert_eq!((ok.as_str(), reason.as_str()), ("True", "Restored"));
         let processes = log
             .wait("the mode set back", |processes| {

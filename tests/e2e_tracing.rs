@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use e2e_support::jaeger::{Jaeger, Span};
 use e2e_support::operator::Operator;
-use e2e_support::sessions::{Sessions, handled, needs_resume};
-use e2e_support::{unique, wait_for};
-use kandev_operator::api::SessionState;
+use e2e_support::sessions::Sessions;
+use e2e_support::{poll, unique};
 
 /// The spans of `trace` named `name`.
 fn named<'a>(trace: &'a [Span], name: &str) -> Vec<&'a Span> {
@@ -49,41 +48,22 @@ async fn a_resume_is_one_trace_from_the_operator_into_the_pod() {
             .start();
         let name = unique("traced");
         sessions.create(&name, "claude-code").await;
-        sessions
-            .wait_state(&name, SessionState::WaitingForInput)
-            .await
-            .expect("session");
+        sessions.wait_waiting_for_input(&name).await;
 
-        sessions.lose_pods(&name).await;
-        wait_for(&sessions.sessions(), &name, "needsResume", needs_resume())
-            .await
-            .expect("session");
-        sessions.annotate(&name, "trace-1").await;
-        wait_for(
-            &sessions.sessions(),
-            &name,
-            "handled trace-1",
-            handled("trace-1"),
-        )
-        .await
-        .expect("session");
+        sessions.lose(&name).await;
+        sessions.resume(&name, "trace-1").await;
         // SIGTERM: the operator flushes its last spans before it exits.
         assert_eq!(operator.terminate(Duration::from_secs(30)).await, Some(0));
 
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let trace = loop {
+        let trace = poll(Duration::from_secs(60), Duration::from_millis(500), async || {
             let traces = jaeger
                 .traces("kandev-operator", "acp.session.restore")
                 .await;
-            if let Some(trace) = resume_trace(&traces) {
-                break trace.clone();
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no trace with the resume and agentctl's span in jaeger; traces: {traces:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
+            resume_trace(&traces).cloned().ok_or_else(|| {
+                format!("no trace with the resume and agentctl's span in jaeger; traces: {traces:#?}")
+            })
+        })
+        .await;
 
         // reconcile → acp.session.restore → acp.session.resume|load → agentctl.forward
         let restore = named(&trace, "acp.session.restore");

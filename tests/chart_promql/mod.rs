@@ -124,57 +124,50 @@ impl Reader<'_> {
 
     /// `{label op "value", …}`, the `{` at `at`.
     fn matchers(&mut self) -> Result<Vec<(String, String, String)>, String> {
-        self.at += 1;
-        let mut out = Vec::new();
-        loop {
-            self.skip_space();
-            match self.peek() {
-                Some(b'}') => {
-                    self.at += 1;
-                    return Ok(out);
-                }
-                Some(b',') => {
-                    self.at += 1;
-                    continue;
-                }
-                Some(c) if is_ident_start(c) => {}
-                other => {
-                    return Err(format!(
-                        "a label name expected in a selector at byte {}, found {:?}",
-                        self.at,
-                        other.map(char::from)
-                    ));
-                }
-            }
-            let label = self.ident();
-            self.skip_space();
+        self.list(b'}', "a label name in a selector", |reader| {
+            let label = reader.ident();
+            reader.skip_space();
             let op = ["=~", "!~", "!=", "="]
                 .into_iter()
-                .find(|op| self.text[self.at..].starts_with(op.as_bytes()))
+                .find(|op| reader.text[reader.at..].starts_with(op.as_bytes()))
                 .ok_or_else(|| format!("a matcher operator expected after {label}"))?;
-            self.at += op.len();
-            self.skip_space();
-            let value = self.string()?;
-            out.push((label, op.to_string(), value));
-        }
+            reader.at += op.len();
+            reader.skip_space();
+            let value = reader.string()?;
+            Ok((label, op.to_string(), value))
+        })
     }
 
     /// `( a, b )` of a grouping clause, the `(` at `at`.
     fn label_list(&mut self) -> Result<Vec<String>, String> {
+        self.list(b')', "a label in a grouping list", |reader| {
+            Ok(reader.ident())
+        })
+    }
+
+    /// The comma-separated items up to `close`, the opening bracket at `at`: each starts with a
+    /// name and is read by `item`; `what` names an item in the error.
+    fn list<T>(
+        &mut self,
+        close: u8,
+        what: &str,
+        mut item: impl FnMut(&mut Self) -> Result<T, String>,
+    ) -> Result<Vec<T>, String> {
         self.at += 1;
         let mut out = Vec::new();
         loop {
             self.skip_space();
             match self.peek() {
-                Some(b')') => {
+                Some(c) if c == close => {
                     self.at += 1;
                     return Ok(out);
                 }
                 Some(b',') => self.at += 1,
-                Some(c) if is_ident_start(c) => out.push(self.ident()),
+                Some(c) if is_ident_start(c) => out.push(item(self)?),
                 other => {
                     return Err(format!(
-                        "a label expected in a grouping list, found {:?}",
+                        "{what} expected at byte {}, found {:?}",
+                        self.at,
                         other.map(char::from)
                     ));
                 }

@@ -8,18 +8,23 @@
 //!   status such as 503.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine;
 use k8s_openapi::api::core::v1::Node;
-use kube::config::Kubeconfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::support::process::{free_port, run};
-use super::{kubectl, repo_path, unique};
+use super::{
+    BUILT_BY_BIN_SH, kubectl, logs_dir, poll_until, read_kubeconfig, spawn_logged, unique,
+    write_kubeconfig,
+};
+
+/// How long a proxy may take to start, and how often the test looks.
+const STARTS_WITHIN: Duration = Duration::from_secs(20);
+const EVERY: Duration = Duration::from_millis(100);
 
 /// The proxy operator → API server.
 const PROXY: &str = "apiserver";
@@ -37,31 +42,22 @@ pub struct FaultProxy {
 impl FaultProxy {
     pub async fn start() -> Self {
         let api_port = free_port();
-        let dir = repo_path("target/e2e-logs");
-        std::fs::create_dir_all(&dir).expect("log dir");
-        let log = std::fs::File::create(dir.join(format!("{}.log", unique("toxiproxy"))))
-            .expect("toxiproxy log");
-        let server = tokio::process::Command::new("toxiproxy-server")
-            .args(["-host", "127.0.0.1", "-port", &api_port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start toxiproxy-server (built by e2e/bin.sh; run the tests with e2e/test.sh)");
+        let dir = logs_dir();
+        let server = spawn_logged(
+            tokio::process::Command::new("toxiproxy-server").args([
+                "-host",
+                "127.0.0.1",
+                "-port",
+                &api_port.to_string(),
+            ]),
+            &dir.join(format!("{}.log", unique("toxiproxy"))),
+            BUILT_BY_BIN_SH,
+        );
         let api = format!("127.0.0.1:{api_port}");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while request(&api, "GET", "/version", None).await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "toxiproxy did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let answers = async || request(&api, "GET", "/version", None).await.is_ok();
+        poll_until(STARTS_WITHIN, EVERY, "toxiproxy did not start", answers).await;
 
-        let path = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-        let first = std::env::split_paths(&path).next().expect("a path");
-        let mut kubeconfig = Kubeconfig::read_from(&first).expect("read KUBECONFIG");
+        let mut kubeconfig = read_kubeconfig();
         let listen = format!("127.0.0.1:{}", free_port());
         let mut upstream = None;
         for cluster in &mut kubeconfig.clusters {
@@ -85,11 +81,7 @@ impl FaultProxy {
         .expect("create the proxy");
         assert!(created.0 < 300, "create the proxy: {created:?}");
         let kubeconfig_path = dir.join(format!("{}.kubeconfig", unique("faults")));
-        std::fs::write(
-            &kubeconfig_path,
-            serde_yaml::to_string(&kubeconfig).expect("kubeconfig as YAML"),
-        )
-        .expect("write the proxied kubeconfig");
+        write_kubeconfig(&kubeconfig_path, &kubeconfig);
         FaultProxy {
             _server: server,
             api,
@@ -234,7 +226,7 @@ pub struct HttpFaultProxy {
 
 impl HttpFaultProxy {
     pub async fn start() -> Self {
-        let dir = repo_path("target/e2e-logs").join(unique("apiproxy"));
+        let dir = logs_dir().join(unique("apiproxy"));
         std::fs::create_dir_all(&dir).expect("proxy dir");
         // The API server's address, CA and the test's client certificate, as files.
         let field = |path: &str| {
@@ -258,9 +250,8 @@ impl HttpFaultProxy {
         );
         let cert = decode(".users[0].user.client-certificate-data", "client.crt");
         let key = decode(".users[0].user.client-key-data", "client.key");
-        let log = std::fs::File::create(dir.join("apiproxy.log")).expect("proxy log");
-        let server = tokio::process::Command::new("kandev-apiproxy")
-            .arg("--upstream")
+        let mut cmd = tokio::process::Command::new("kandev-apiproxy");
+        cmd.arg("--upstream")
             .arg(&upstream)
             .arg("--ca")
             .arg(&ca)
@@ -269,31 +260,20 @@ impl HttpFaultProxy {
             .arg("--key")
             .arg(&key)
             .arg("--dir")
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start kandev-apiproxy (built by e2e/bin.sh; run the tests with e2e/test.sh)");
+            .arg(&dir);
+        let server = spawn_logged(&mut cmd, &dir.join("apiproxy.log"), BUILT_BY_BIN_SH);
         let addresses = dir.join("addresses.json");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !addresses.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "kandev-apiproxy did not start: see {}",
-                dir.join("apiproxy.log").display()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let missing = format!(
+            "kandev-apiproxy did not start: see {}",
+            dir.join("apiproxy.log").display()
+        );
+        poll_until(STARTS_WITHIN, EVERY, &missing, async || addresses.exists()).await;
         let addresses: Value =
             serde_json::from_slice(&std::fs::read(&addresses).expect("addresses")).expect("JSON");
         let api = addresses["api"].as_str().expect("api address");
         let control = addresses["control"].as_str().expect("control address");
 
-        let path = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-        let first = std::env::split_paths(&path).next().expect("a path");
-        let mut kubeconfig = Kubeconfig::read_from(&first).expect("read KUBECONFIG");
+        let mut kubeconfig = read_kubeconfig();
         let ca_pem = std::fs::read(dir.join("ca.crt")).expect("the proxy's CA");
         for cluster in kubeconfig
             .clusters
@@ -306,11 +286,7 @@ impl HttpFaultProxy {
                 Some(base64::engine::general_purpose::STANDARD.encode(&ca_pem));
         }
         let kubeconfig_path = dir.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig_path,
-            serde_yaml::to_string(&kubeconfig).expect("kubeconfig as YAML"),
-        )
-        .expect("write the proxied kubeconfig");
+        write_kubeconfig(&kubeconfig_path, &kubeconfig);
         HttpFaultProxy {
             _server: server,
             control: control.to_string(),

@@ -17,6 +17,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::poll_until;
 use super::support::process::{free_port, run};
 
 /// `git <args>` in `dir` (commits by a fixed test identity); panics on failure.
@@ -89,14 +90,15 @@ impl Repositories {
 
 /// Waits until something accepts connections on `addr`.
 async fn wait_listening(addr: SocketAddr) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{addr} does not listen"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let listens = async || tokio::net::TcpStream::connect(addr).await.is_ok();
+    let missing = format!("{addr} does not listen");
+    poll_until(
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        &missing,
+        listens,
+    )
+    .await;
 }
 
 /// `git daemon` serving every repository of a directory on `git://127.0.0.1:<port>/` (the

@@ -2,7 +2,6 @@
 //! e2e/bin.sh), every port on loopback and free, spans in memory, read back through its query
 //! HTTP API (`/api/traces`). Stopped when dropped.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -10,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::support::process::free_port;
-use super::{repo_path, unique};
+use super::{BUILT_BY_BIN_SH, logs_dir, poll_until, spawn_logged, unique};
 
 pub struct Jaeger {
     _server: tokio::process::Child,
@@ -34,10 +33,6 @@ pub struct Span {
 
 impl Jaeger {
     pub async fn start() -> Self {
-        let dir = repo_path("target/e2e-logs");
-        std::fs::create_dir_all(&dir).expect("log dir");
-        let log = std::fs::File::create(dir.join(format!("{}.log", unique("jaeger"))))
-            .expect("jaeger log");
         let otlp = free_address();
         let query = free_address();
         let mut cmd = tokio::process::Command::new("jaeger-all-in-one");
@@ -54,27 +49,17 @@ impl Jaeger {
         }
         // Jaeger does not trace itself into anyone's receiver.
         cmd.env("OTEL_TRACES_SAMPLER", "always_off")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .kill_on_drop(true);
-        let server = cmd.spawn().expect(
-            "start jaeger-all-in-one (built by e2e/bin.sh; run the tests with e2e/test.sh)",
-        );
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT");
+        let log = logs_dir().join(format!("{}.log", unique("jaeger")));
+        let server = spawn_logged(&mut cmd, &log, BUILT_BY_BIN_SH);
         let jaeger = Jaeger {
             _server: server,
             otlp_endpoint: format!("http://{otlp}"),
             query,
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while jaeger.get("/api/services").await.is_err() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "jaeger did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let answers = async || jaeger.get("/api/services").await.is_ok();
+        let (within, every) = (Duration::from_secs(30), Duration::from_millis(200));
+        poll_until(within, every, "jaeger did not start", answers).await;
         jaeger
     }
 

@@ -34,16 +34,64 @@ use serde::de::DeserializeOwned;
 /// How long a test waits for one condition.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// A client for $KUBECONFIG; panics (fails the test) if it is unset or the cluster does not answer.
-pub async fn client() -> Client {
+/// The (first) file of $KUBECONFIG; panics (fails the test) if it is unset.
+pub fn kubeconfig_path() -> PathBuf {
     let path = std::env::var_os("KUBECONFIG")
         .filter(|p| !p.is_empty())
         .expect("KUBECONFIG is not set: run the e2e tests with `bash e2e/test.sh` (or `make e2e`)");
-    let first = std::env::split_paths(&path)
+    std::env::split_paths(&path)
         .next()
-        .expect("KUBECONFIG has a path");
-    let kubeconfig = Kubeconfig::read_from(&first)
-        .unwrap_or_else(|e| panic!("cannot read KUBECONFIG {}: {e}", first.display()));
+        .expect("KUBECONFIG has a path")
+}
+
+/// The kubeconfig of [`kubeconfig_path`], read.
+pub fn read_kubeconfig() -> Kubeconfig {
+    let first = kubeconfig_path();
+    Kubeconfig::read_from(&first)
+        .unwrap_or_else(|e| panic!("cannot read KUBECONFIG {}: {e}", first.display()))
+}
+
+/// Writes `kubeconfig` (one a test changed) to `path` as YAML.
+pub fn write_kubeconfig(path: &Path, kubeconfig: &Kubeconfig) {
+    let yaml = serde_yaml::to_string(kubeconfig).expect("kubeconfig as YAML");
+    std::fs::write(path, yaml)
+        .unwrap_or_else(|e| panic!("write the kubeconfig {}: {e}", path.display()));
+}
+
+/// What a program that `e2e/bin.sh` builds says when it does not start.
+pub const BUILT_BY_BIN_SH: &str = "built by e2e/bin.sh; run the tests with e2e/test.sh";
+
+/// Starts `cmd` with no stdin, its stdout and stderr into the new file `log`, killed when
+/// dropped; panics (with `hint`: where the program comes from) when it does not start.
+pub fn spawn_logged(
+    cmd: &mut tokio::process::Command,
+    log: &Path,
+    hint: &str,
+) -> tokio::process::Child {
+    let out = std::fs::File::create(log).unwrap_or_else(|e| panic!("log {}: {e}", log.display()));
+    let err = out.try_clone().expect("log");
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+            panic!("start {program} ({hint}): {e}")
+        })
+}
+
+/// `target/e2e-logs`, where the processes the tests start log (created if need be).
+pub fn logs_dir() -> PathBuf {
+    let dir = repo_path("target/e2e-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    dir
+}
+
+/// A client for $KUBECONFIG; panics (fails the test) if it is unset or the cluster does not answer.
+pub async fn client() -> Client {
+    let first = kubeconfig_path();
+    let kubeconfig = read_kubeconfig();
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .expect("invalid kubeconfig");
@@ -74,6 +122,41 @@ pub fn unique(prefix: &str) -> String {
         .map(|d| d.as_millis() % 100_000_000)
         .unwrap_or(0);
     format!("{prefix}-{millis}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Calls `probe` every `every` until it answers Ok, and returns its value; fails the test with
+/// its last Err (what is still missing) once `within` has passed.
+pub async fn poll<T>(
+    within: Duration,
+    every: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match probe().await {
+            Ok(value) => return value,
+            Err(missing) => assert!(tokio::time::Instant::now() < deadline, "{missing}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// [`poll`] for a yes-or-no `probe`: fails the test with `missing` (what did not come) once
+/// `within` has passed without a yes.
+pub async fn poll_until(
+    within: Duration,
+    every: Duration,
+    missing: &str,
+    mut probe: impl AsyncFnMut() -> bool,
+) {
+    poll(within, every, async || {
+        if probe().await {
+            Ok(())
+        } else {
+            Err(missing.to_string())
+        }
+    })
+    .await;
 }
 
 /// Runs `body`, then `cleanup` even if `body` panicked, then re-raises the panic.
@@ -246,6 +329,17 @@ pub fn is_played() -> impl Condition<Pod> {
                 && harness_pid(p).is_some()
         })
     }
+}
+
+/// `kubectl exec` of `command` in the agentctl container of `pod` (the e2e kubectl, to its end
+/// within the runner's limit); its stdout. Panics unless it succeeds.
+pub fn agentctl_exec(namespace: &str, pod: &str, command: &[&str]) -> String {
+    support::process::run(
+        kubectl()
+            .args(["exec", "-n", namespace, pod, "-c", "agentctl", "--"])
+            .args(command),
+    )
+    .expect_success()
 }
 
 /// `sh -c <script>` in the pod's working directory (the workspace), through the API server's

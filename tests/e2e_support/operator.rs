@@ -3,13 +3,12 @@
 //! endpoints (`/metrics`) listen on a free loopback port.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{WAIT, free_port, repo_path, unique};
+use super::{WAIT, free_port, logs_dir, poll, repo_path, spawn_logged, unique};
 
 /// Reconcile period of a test operator unless a test sets another.
 pub const DEFAULT_RESYNC: Duration = Duration::from_secs(2);
@@ -105,19 +104,19 @@ impl Operator {
     /// `/metrics`, summed over `result` (ok and error). Waits up to 10 s for the endpoint (it
     /// listens a moment after the start), then fails the test.
     pub async fn reconciles(&self) -> u64 {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.metrics().await {
-                Ok(text) => return sum_of(&text, RECONCILES),
-                Err(e) => assert!(
-                    tokio::time::Instant::now() < deadline,
+        poll(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            async || match self.metrics().await {
+                Ok(text) => Ok(sum_of(&text, RECONCILES)),
+                Err(e) => Err(format!(
                     "no /metrics from the operator at {}: {e}; log {}",
                     self.http,
                     self.log.display()
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+                )),
+            },
+        )
+        .await
     }
 
     /// Waits until the operator has finished `more` reconciles since this call; fails the test
@@ -134,20 +133,18 @@ impl Operator {
     /// another session only makes the count grow sooner, never later).
     pub async fn await_reconciles(&self, more: u64) {
         let from = self.reconciles().await;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        poll(WAIT, Duration::from_millis(100), async || {
             let now = self.reconciles().await;
             if now >= from + more {
-                return;
+                return Ok(());
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
+            Err(format!(
                 "the operator finished {} reconciles in {WAIT:?}, not {more}; log {}",
                 now.saturating_sub(from),
                 self.log.display()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            ))
+        })
+        .await
     }
 
     /// The body of `GET /metrics` (HTTP/1.0: not chunked, ends with the connection).
@@ -254,8 +251,7 @@ impl OperatorBuilder {
     }
 
     pub fn start(self) -> Operator {
-        let dir = repo_path("target/e2e-logs");
-        std::fs::create_dir_all(&dir).expect("log dir");
+        let dir = logs_dir();
         let profiles = self.profiles.as_ref().map(|profiles| match profiles {
             Profiles::Written { file, yaml } => {
                 // Replaced atomically: another operator may be reading the same file right now.
@@ -268,8 +264,6 @@ impl OperatorBuilder {
             Profiles::Repo(path) => path.clone(),
         });
         let log = dir.join(format!("{}.log", unique(&self.log_prefix)));
-        let out = std::fs::File::create(&log).expect("operator log");
-        let err = out.try_clone().expect("operator log");
         let http = format!("127.0.0.1:{}", free_port());
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kandev-operator"));
         cmd.args(["run", "--acp-timeout-seconds", "30"])
@@ -281,11 +275,7 @@ impl OperatorBuilder {
         }
         cmd.args(&self.args);
         cmd.env("RUST_LOG", "info,kandev_operator=debug")
-            .env_remove(FAULT_ENV)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
+            .env_remove(FAULT_ENV);
         cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         if let Some(step) = &self.fault {
             cmd.env(FAULT_ENV, step);
@@ -303,7 +293,7 @@ impl OperatorBuilder {
                 cmd.arg("--no-leader-election");
             }
         }
-        let child = cmd.spawn().expect("start kandev-operator");
+        let child = spawn_logged(&mut cmd, &log, "this crate's binary");
         eprintln!("operator log: {}", log.display());
         Operator { child, log, http }
     }

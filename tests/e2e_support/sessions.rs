@@ -6,18 +6,28 @@ use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition as StatusCondition;
 use k8s_openapi::jiff::Timestamp;
-use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, SessionState, TaskSession};
+use kandev_operator::api::conditions;
+use kandev_operator::api::{
+    ExecutorRunning, ExecutorRunningStatus, RESUME_ANNOTATION, SessionState, TaskSession,
+    TaskSessionStatus,
+};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::Condition;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::operator::OperatorBuilder;
-use super::{WAIT, client_with_crds, restricted_namespace, unique, wait_for_within, with_cleanup};
+use super::{
+    WAIT, client_with_crds, poll_until, restricted_namespace, unique, wait_for_within, with_cleanup,
+};
 
 /// The first prompt of the sessions that [`Sessions::create`] makes.
 pub const FIRST_PROMPT: &str = "Say hello.";
+
+/// How long [`Sessions::wait_no_live_pods`] waits for a session's pods to go.
+const PODS_GONE_WITHIN: Duration = Duration::from_secs(30);
 
 /// How long a teardown waits for a running operator to lift the finalizers of the deleted
 /// sessions before it removes them itself.
@@ -152,6 +162,147 @@ impl Sessions {
         wait_for_within(&self.sessions(), name, &what, within, state_is(state)).await
     }
 
+    /// Waits (see [`super::wait_for`]) until `cond` holds for session `name`; the session then.
+    /// For conditions that hold only on an existing session.
+    pub async fn wait(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Condition<TaskSession>,
+    ) -> TaskSession {
+        self.wait_within(name, what, WAIT, cond).await
+    }
+
+    /// [`Sessions::wait`] with another time limit.
+    pub async fn wait_within(
+        &self,
+        name: &str,
+        what: &str,
+        within: Duration,
+        cond: impl Condition<TaskSession>,
+    ) -> TaskSession {
+        wait_for_within(&self.sessions(), name, what, within, cond)
+            .await
+            .unwrap_or_else(|| panic!("TaskSession {name} is gone"))
+    }
+
+    /// Waits until the session is WAITING_FOR_INPUT (started, or resumed, and idle).
+    pub async fn wait_waiting_for_input(&self, name: &str) -> TaskSession {
+        self.wait_state(name, SessionState::WaitingForInput)
+            .await
+            .expect("session")
+    }
+
+    /// Waits until the session needs a resume (see [`needs_resume`]).
+    pub async fn wait_needs_resume(&self, name: &str) -> TaskSession {
+        self.wait(name, "needsResume", needs_resume()).await
+    }
+
+    /// Starts watching `name` for `cond` and returns once the watch's initial list is done, so
+    /// no change after this call can be missed (even a state that lasts a moment); the handle
+    /// yields whether `cond` held within [`WAIT`].
+    pub async fn watch_for(
+        &self,
+        name: &str,
+        cond: impl Condition<TaskSession> + Send + Sync + 'static,
+    ) -> tokio::task::JoinHandle<bool> {
+        use futures::StreamExt;
+        use kube::runtime::WatchStreamExt;
+        use kube::runtime::watcher::{self, Event};
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = Box::pin(watcher::watcher(self.sessions(), config).default_backoff());
+        let (ready, listed) = tokio::sync::oneshot::channel();
+        let watch = tokio::spawn(async move {
+            let mut ready = Some(ready);
+            let seen = async {
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(Event::InitDone) => {
+                            if let Some(ready) = ready.take() {
+                                let _ = ready.send(());
+                            }
+                        }
+                        Ok(Event::Apply(ts) | Event::InitApply(ts))
+                            if cond.matches_object(Some(&ts)) =>
+                        {
+                            return true;
+                        }
+                        _ => {}
+                    }
+                }
+                false
+            };
+            tokio::time::timeout(WAIT, seen).await.unwrap_or(false)
+        });
+        // Err: the watch ended (or matched) before its list was done; nothing left to wait for.
+        let _ = listed.await;
+        watch
+    }
+
+    /// Waits until the operator has handled the resume request `token` (see [`handled`]).
+    pub async fn wait_handled(&self, name: &str, token: &str) -> TaskSession {
+        self.wait_handled_within(name, token, WAIT).await
+    }
+
+    /// [`Sessions::wait_handled`] with another time limit.
+    pub async fn wait_handled_within(
+        &self,
+        name: &str,
+        token: &str,
+        within: Duration,
+    ) -> TaskSession {
+        self.wait_within(name, &format!("handled {token}"), within, handled(token))
+            .await
+    }
+
+    /// Requests a resume with `token` (see [`Sessions::annotate`]) and waits until the operator
+    /// has handled it; the session then.
+    pub async fn resume(&self, name: &str, token: &str) -> TaskSession {
+        self.annotate(name, token).await;
+        self.wait_handled(name, token).await
+    }
+
+    /// Loses the session's agent (see [`Sessions::lose_pods`]) and waits until the session needs
+    /// a resume; the session then.
+    pub async fn lose(&self, name: &str) -> TaskSession {
+        self.lose_pods(name).await;
+        self.wait_needs_resume(name).await
+    }
+
+    /// The session as it is now; panics when it does not exist.
+    pub async fn get(&self, name: &str) -> TaskSession {
+        self.sessions()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("get TaskSession {name}: {e}"))
+    }
+
+    /// The session's status as it is now; panics when it has none.
+    pub async fn status(&self, name: &str) -> TaskSessionStatus {
+        self.get(name)
+            .await
+            .status
+            .unwrap_or_else(|| panic!("TaskSession {name} has no status"))
+    }
+
+    /// The session's ExecutorRunning as it is now; panics when it does not exist.
+    pub async fn executor(&self, name: &str) -> ExecutorRunning {
+        self.executors().get(name).await.expect("ExecutorRunning")
+    }
+
+    /// Waits (see [`super::wait_for`]) until `cond` holds for the ExecutorRunning `name`; the
+    /// ExecutorRunning then. For conditions that hold only on an existing one.
+    pub async fn wait_executor(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Condition<ExecutorRunning>,
+    ) -> ExecutorRunning {
+        super::wait_for(&self.executors(), name, what, cond)
+            .await
+            .expect("ExecutorRunning")
+    }
+
     pub fn claims(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
@@ -206,6 +357,27 @@ impl Sessions {
         self.create_with_task(name, agent, Some(FIRST_PROMPT)).await
     }
 
+    /// Creates `ts` (made with [`Sessions::new_session`] and changed by the test).
+    pub async fn create_session(&self, ts: &TaskSession) -> TaskSession {
+        self.sessions()
+            .create(&PostParams::default(), ts)
+            .await
+            .unwrap_or_else(|e| panic!("create TaskSession {}: {e}", ts.name_any()))
+    }
+
+    /// A session without a first prompt (it boots idle) on a [`template_workspace`], with
+    /// `repository` as its `spec.repository`.
+    pub async fn create_with_repository(
+        &self,
+        name: &str,
+        agent: &str,
+        repository: serde_json::Value,
+    ) -> TaskSession {
+        let mut ts = self.new_session_with_task(name, agent, None, template_workspace());
+        ts.spec.repository = Some(serde_json::from_value(repository).expect("repository"));
+        self.create_session(&ts).await
+    }
+
     /// [`Sessions::create`] with `task` as the first prompt, or none.
     pub async fn create_with_task(
         &self,
@@ -213,12 +385,8 @@ impl Sessions {
         agent: &str,
         task: Option<&str>,
     ) -> TaskSession {
-        let ts =
-            self.new_session_with_task(name, agent, task, json!({"template": {"size": "1Gi"}}));
-        self.sessions()
-            .create(&PostParams::default(), &ts)
-            .await
-            .expect("create TaskSession")
+        let ts = self.new_session_with_task(name, agent, task, template_workspace());
+        self.create_session(&ts).await
     }
 
     pub async fn delete(&self, name: &str) {
@@ -238,10 +406,8 @@ impl Sessions {
     }
 
     pub async fn token_of(&self, name: &str) -> Option<String> {
-        self.executors()
-            .get(name)
+        self.executor(name)
             .await
-            .expect("ExecutorRunning")
             .status
             .and_then(|s| s.resume_token)
     }
@@ -256,6 +422,34 @@ impl Sessions {
             .into_iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect()
+    }
+
+    /// The names of the session's live pods (see [`Sessions::live_pods`]).
+    pub async fn live_pod_names(&self, name: &str) -> Vec<String> {
+        self.live_pods(name)
+            .await
+            .iter()
+            .map(|p| p.name_any())
+            .collect()
+    }
+
+    /// The session's one live pod; panics (naming them) unless there is exactly one.
+    pub async fn the_pod(&self, name: &str) -> Pod {
+        let mut pods = self.live_pods(name).await;
+        assert_eq!(
+            pods.len(),
+            1,
+            "exactly one live agentctl pod of {name}: {:?}",
+            pods.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        pods.remove(0)
+    }
+
+    /// Waits up to 30 s until the session has no live pod; `what` (the reason there should be
+    /// none) is the failure's message.
+    pub async fn wait_no_live_pods(&self, name: &str, what: &str) {
+        let none = async || self.live_pods(name).await.is_empty();
+        poll_until(PODS_GONE_WITHIN, Duration::from_millis(250), what, none).await;
     }
 
     /// Deletes `pod` (a node drain, an eviction).
@@ -281,6 +475,12 @@ impl Sessions {
             expected.iter().all(|e| reasons.iter().any(|r| r == e))
         })
         .await
+    }
+
+    /// Asserts that the session has an Event with `reason`, waiting up to 15 s for it as
+    /// [`Sessions::event_reasons_with`] does; returns the reasons, oldest first.
+    pub async fn assert_event(&self, name: &str, reason: &str) -> Vec<String> {
+        self.assert_events_in_order(name, &[reason]).await
     }
 
     /// Asserts that the session's Events have `expected` among them in this order (others may
@@ -330,10 +530,16 @@ impl Sessions {
         list.into_iter().filter_map(|e| e.reason).collect()
     }
 
-    /// Requests a resume with `token`, as a user would (a field manager that does not start with
-    /// "kubectl": Flux prunes fields owned by those).
+    /// Requests a resume with `token`, as a user would (see [`Sessions::annotate_as_user`]).
     pub async fn annotate(&self, name: &str, token: &str) {
-        let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: token}}});
+        self.annotate_as_user(name, json!({RESUME_ANNOTATION: token}))
+            .await;
+    }
+
+    /// Merges `annotations` into the session's, as a user would (a field manager that does not
+    /// start with "kubectl": Flux prunes fields owned by those).
+    pub async fn annotate_as_user(&self, name: &str, annotations: serde_json::Value) {
+        let patch = json!({"metadata": {"annotations": annotations}});
         self.sessions()
             .patch(
                 name,
@@ -342,6 +548,18 @@ impl Sessions {
             )
             .await
             .expect("annotate");
+    }
+
+    /// Merge-patches the session with `patch` (the default field manager); the API server's
+    /// answer.
+    pub async fn merge(
+        &self,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<TaskSession, kube::Error> {
+        self.sessions()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
     }
 }
 
@@ -362,23 +580,68 @@ pub fn in_order(reasons: &[String], expected: &[&str]) -> bool {
     expected.iter().all(|wanted| reasons.any(|r| r == wanted))
 }
 
+/// The workspace of [`Sessions::create`]: a 1Gi PVC made from a template.
+pub fn template_workspace() -> serde_json::Value {
+    json!({"template": {"size": "1Gi"}})
+}
+
+/// The session has a status, and `holds` for it.
+pub fn status_where(holds: impl Fn(&TaskSessionStatus) -> bool) -> impl Condition<TaskSession> {
+    move |ts: Option<&TaskSession>| ts.and_then(|t| t.status.as_ref()).is_some_and(&holds)
+}
+
+/// The ExecutorRunning has a status, and `holds` for it.
+pub fn executor_status_where(
+    holds: impl Fn(&ExecutorRunningStatus) -> bool,
+) -> impl Condition<ExecutorRunning> {
+    move |er: Option<&ExecutorRunning>| er.and_then(|e| e.status.as_ref()).is_some_and(&holds)
+}
+
 pub fn state_is(state: SessionState) -> impl Condition<TaskSession> {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| s.state == state)
-    }
+    status_where(move |s| s.state == state)
 }
 
 pub fn handled(token: &str) -> impl Condition<TaskSession> + '_ {
-    move |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| s.last_handled_resume_request.as_deref() == Some(token))
-    }
+    status_where(move |s| s.last_handled_resume_request.as_deref() == Some(token))
 }
 
 pub fn needs_resume() -> impl Condition<TaskSession> {
-    |ts: Option<&TaskSession>| {
-        ts.and_then(|t| t.status.as_ref())
-            .is_some_and(|s| s.needs_resume)
-    }
+    status_where(|s| s.needs_resume)
+}
+
+/// Whether `status` has condition `type_` with this status ("True", "False") and reason.
+pub fn has_condition(status: &TaskSessionStatus, type_: &str, value: &str, reason: &str) -> bool {
+    conditions::find(&status.conditions, type_)
+        .is_some_and(|c| c.status == value && c.reason == reason)
+}
+
+/// The session's condition `type_` has this status ("True", "False") and reason.
+pub fn condition_is<'a>(
+    type_: &'a str,
+    value: &'a str,
+    reason: &'a str,
+) -> impl Condition<TaskSession> + 'a {
+    status_where(move |s| has_condition(s, type_, value, reason))
+}
+
+/// Condition `type_` of `status`; panics (with the status) when there is none.
+pub fn condition<'a>(status: &'a TaskSessionStatus, type_: &str) -> &'a StatusCondition {
+    conditions::find(&status.conditions, type_)
+        .unwrap_or_else(|| panic!("no condition {type_} in {status:#?}"))
+}
+
+/// Asserts that condition `type_` of `status` has `expected` as its (status, reason); returns
+/// the condition.
+pub fn assert_condition<'a>(
+    status: &'a TaskSessionStatus,
+    type_: &str,
+    expected: (&str, &str),
+) -> &'a StatusCondition {
+    let found = condition(status, type_);
+    assert_eq!(
+        (found.status.as_str(), found.reason.as_str()),
+        expected,
+        "{type_}: {found:?} in {status:#?}"
+    );
+    found
 }

@@ -32,6 +32,11 @@ pub fn chart_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/kandev-operator"))
 }
 
+/// [`chart_dir`] as helm's chart argument.
+pub fn chart_arg() -> String {
+    chart_dir().to_str().expect("utf-8 chart path").to_owned()
+}
+
 /// How long `helm install --wait` may take: `KANDEV_HELM_TIMEOUT` (helm's duration), else 3m.
 pub fn helm_timeout() -> String {
     std::env::var("KANDEV_HELM_TIMEOUT").unwrap_or_else(|_| "3m".into())
@@ -52,11 +57,10 @@ pub fn helm(args: &[&str]) -> Output {
 /// `helm template` of the chart in [`NAMESPACE`] for [`KUBE_VERSION`], with extra arguments:
 /// Ok(documents) or Err(stderr).
 pub fn template(args: &[&str]) -> Result<Vec<Value>, String> {
-    let chart = chart_dir();
-    let chart = chart.to_str().expect("utf-8 chart path");
+    let chart = chart_arg();
     let out = helm(
         &[
-            &["template", RELEASE, chart][..],
+            &["template", RELEASE, &chart][..],
             &["--namespace", NAMESPACE, "--kube-version", KUBE_VERSION],
             args,
         ]
@@ -128,24 +132,40 @@ pub fn uninstall(namespace: &str, timeout: &str) -> Output {
     ])
 }
 
-/// Removes every TaskSession's finalizer, then deletes the CRDs (waiting until they are gone):
-/// the cluster as before the chart's first install. The deletion's output: the caller says
-/// whether it must succeed.
-pub fn delete_crds() -> Output {
-    let sessions = run(kubectl().args([
-        "get",
-        "ts",
-        "-A",
+/// Deletes `namespaces` (those that exist) and waits up to 120 s until they are gone: a namespace
+/// that is still terminating refuses the next install.
+pub fn delete_namespaces(namespaces: &[&str]) -> Output {
+    run(kubectl()
+        .args(["delete", "namespace"])
+        .args(namespaces)
+        .args(["--ignore-not-found", "--wait=true", "--timeout=120s"]))
+}
+
+/// Removes the finalizer of every TaskSession in `namespace` (None: in every namespace), so that
+/// deleting them, their namespace or the CRDs does not wait for an operator that is gone.
+pub fn lift_finalizers(namespace: Option<&str>) {
+    let scope = match namespace {
+        Some(namespace) => vec!["-n", namespace],
+        None => vec!["-A"],
+    };
+    let sessions = run(kubectl().args(["get", "ts"]).args(scope).args([
         "-o",
         "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name}{\"\\n\"}{end}",
     ]))
     .stdout;
-    // Else deleting the CRDs would wait for an operator to remove them.
     for (namespace, name) in sessions.lines().filter_map(|l| l.split_once(' ')) {
         run(kubectl()
             .args(["patch", "ts", name, "-n", namespace, "--type=merge"])
             .args(["-p", r#"{"metadata":{"finalizers":null}}"#]));
     }
+}
+
+/// Removes every TaskSession's finalizer, then deletes the CRDs (waiting until they are gone):
+/// the cluster as before the chart's first install. The deletion's output: the caller says
+/// whether it must succeed.
+pub fn delete_crds() -> Output {
+    // Else deleting the CRDs would wait for an operator to remove them.
+    lift_finalizers(None);
     run(kubectl()
         .args([
             "delete",
