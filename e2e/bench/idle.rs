@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use kandev_operator::api::conditions;
 use kandev_operator::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
-use kandev_operator::controller::conditions;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;

@@ -17,8 +17,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::api::conditions;
 use crate::api::{SessionState, TaskSession};
-use crate::controller::conditions;
 
 /// Content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

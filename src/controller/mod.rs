@@ -2,7 +2,6 @@
 //! exec, tokens back into status. It gathers facts, calls the pure rules in `crate::resume`, and
 //! applies the result. Beside it: the HTTP endpoints, metrics and the RBAC self-check (§4).
 
-pub use crate::api::conditions;
 pub mod events;
 mod expectations;
 pub mod pods;

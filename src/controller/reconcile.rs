@@ -21,7 +21,6 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, info, warn};
 
-use super::conditions::{self, Want};
 use super::events::{OutgoingEvent, Publisher, Queue as EventQueue};
 use super::expectations::Expectations;
 use super::follower::{self, Followers, Probe};
@@ -29,6 +28,7 @@ use super::metrics::{self, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
+use crate::api::conditions::{self, Want};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::agentctl::checkout::{WORKTREE_META, Worktree};

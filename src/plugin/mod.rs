@@ -1,4 +1,4 @@
-//! `kubectl-kandev`, the kubectl plugin (DESIGN §4): `status`, `resume`, `prompt`, `history`.
+//! `kubectl-kandev`, the kubectl plugin (DESIGN §4): `status`, `resume`, `prompt`, `history`, `complete`, `cancel`.
 //!
 //! - [`cli`]: the command line and its `--help` text;
 //! - [`status`]: the status snapshot (the operator's loaded objects, evaluated by its rules) and
