@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e_support::sessions::{
-    Sessions, assert_condition, condition, condition_is, template_workspace,
+    Sessions, assert_condition, condition, condition_is, status_where, template_workspace,
 };
 use e2e_support::support::chart::{self, CRDS, RELEASE, chart_dir};
 use e2e_support::support::process::{run, run_with_stdin};
@@ -442,17 +442,22 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         );
         assert!(watched.live_pods(refused).await.is_empty());
 
-        // A session in a namespace the operator does not watch is never touched.
+        // A session in a namespace the operator does not watch is never touched: not by the
+        // time the operator has reconciled a session created after it in a watched namespace.
         let ignored = "unwatched-session";
         other.create(ignored, "claude-code").await;
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        let later = "watched-after-it";
+        watched.create(later, "claude-code").await;
+        watched
+            .wait(later, "reconciled", status_where(|_| true))
+            .await;
         let ts = other.get(ignored).await;
         assert!(
             ts.status.is_none() && ts.finalizers().is_empty(),
             "the operator reached into an unwatched namespace: {ts:?}"
         );
 
-        for name in [name, refused] {
+        for name in [name, refused, later] {
             delete_session(&watched, name).await;
         }
     };
