@@ -3,10 +3,11 @@
 //! They reach agentctl as `KANDEV_GIT_*` variables (see [`super::checkout`]) and are removed
 //! from the agent's environment, but a process's initial environment stays readable in
 //! `/proc/<pid>/environ` to every process of the same user, and the agent runs as agentctl's
-//! user. So an agentctl that holds them makes itself non-dumpable before anything else: the
-//! kernel then lets only a process with `CAP_SYS_PTRACE` read its environment or memory (agent
-//! pods have no capabilities). What agentctl starts with `execve` (git for the clone, then the
-//! agent) is dumpable again, as usual; the agent never had the variables.
+//! user. So an agentctl that holds them makes itself non-dumpable as it starts, before it clones
+//! or starts the agent: the kernel then lets only a process with `CAP_SYS_PTRACE` read its
+//! environment or memory (agent pods have no capabilities). What agentctl starts with `execve`
+//! (git for the clone, then the agent) is dumpable again, as usual; the agent never had the
+//! variables.
 
 use super::checkout::{
     ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME,
@@ -22,7 +23,7 @@ pub const CREDENTIAL_VARIABLES: [&str; 5] = [
 ];
 
 /// Whether this process's environment holds a repository credential.
-pub fn holds_credentials() -> bool {
+fn holds_credentials() -> bool {
     CREDENTIAL_VARIABLES
         .iter()
         .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))

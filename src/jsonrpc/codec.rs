@@ -2,6 +2,8 @@
 //! client writes (ACP over stdio, sockets and exec, the `agentctl events` feed) is read with
 //! [`LineReader`], so no peer can make us buffer more than one limited line.
 //!
+//! Lines that are passed on as they are (or fixed replies) are written with [`write_line`].
+//!
 //! Three layers read lines with it: the ACP client, agentctl (the agent's stdout, its clients,
 //! `connect` and `events`) and the controller's event follower.
 //!
