@@ -12,8 +12,11 @@ use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, assert_condition, executor_status_where};
-use e2e_support::support::process::{Output, finish_async};
-use e2e_support::{agentctl_exec, kubeconfig_path, kubectl, poll_until, unique, wait_for};
+use e2e_support::support::process::Output;
+use e2e_support::{
+    PLUGIN, agentctl_exec, finish_plugin, kubeconfig_path, kubectl, plugin, poll_until, unique,
+    wait_for,
+};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{
@@ -22,10 +25,6 @@ use kandev_operator::api::{
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
-
-const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
-/// Longest a single plugin run may take before the test fails.
-const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 /// The operator for the plugin's tests, without leader election, with the profiles of
 /// `tests/data/profiles/plugin.yaml`: an echoing test agent whose session id is known to every
@@ -63,16 +62,6 @@ impl RunExt for Output {
     }
 }
 
-/// Waits for a plugin process the test started (and may have fed or acted beside), within
-/// [`RUN_LIMIT`], through the tests' one runner; logs what it printed.
-async fn finish(child: tokio::process::Child, what: &str) -> Run {
-    let run = finish_async(child, what, RUN_LIMIT)
-        .await
-        .unwrap_or_else(|run| panic!("{what} ran longer than {RUN_LIMIT:?}: {run:#?}"));
-    eprintln!("$ {what} → {}\n{}{}", run.code(), run.stdout, run.stderr);
-    run
-}
-
 /// `program <args>` with no stdin and its output piped (for [`finish`]), killed when dropped.
 fn piped_command(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(program);
@@ -88,12 +77,6 @@ fn plugin_command(args: &[&str]) -> tokio::process::Command {
     piped_command(PLUGIN, args)
 }
 
-/// `kubectl-kandev <args>` (KUBECONFIG from the environment).
-async fn plugin(args: &[&str]) -> Run {
-    let child = plugin_command(args).spawn().expect("start kubectl-kandev");
-    finish(child, &format!("kubectl-kandev {}", args.join(" "))).await
-}
-
 /// The e2e kubectl with `args`, and `dir` first on PATH (where kubectl finds plugins), run to
 /// its end; `what` names it in messages.
 async fn kubectl_with_plugins_in(dir: &Path, args: &[&str], what: &str) -> Run {
@@ -104,7 +87,7 @@ async fn kubectl_with_plugins_in(dir: &Path, args: &[&str], what: &str) -> Run {
         .env("PATH", std::env::join_paths(paths).expect("PATH"))
         .spawn()
         .expect("start kubectl");
-    finish(child, what).await
+    finish_plugin(child, what).await
 }
 
 /// `kubectl kandev <args>` through the e2e kubectl, with the plugin's directory first on PATH:
@@ -382,7 +365,7 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             let mut stdin = child.stdin.take().expect("stdin");
             stdin.write_all(b"from stdin").await.expect("write prompt");
         }
-        let run = finish(child, "kubectl-kandev prompt - (stdin)")
+        let run = finish_plugin(child, "kubectl-kandev prompt - (stdin)")
             .await
             .expect_code(0);
         assert_eq!(run.stdout, "echo: from stdin\n");
@@ -438,7 +421,7 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
         // The prompt reached the agent (agentctl events → RUNNING); then the pod goes.
         sessions.wait_state(&name, SessionState::Running).await;
         lose_pod(&sessions, &name).await;
-        let run = finish(child, "kubectl-kandev prompt (pod deleted mid-turn)")
+        let run = finish_plugin(child, "kubectl-kandev prompt (pod deleted mid-turn)")
             .await
             .expect_code(0);
         assert_eq!(run.stdout, "echo: are you there\n");

@@ -27,8 +27,7 @@ use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{
     Sessions, assert_condition, condition, executor_status_where, status_where,
 };
-use e2e_support::support::process::{Output, run_async};
-use e2e_support::{pod_sh as sh, poll, unique};
+use e2e_support::{plugin, pod_sh as sh, poll, unique};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{
@@ -38,11 +37,6 @@ use kandev_operator::api::{
 use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
-
-const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
-
-/// Longest a plugin run may take before the test fails.
-const PLUGIN_LIMIT: Duration = Duration::from_secs(180);
 
 /// Where the scripted agent logs, relative to its working directory (the workspace): under
 /// `.kandev/`, which agentctl keeps out of git. (An absolute path would not do: the harness maps
@@ -193,16 +187,6 @@ async fn resumed_after_loss(sessions: &Sessions, name: &str, token: &str) -> (St
     let status = sessions.status(name).await;
     let resumed = condition(&status, conditions::RESUMED);
     (resumed.status.clone(), resumed.reason.clone())
-}
-
-/// `kubectl-kandev <args>` (KUBECONFIG from the environment), to its end.
-async fn plugin(args: &[&str]) -> Output {
-    run_async(
-        tokio::process::Command::new(PLUGIN).args(args),
-        PLUGIN_LIMIT,
-    )
-    .await
-    .unwrap_or_else(|run| panic!("kubectl-kandev ran longer than {PLUGIN_LIMIT:?}: {run:#?}"))
 }
 
 /// Case C (DESIGN §3): a session lost while its agent works on the task description, resumed

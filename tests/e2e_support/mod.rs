@@ -342,6 +342,40 @@ pub fn agentctl_exec(namespace: &str, pod: &str, command: &[&str]) -> String {
     .expect_success()
 }
 
+/// The kubectl plugin binary of this build.
+pub const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-kandev");
+
+/// Longest a single plugin run may take before the test fails.
+pub const PLUGIN_LIMIT: Duration = Duration::from_secs(180);
+
+/// Waits for a plugin process the test started (with stdout and stderr piped; it may have fed
+/// its stdin or acted beside it) within [`PLUGIN_LIMIT`], through the tests' one runner; logs
+/// what it printed. `what` names it.
+pub async fn finish_plugin(child: tokio::process::Child, what: &str) -> support::process::Output {
+    plugin_ran(
+        what,
+        support::process::finish_async(child, what, PLUGIN_LIMIT).await,
+    )
+}
+
+/// `kubectl-kandev <args>` (KUBECONFIG from the environment), run to its end as
+/// [`finish_plugin`] does.
+pub async fn plugin(args: &[&str]) -> support::process::Output {
+    let mut cmd = tokio::process::Command::new(PLUGIN);
+    let ran = support::process::run_async(cmd.args(args), PLUGIN_LIMIT).await;
+    plugin_ran(&format!("kubectl-kandev {}", args.join(" ")), ran)
+}
+
+/// A plugin run within the limit, logged; fails the test when it ran longer.
+fn plugin_ran(
+    what: &str,
+    ran: Result<support::process::Output, support::process::Output>,
+) -> support::process::Output {
+    let run = ran.unwrap_or_else(|run| panic!("{what} ran longer than {PLUGIN_LIMIT:?}: {run:#?}"));
+    eprintln!("$ {what} → {}\n{}{}", run.code(), run.stdout, run.stderr);
+    run
+}
+
 /// `sh -c <script>` in the pod's working directory (the workspace), through the API server's
 /// exec; its stdout, trimmed. Panics unless the script succeeds within 20 s.
 pub async fn pod_sh(
