@@ -1117,6 +1117,7 @@ fn alerts_and_dashboard_use_only_what_the_operator_exports() {
             "KandevReconcileErrors",
             "KandevResumesFailing",
             "KandevSessionsNeedResume",
+            "KandevSessionsOverdue",
         ]
     );
 

@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::BoxError;
 use crate::annotations::HARNESS_PID_ANNOTATION;
 use crate::cluster::Bench;
-use crate::ours::{OperatorProcess, PROFILE_NAME, for_each, session_names};
+use crate::ours::{OperatorProcess, PROFILE_NAME, for_each, overdue_sessions, session_names};
 use crate::probe;
 use crate::report::{OURS, PhaseResult};
 
@@ -104,6 +104,7 @@ pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseRes
         startup.rss_mib = Some(s.rss_mib);
         startup.peak_rss_mib = Some(s.peak_rss_mib);
     }
+    startup.overdue_sessions = Some(overdue_sessions(&operator.metrics).await?);
 
     let mut steady = PhaseResult::new(OURS, "idle-fleet steady", k);
     let window = bench
@@ -121,6 +122,7 @@ pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseRes
             &mut steady,
         )
         .await?;
+    steady.overdue_sessions = Some(overdue_sessions(&operator.metrics).await?);
     let per_second = steady.requests.total() as f64 / steady.seconds.max(1.0);
     steady.notes.push(format!(
         "operator API requests per second with {k} idle sessions: {per_second:.1}; the cluster is torn down afterwards, not cleaned"

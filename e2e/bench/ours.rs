@@ -127,6 +127,17 @@ impl Drop for OperatorProcess {
     }
 }
 
+/// `kandev_sessions_overdue` from the operator's `/metrics` at `url` (`host:port`): its
+/// watchdog's count of sessions stuck past the operator's own deadlines.
+pub async fn overdue_sessions(url: &str) -> Result<u64, BoxError> {
+    let text = http_get(url, "/metrics").await?;
+    let overdue = crate::probe::sum_by(&text, "kandev_sessions_overdue", &[]);
+    match overdue.values().next() {
+        Some(value) => Ok(value.max(0.0) as u64),
+        None => Err(format!("no kandev_sessions_overdue in the metrics of {url}").into()),
+    }
+}
+
 pub fn session_names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("s-{i:05}")).collect()
 }
@@ -274,6 +285,7 @@ impl<'a> Fleet<'a> {
         let total = self.count_duplicates()?;
         let seen = self.duplicates.fetch_max(total, Ordering::Relaxed);
         result.duplicate_in_pod_ops = Some(total.saturating_sub(seen));
+        result.overdue_sessions = Some(overdue_sessions(&self.operator.metrics).await?);
         Ok(())
     }
 

@@ -41,6 +41,9 @@ pub struct PhaseResult {
     /// ACP `initialize`/restore calls beyond one per pod, and prompts beyond one per session
     /// (from the test agent's call log): must be 0.
     pub duplicate_in_pod_ops: Option<u64>,
+    /// `kandev_sessions_overdue` of our operator at the phase's end (sessions stuck past the
+    /// operator's own deadlines, its watchdog): must be 0.
+    pub overdue_sessions: Option<u64>,
     /// What went wrong or is worth knowing (sessions that did not finish, extra pods).
     pub notes: Vec<String>,
 }
@@ -158,6 +161,14 @@ impl Report {
             if r.contender == OURS && r.duplicate_in_pod_ops.is_none() {
                 problems.push(format!("{what}: repeated in-pod operations not counted"));
             }
+            // A stuck session is as unfinished as one that missed the phase's end.
+            match (r.contender == OURS, r.overdue_sessions) {
+                (true, None) => problems.push(format!("{what}: kandev_sessions_overdue not read")),
+                (true, Some(stuck)) if stuck > 0 => problems.push(format!(
+                    "{what}: kandev_sessions_overdue is {stuck} (sessions stuck past the operator's deadlines)"
+                )),
+                _ => {}
+            }
             if r.requests.total() == 0 {
                 problems.push(format!(
                     "{what}: no request of its identity in the audit log"
@@ -184,13 +195,13 @@ impl Report {
         let _ = writeln!(out, "## Every phase\n");
         let _ = writeln!(
             out,
-            "| contender | phase | N | done | time s | per s | p50 s | p95 s | max s | reads/sess | watches/sess | writes/sess | execs/sess | req/s | other clients | apiserver total | CPU s | RSS MiB | peak RSS MiB | reconciles | dup in-pod ops |"
+            "| contender | phase | N | done | time s | per s | p50 s | p95 s | max s | reads/sess | watches/sess | writes/sess | execs/sess | req/s | other clients | apiserver total | CPU s | RSS MiB | peak RSS MiB | reconciles | dup in-pod ops | overdue |"
         );
-        let _ = writeln!(out, "|{}", "---|".repeat(21));
+        let _ = writeln!(out, "|{}", "---|".repeat(22));
         for r in &self.results {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {:.1} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.contender,
                 r.phase,
                 r.n,
@@ -212,6 +223,7 @@ impl Report {
                 opt(r.peak_rss_mib, 1),
                 r.reconciles.map_or("–".into(), |v| v.to_string()),
                 r.duplicate_in_pod_ops.map_or("–".into(), |v| v.to_string()),
+                r.overdue_sessions.map_or("–".into(), |v| v.to_string()),
             );
         }
         for n in self.sizes() {
@@ -499,6 +511,7 @@ mod tests {
         let mut ours = result(OURS, "launch", 2, 1.0, &[100, 200]);
         ours.requests.add("create", "pods", 2);
         ours.duplicate_in_pod_ops = Some(3); // an operator defect, shown as ❌, not a bench error
+        ours.overdue_sessions = Some(0);
         let report = Report {
             results: vec![ours.clone()],
             ..Default::default()
@@ -507,6 +520,7 @@ mod tests {
         let mut short = ours.clone();
         short.set_latencies(vec![Duration::from_millis(100)]);
         short.duplicate_in_pod_ops = None;
+        short.overdue_sessions = Some(2);
         short.requests = Requests::default();
         let report = Report {
             results: vec![short],
@@ -517,6 +531,7 @@ mod tests {
             [
                 "ours launch N=2: 1 of 2 finished",
                 "ours launch N=2: repeated in-pod operations not counted",
+                "ours launch N=2: kandev_sessions_overdue is 2 (sessions stuck past the operator's deadlines)",
                 "ours launch N=2: no request of its identity in the audit log",
             ]
         );

@@ -124,21 +124,18 @@ impl Expectations {
         });
     }
 
-    /// Whether `pod`, absent from the cache, was created a moment ago (so it is on its way and
-    /// must not be created again).
-    pub fn awaits_pod(&self, session: &str, pod: &str) -> bool {
+    /// Whether a pod this operator created for the session a moment ago (for this launch, or
+    /// for a request that a newer one superseded since) is not in the cache yet, by
+    /// `cached(name)`: it is on its way, and must be neither created again nor missed as a
+    /// previous pod that still runs. Forgotten once the cache shows it, or after [`POD_WAIT`].
+    pub fn awaits_created(&self, session: &str, cached: impl Fn(&str) -> bool) -> bool {
         self.with(session, |e| match &e.created_pod {
-            Some((name, at)) if name == pod && at.elapsed() < POD_WAIT => true,
+            Some((name, at)) if !cached(name) && at.elapsed() < POD_WAIT => true,
             _ => {
                 e.created_pod = None;
                 false
             }
         })
-    }
-
-    /// The pod showed up in the cache.
-    pub fn pod_seen(&self, session: &str) {
-        self.with(session, |e| e.created_pod = None);
     }
 
     /// This operator deleted the session's pod `uid` (the API server accepted the delete).
@@ -301,13 +298,21 @@ mod tests {
     #[test]
     fn a_created_pod_is_awaited_not_created_twice() {
         let e = Expectations::default();
-        assert!(!e.awaits_pod("s", "p1"));
+        let nothing_cached = |_: &str| false;
+        assert!(!e.awaits_created("s", nothing_cached));
         e.created_pod("s", "p1");
-        assert!(e.awaits_pod("s", "p1"));
-        assert!(!e.awaits_pod("s", "p2"), "another launch's pod");
-        e.created_pod("s", "p1");
-        e.pod_seen("s");
-        assert!(!e.awaits_pod("s", "p1"));
+        assert!(e.awaits_created("s", nothing_cached));
+        // A newer request's launch (pod p2) waits for p1 too: a superseded request's pod that
+        // the cache does not show yet would otherwise be missed as a previous pod.
+        assert!(e.awaits_created("s", |name| name == "p2"));
+        assert!(
+            !e.awaits_created("s", |name| name == "p1"),
+            "the cache shows it"
+        );
+        assert!(
+            !e.awaits_created("s", nothing_cached),
+            "forgotten once seen"
+        );
     }
 
     /// A stalled launch's pod, deleted after the status that says so: the next reconcile can

@@ -4,9 +4,9 @@
 //!
 //! The process-wide instance is [`global`]; tests render their own [`Metrics`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -18,7 +18,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::api::conditions;
-use crate::api::{SessionState, TaskSession};
+use crate::api::{RESUME_ANNOTATION, SessionState, TaskSession};
+use crate::resume::{Unrest, unrest};
+
+/// How often the watchdog of `kandev_sessions_overdue` looks at the sessions.
+pub const WATCHDOG_EVERY: Duration = Duration::from_secs(5);
 
 /// Content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -239,6 +243,32 @@ impl Metrics {
         self.leader.set(i64::from(leading));
     }
 
+    /// Starts the watchdog of `kandev_sessions_overdue` (once per process): every
+    /// [`WATCHDOG_EVERY`] it looks at the tracked sessions; one that has not been at rest,
+    /// doing the same thing, for longer than its `deadlines` allow counts as overdue.
+    pub fn start_watchdog(&'static self, deadlines: Deadlines) {
+        {
+            let Ok(mut watchdog) = self.sessions.watchdog.lock() else {
+                return;
+            };
+            if watchdog.deadlines.is_some() {
+                return;
+            }
+            watchdog.deadlines = Some(deadlines);
+        }
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(WATCHDOG_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let sessions = self.sessions.tracked().unwrap_or_default();
+                if let Ok(mut watchdog) = self.sessions.watchdog.lock() {
+                    watchdog.look(&sessions, Instant::now());
+                }
+            }
+        });
+    }
+
     /// Sessions by state are counted from this cache at scrape time.
     pub fn track_sessions(&self, store: Store<TaskSession>) {
         if let Ok(mut stores) = self.sessions.stores.lock() {
@@ -262,6 +292,87 @@ impl Metrics {
 #[derive(Clone, Default)]
 struct SessionGauges {
     stores: Arc<Mutex<Vec<Store<TaskSession>>>>,
+    /// The watchdog of `kandev_sessions_overdue`: which sessions are not at rest and since when.
+    watchdog: Arc<Mutex<Watchdog>>,
+}
+
+/// Sessions that are not at rest ([`crate::resume::at_rest`]), each with what it is doing (its
+/// state, latched and annotated tokens and `spec.end`) and since when this operator has seen
+/// it doing that. Kept by a clock of its own ([`Metrics::start_watchdog`]), not by the
+/// reconciler: it sees a session the reconciler has stopped looking at.
+#[derive(Debug, Default)]
+struct Watchdog {
+    /// How long a session may go on doing the same thing; `None`: no watchdog runs.
+    deadlines: Option<Deadlines>,
+    /// By session UID: what it does, and since when.
+    unsettled: HashMap<String, (Unrest, String, Instant)>,
+}
+
+/// How long a session that is not at rest may go on doing the same thing, by the operator's own
+/// deadlines ([`crate::controller::OperatorSettings::deadlines`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    pub requested: Duration,
+    pub launching: Duration,
+    pub ending: Duration,
+}
+
+impl Deadlines {
+    fn of(&self, doing: Unrest) -> Duration {
+        match doing {
+            Unrest::Requested => self.requested,
+            Unrest::Launching => self.launching,
+            Unrest::Ending => self.ending,
+        }
+    }
+}
+
+impl Watchdog {
+    /// Looks at `sessions` at `now`: a session not at rest keeps its clock while it goes on
+    /// doing the same thing, and starts a new one when that changes; a session at rest, gone,
+    /// or `Stalled=True` (already reported, with its reason) is forgotten.
+    fn look(&mut self, sessions: &[Arc<TaskSession>], now: Instant) {
+        let mut seen = HashMap::with_capacity(self.unsettled.len());
+        for ts in sessions {
+            let status = ts.status.clone().unwrap_or_default();
+            let Some(kind) = unrest(ts, &status) else {
+                continue;
+            };
+            if conditions::is_true(&status.conditions, conditions::STALLED) {
+                continue;
+            }
+            let uid = ts.metadata.uid.clone().unwrap_or_default();
+            let doing = format!(
+                "{}|{:?}|{:?}|{:?}",
+                status.state,
+                status.active_resume_request,
+                ts.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(RESUME_ANNOTATION)),
+                ts.spec.end
+            );
+            let since = match self.unsettled.remove(&uid) {
+                Some((_, was, since)) if was == doing => since,
+                _ => now,
+            };
+            seen.insert(uid, (kind, doing, since));
+        }
+        self.unsettled = seen;
+    }
+
+    /// Sessions that have not been at rest, doing the same thing, for longer than allowed.
+    fn overdue(&self, now: Instant) -> i64 {
+        let Some(deadlines) = self.deadlines else {
+            return 0;
+        };
+        let count = self
+            .unsettled
+            .values()
+            .filter(|(kind, _, since)| now.saturating_duration_since(*since) > deadlines.of(*kind))
+            .count();
+        i64::try_from(count).unwrap_or(i64::MAX)
+    }
 }
 
 impl std::fmt::Debug for SessionGauges {
@@ -318,15 +429,32 @@ fn summarize(sessions: &[Arc<TaskSession>], now: jiff::Timestamp) -> SessionSumm
     summary
 }
 
+impl SessionGauges {
+    /// Every tracked session; `None` on a replica that does not run the controller.
+    fn tracked(&self) -> Option<Vec<Arc<TaskSession>>> {
+        match self.stores.lock() {
+            Ok(stores) if !stores.is_empty() => {
+                Some(stores.iter().flat_map(Store::state).collect())
+            }
+            _ => None,
+        }
+    }
+}
+
 impl prometheus_client::collector::Collector for SessionGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sessions = match self.stores.lock() {
-            Ok(stores) if !stores.is_empty() => {
-                stores.iter().flat_map(Store::state).collect::<Vec<_>>()
-            }
-            _ => return Ok(()),
+        let Some(sessions) = self.tracked() else {
+            return Ok(());
         };
         let summary = summarize(&sessions, jiff::Timestamp::now());
+        let overdue = match self.watchdog.lock() {
+            Ok(mut watchdog) => {
+                let now = Instant::now();
+                watchdog.look(&sessions, now);
+                watchdog.overdue(now)
+            }
+            Err(_) => 0,
+        };
         let family = Family::<StateLabel, Gauge>::default();
         for (state, count) in &summary.by_state {
             family.get_or_create(&StateLabel { state }).set(*count);
@@ -357,6 +485,14 @@ impl prometheus_client::collector::Collector for SessionGauges {
         for (reason, count) in summary.stalled {
             stalled.get_or_create(&ReasonLabel { reason }).set(count);
         }
+        let overdue_gauge = Gauge::<i64>::default();
+        overdue_gauge.set(overdue);
+        encode_gauge(
+            &mut encoder,
+            "kandev_sessions_overdue",
+            "TaskSessions that have not been at rest (launching, a resume request latched or unanswered, spec.end not carried out), doing the same thing, for longer than the operator's own deadlines allow, and that are not Stalled: 0 unless a session is stuck",
+            &overdue_gauge,
+        )?;
         encode_gauge(
             &mut encoder,
             "kandev_sessions_stalled",
@@ -604,6 +740,67 @@ mod tests {
                 "{what}: every session has one state"
             );
         }
+    }
+
+    /// The watchdog of `kandev_sessions_overdue` (issue 31): a session that stays launching,
+    /// doing the same thing, past the allowed time is overdue; one that moves on starts a new
+    /// clock; sessions at rest, Stalled or gone are not counted.
+    #[test]
+    fn the_watchdog_counts_sessions_stuck_past_their_deadline() {
+        let session = |uid: &str, status: serde_json::Value| -> Arc<TaskSession> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "kandev.dev/v1alpha1",
+                    "kind": "TaskSession",
+                    "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+                    "spec": {"taskId": "t", "agent": "claude-code", "workspace": {"claimName": "w"}},
+                    "status": status,
+                }))
+                .expect("session"),
+            )
+        };
+        let launching = |token: &str| {
+            session(
+                "a",
+                serde_json::json!({"state": "STARTING", "activeResumeRequest": token}),
+            )
+        };
+        let at_rest = session("b", serde_json::json!({"state": "WAITING_FOR_INPUT"}));
+        let stalled = session(
+            "c",
+            serde_json::json!({"state": "CREATED", "conditions": [{"type": "Stalled",
+                "status": "True", "reason": "WorkspaceMissing", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}),
+        );
+        let after = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let mut watchdog = Watchdog::default();
+        watchdog.look(&[launching("r1"), at_rest.clone(), stalled.clone()], t0);
+        assert_eq!(watchdog.overdue(t0 + after * 2), 0, "no watchdog runs");
+        watchdog.deadlines = Some(Deadlines {
+            requested: Duration::from_secs(1),
+            launching: after,
+            ending: Duration::from_secs(1),
+        });
+        assert_eq!(watchdog.overdue(t0 + after), 0, "within the deadline");
+        let late = t0 + after + Duration::from_secs(1);
+        watchdog.look(&[launching("r1"), at_rest.clone(), stalled.clone()], late);
+        assert_eq!(watchdog.overdue(late), 1, "launching r1 for too long");
+        watchdog.look(&[launching("r2"), at_rest.clone(), stalled.clone()], late);
+        assert_eq!(
+            watchdog.overdue(late),
+            0,
+            "a newer request starts a new clock"
+        );
+        let later = late + after + Duration::from_secs(1);
+        assert_eq!(watchdog.overdue(later), 1);
+        watchdog.look(&[at_rest, stalled], later);
+        assert_eq!(
+            watchdog.overdue(later),
+            0,
+            "gone from the cache, or at rest"
+        );
+        assert!(watchdog.unsettled.is_empty());
     }
 
     #[test]

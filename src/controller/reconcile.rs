@@ -24,7 +24,7 @@ use tracing::{Instrument, info, warn};
 use super::events::{OutgoingEvent, Publisher, Queue as EventQueue};
 use super::expectations::Expectations;
 use super::follower::{self, Followers, Probe};
-use super::metrics::{self, ResumeOutcome};
+use super::metrics::{self, Deadlines, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
@@ -40,11 +40,11 @@ use crate::api::{
 };
 use crate::resume::{
     EndFacts, EndStep, InitialPrompt, LaunchFacts, LaunchStall, LaunchStep, Metric, NextAction,
-    NodeHealth, PodLiveness, ReachFacts, RequestAnswer, Requeue, RestoreErrorClass, ResumeRequest,
-    ResumeRequestFacts, RunningRequest, SessionObjects, Transition, answer_request,
-    build_resume_request, end_step, is_controlled_by, is_new_resume_request, launch_stall,
-    launch_step, node_health, observe, pod_liveness as liveness, previous_pod_alive,
-    remember_handled, running_request,
+    NodeHealth, PodLiveness, RECHECK, ReachFacts, RequestAnswer, Requeue, RestoreErrorClass,
+    ResumeRequest, ResumeRequestFacts, RunningRequest, SessionObjects, Transition, answer_request,
+    bounded, build_resume_request, end_step, is_controlled_by, is_new_resume_request, launch_stall,
+    launch_step, loaded_at_rest, node_health, observe, pod_liveness as liveness,
+    previous_pod_alive, remember_handled, running_request,
 };
 
 /// The one field manager of everything this operator writes with server-side apply.
@@ -55,8 +55,6 @@ pub const FINALIZER: &str = "kandev.dev/cleanup";
 pub use crate::api::RESUME_FRESH_ANNOTATION;
 /// Launch id of a session's first launch (resumes use their request token).
 const INITIAL_LAUNCH: &str = "initial";
-/// Fallback recheck of a launch waiting for its pod: the pod's watch events are what move it on.
-const POD_RECHECK: Duration = Duration::from_secs(10);
 /// Tasks that publish the reconciles' Events (one object's Events all go to one of them).
 const EVENT_WORKERS: usize = 4;
 
@@ -184,6 +182,33 @@ impl OperatorSettings {
     }
 }
 
+impl OperatorSettings {
+    /// The longest a session may go on doing the same thing without being at rest, by this
+    /// operator's own deadlines, each with two rechecks more; past it `kandev_sessions_overdue`
+    /// counts the session, which is stuck:
+    /// - a new token on a running pod waits for agentctl's answer, or for the pod to count as
+    ///   lost (the longest reachability limit; at once where none is set);
+    /// - a launch waits for a previous pod's deletion and for its own pod's start (a launch
+    ///   deadline each), then the exec's opening, `initialize` and up to three restore calls;
+    /// - an end lets a `Completed` prompt finish, cancels it, and waits for the pod to go.
+    pub fn deadlines(&self) -> Deadlines {
+        let settle = RECHECK * 2;
+        let reach = [self.agent_unreachable_after, self.node_lost_after]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or_default();
+        Deadlines {
+            requested: reach + self.acp_timeout + settle,
+            launching: self.launch_deadline * 2
+                + self.acp_timeout * 2
+                + self.restore_timeout * 3
+                + settle,
+            ending: self.end_grace + self.acp_timeout + self.launch_deadline + settle,
+        }
+    }
+}
+
 /// The operator's two API clients, built from one configuration.
 #[derive(Clone)]
 pub struct Clients {
@@ -217,6 +242,17 @@ pub struct Context {
     pub nodes: Option<Store<Node>>,
     /// Writes not yet seen in the caches, and retry backoff, per session.
     pub expectations: Expectations,
+}
+
+impl Context {
+    /// The controller's action for a reconcile's requeue.
+    fn action(&self, requeue: Requeue) -> Action {
+        match requeue {
+            Requeue::Resync => Action::requeue(self.settings.resync),
+            Requeue::After(delay) => Action::requeue(delay),
+            Requeue::AwaitChange => Action::await_change(),
+        }
+    }
 }
 
 /// Runs the controller until a shutdown signal. Watches TaskSessions (every change, annotation
@@ -368,6 +404,7 @@ async fn run_scope(
         expectations: Expectations::default(),
     });
     metrics::global().track_sessions(sessions.clone());
+    metrics::global().start_watchdog(ctx.settings.deadlines());
     Controller::for_stream(session_events, sessions)
         .owns_stream(executor_events)
         .owns_stream(pod_events)
@@ -393,7 +430,7 @@ async fn add_finalizer(
     api: &Api<TaskSession>,
     ts: &TaskSession,
     expectations: &Expectations,
-) -> Result<Action, Error> {
+) -> Result<(), Error> {
     let mut finalizers = ts.finalizers().to_vec();
     finalizers.push(FINALIZER.to_string());
     let patch = json!({"metadata": {
@@ -413,7 +450,7 @@ async fn add_finalizer(
         ts.metadata.resource_version.as_deref(),
         written.metadata.resource_version.as_deref(),
     );
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// Per-session exponential backoff with jitter. A conflict is the normal end of a decision made
@@ -469,16 +506,21 @@ async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Ac
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
         let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
+        // Liveness: a session that is not at rest is looked at again within the recheck,
+        // whatever this reconcile asked for and whatever watch events come.
+        let at_rest = loaded_at_rest(&ts);
         if ts.metadata.deletion_timestamp.is_none()
             && !ts.finalizers().iter().any(|f| f == FINALIZER)
         {
-            return add_finalizer(&api, &ts, &ctx.expectations).await;
+            add_finalizer(&api, &ts, &ctx.expectations).await?;
+            return Ok(ctx.action(bounded(Requeue::AwaitChange, at_rest)));
         }
         finalizer(&api, FINALIZER, ts, |event| async {
-            match event {
-                Finalizer::Apply(ts) => Session::load(ts, &ctx)?.apply().await,
+            let requeue = match event {
+                Finalizer::Apply(ts) => bounded(Session::load(ts, &ctx)?.apply().await?, at_rest),
                 Finalizer::Cleanup(ts) => Session::load(ts, &ctx)?.cleanup(),
-            }
+            };
+            Ok(ctx.action(requeue))
         })
         .await
         .map_err(|e| Error::Finalizer(Box::new(e)))
@@ -668,14 +710,14 @@ impl<'a> Session<'a> {
 
     /// The session is being deleted: stop following its pods' events (the pods, PVC from the
     /// template and ExecutorRunning go with it through their ownerReferences).
-    fn cleanup(self) -> Result<Action, Error> {
+    fn cleanup(self) -> Requeue {
         let pods = self.unfollow();
         self.ctx.expectations.forget(&self.uid);
         info!(pods, "session deleted; stopped following its agentctl pods");
-        Ok(Action::await_change())
+        Requeue::AwaitChange
     }
 
-    async fn apply(mut self) -> Result<Action, Error> {
+    async fn apply(mut self) -> Result<Requeue, Error> {
         self.report_decoys();
         if let Some(end) = self.ts.spec.end
             && !matches!(
@@ -687,7 +729,7 @@ impl<'a> Session<'a> {
         }
         if let Some(token) = self.new_resume_request() {
             match self.request_on_running_pod(&token) {
-                Some(RunningRequest::Probe) => return Ok(Action::requeue(Duration::from_secs(1))),
+                Some(RunningRequest::Probe) => return Ok(Requeue::After(Duration::from_secs(1))),
                 Some(RunningRequest::Wait) => return self.observe().await,
                 Some(RunningRequest::AlreadyRunning) | None => {}
             }
@@ -748,7 +790,7 @@ impl<'a> Session<'a> {
     /// session and its task are COMPLETED or CANCELLED. The first pass says so
     /// (`Reconciling=True`, reason `Ending`, which also dates the grace period), ends a latched
     /// resume request, and reads the agent's journal so that a running prompt is known.
-    async fn end_session(mut self, end: SessionEnd) -> Result<Action, Error> {
+    async fn end_session(mut self, end: SessionEnd) -> Result<Requeue, Error> {
         let ending_since = conditions::find(&self.status.conditions, conditions::RECONCILING)
             .filter(|c| c.status == "True" && c.reason == "Ending")
             .map(|c| c.last_transition_time.0);
@@ -773,7 +815,7 @@ impl<'a> Session<'a> {
             {
                 self.follow(pod, Some(&format!("end:{}", end_word(end))));
             }
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            return Ok(Requeue::After(Duration::from_secs(2)));
         };
         let pod = self.objects.current_pod().cloned();
         let facts = EndFacts {
@@ -786,18 +828,18 @@ impl<'a> Session<'a> {
         let recheck = Duration::from_secs(2);
         match (end_step(&facts), pod) {
             (EndStep::Finish, _) => self.finish_session(end).await,
-            (EndStep::AwaitPrompt(left), _) => Ok(Action::requeue(left.min(POD_RECHECK))),
-            (EndStep::AwaitPodGone, _) => Ok(Action::requeue(recheck)),
+            (EndStep::AwaitPrompt(left), _) => Ok(Requeue::After(left.min(RECHECK))),
+            (EndStep::AwaitPodGone, _) => Ok(Requeue::After(recheck)),
             (EndStep::CancelPrompt, Some(pod)) if self.objects.resume_token().is_some() => {
                 if let Err(err) = self.cancel_prompt(&pod).await {
                     warn!(%err, pod = %pod.name_any(), "could not cancel the running prompt; stopping the agent");
                     self.stop_pods().await;
                 }
-                Ok(Action::requeue(recheck))
+                Ok(Requeue::After(recheck))
             }
             (EndStep::CancelPrompt | EndStep::StopPod, _) => {
                 self.stop_pods().await;
-                Ok(Action::requeue(recheck))
+                Ok(Requeue::After(recheck))
             }
         }
     }
@@ -841,7 +883,7 @@ impl<'a> Session<'a> {
 
     /// Nothing runs any more: COMPLETED or CANCELLED, the executor `Stopped` and not resumable,
     /// the template's PVC deleted when `workspace.retention` says so, one Event.
-    async fn finish_session(mut self, end: SessionEnd) -> Result<Action, Error> {
+    async fn finish_session(mut self, end: SessionEnd) -> Result<Requeue, Error> {
         let (state, task_state) = match end {
             SessionEnd::Completed => (SessionState::Completed, TaskState::Completed),
             SessionEnd::Cancelled => (SessionState::Cancelled, TaskState::Cancelled),
@@ -898,7 +940,7 @@ impl<'a> Session<'a> {
         self.write_status().await?;
         self.unfollow();
         self.event(EventType::Normal, "SessionEnded", "End", &message);
-        Ok(Action::await_change())
+        Ok(Requeue::AwaitChange)
     }
 
     /// The annotation's token when it has not been handled and is not being handled.
@@ -914,21 +956,25 @@ impl<'a> Session<'a> {
     }
 
     /// Steps 1–5 of DESIGN §3 "Resume execution" (the initial launch takes the same path).
-    async fn launch(self) -> Result<Action, Error> {
+    async fn launch(self) -> Result<Requeue, Error> {
         let starting = self.status.state == SessionState::Starting;
         let launch_name = self.launch_pod_name();
         let launch_pod = self.launch_pod().cloned();
-        if starting && launch_pod.is_some() {
-            self.ctx.expectations.pod_seen(&self.uid);
-        }
         let previous = previous_pod_alive(&self.objects.pods, &launch_name).cloned();
+        let now = Timestamp::now();
         let facts = LaunchFacts {
             starting,
             launch_pod: launch_pod.as_ref(),
             created_unseen: starting
-                && launch_pod.is_none()
-                && self.ctx.expectations.awaits_pod(&self.uid, &launch_name),
+                && self
+                    .ctx
+                    .expectations
+                    .awaits_created(&self.uid, |name| self.pod_named(name).is_some()),
             previous_alive: previous.as_ref(),
+            previous_deleted_ago: previous
+                .as_ref()
+                .and_then(|p| p.metadata.deletion_timestamp.as_ref())
+                .map(|at| now.duration_since(at.0).unsigned_abs()),
             age: launch_pod
                 .as_ref()
                 .filter(|p| p.metadata.creation_timestamp.is_some())
@@ -937,11 +983,15 @@ impl<'a> Session<'a> {
         };
         match launch_step(&facts) {
             LaunchStep::Begin => self.start_launch().await,
-            LaunchStep::AwaitCreated => Ok(Action::requeue(POD_RECHECK)),
-            LaunchStep::WaitForPrevious(previous) => self.wait_for_previous_pod(previous).await,
+            LaunchStep::AwaitCreated => Ok(Requeue::After(RECHECK)),
+            LaunchStep::DeletePrevious(previous) => self.delete_previous_pod(previous).await,
+            LaunchStep::WaitForPrevious {
+                pod,
+                until_deadline,
+            } => self.wait_for_previous_pod(pod, until_deadline).await,
             LaunchStep::CreatePod => self.create_pod().await,
-            LaunchStep::AwaitRunning { until_deadline } => Ok(Action::requeue(
-                until_deadline.clamp(Duration::from_millis(500), POD_RECHECK),
+            LaunchStep::AwaitRunning { until_deadline } => Ok(Requeue::After(
+                until_deadline.clamp(Duration::from_millis(500), RECHECK),
             )),
             LaunchStep::Stalled(pod, stall) => self.stall_launch(pod, stall).await,
             LaunchStep::Restore(pod) => self.restore(pod).await,
@@ -966,30 +1016,54 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// The launch waits until `previous` is gone (its deletion reconciles again).
-    async fn wait_for_previous_pod(self, previous: &Pod) -> Result<Action, Error> {
+    /// A pod of an earlier launch that nothing deletes (a superseded request's, created before
+    /// the cache showed it) would keep this launch waiting for good: the status says so, then
+    /// the pod is deleted (by UID: only the pod that was judged), and its deletion's watch
+    /// event moves the launch on.
+    async fn delete_previous_pod(mut self, previous: &Pod) -> Result<Requeue, Error> {
+        let message = format!(
+            "deleting pod {} of an earlier launch before starting agentctl pod {}",
+            previous.name_any(),
+            self.launch_pod_name()
+        );
+        self.keep_waiting("ReplacingPreviousPod", &message).await?;
+        if self.delete_pod_by_uid(previous, false).await {
+            info!(pod = %previous.name_any(), "deleted the pod of an earlier launch");
+        }
+        Ok(Requeue::After(Duration::from_secs(2)))
+    }
+
+    /// The launch waits until `previous` is gone (its deletion reconciles again), at most
+    /// `until_deadline` before it looks again.
+    async fn wait_for_previous_pod(
+        mut self,
+        previous: &Pod,
+        until_deadline: Duration,
+    ) -> Result<Requeue, Error> {
         let message = format!(
             "waiting for pod {} of an earlier launch to be gone before starting agentctl pod {}",
             previous.name_any(),
             self.launch_pod_name()
         );
-        self.keep_waiting("WaitingForPreviousPod", &message).await
+        self.keep_waiting("WaitingForPreviousPod", &message).await?;
+        Ok(Requeue::After(
+            until_deadline.clamp(Duration::from_millis(500), RECHECK),
+        ))
     }
 
-    /// The launch waits (`Reconciling=True` with `reason`, written once, not on every pass) and
-    /// looks again in 2 s.
-    async fn keep_waiting(mut self, reason: &str, message: &str) -> Result<Action, Error> {
+    /// The launch waits: `Reconciling=True` with `reason`, written once, not on every pass.
+    async fn keep_waiting(&mut self, reason: &str, message: &str) -> Result<(), Error> {
         let before = self.status.clone();
         self.set_conditions(&[Want::new(conditions::RECONCILING, true, reason, message)]);
         if self.status != before {
             self.write_status().await?;
         }
-        Ok(Action::requeue(Duration::from_secs(2)))
+        Ok(())
     }
 
     /// Builds the request, makes sure the ExecutorRunning and the workspace exist, and persists
     /// `STARTING` with the state to return to — before any pod exists.
-    async fn start_launch(mut self) -> Result<Action, Error> {
+    async fn start_launch(mut self) -> Result<Requeue, Error> {
         let Some(profile) = self.effective_profile() else {
             let reason = self.unknown_profile_reason();
             return self.fail_launch(&reason).await;
@@ -1120,7 +1194,7 @@ impl<'a> Session<'a> {
     /// (reason `WorkspaceMissing`, one Event) once the launch deadline has passed since the
     /// session was created. Nothing is persisted as `STARTING` yet; the wait never ends the
     /// session, the PVC's appearance starts it.
-    async fn wait_for_workspace(mut self, what: &str) -> Result<Action, Error> {
+    async fn wait_for_workspace(mut self, what: &str) -> Result<Requeue, Error> {
         // Nothing is launching yet: the state to return to is not persisted.
         self.status.previous_state = self.ts.status.as_ref().and_then(|s| s.previous_state);
         let before = self.status.clone();
@@ -1156,21 +1230,21 @@ impl<'a> Session<'a> {
             ),
         ]);
         if self.status == before {
-            return Ok(Action::requeue(POD_RECHECK));
+            return Ok(Requeue::After(RECHECK));
         }
         self.write_status().await?;
         if stalled {
             self.event(EventType::Warning, "WorkspaceMissing", "Launch", &message);
         }
         let left = deadline.saturating_sub(age);
-        Ok(Action::requeue(if stalled {
-            POD_RECHECK
+        Ok(Requeue::After(if stalled {
+            RECHECK
         } else {
-            left.clamp(Duration::from_millis(500), POD_RECHECK)
+            left.clamp(Duration::from_millis(500), RECHECK)
         }))
     }
 
-    async fn create_pod(self) -> Result<Action, Error> {
+    async fn create_pod(self) -> Result<Requeue, Error> {
         let Some(profile) = self.effective_profile() else {
             let reason = self.unknown_profile_reason();
             return self.fail_launch(&reason).await;
@@ -1243,12 +1317,12 @@ impl<'a> Session<'a> {
             }
             Err(e) => return Err(kube_err("creating the agentctl pod")(e)),
         }
-        Ok(Action::requeue(POD_RECHECK))
+        Ok(Requeue::After(RECHECK))
     }
 
     /// DESIGN §3 steps 4–5: ACP over exec into the running pod (`initialize`, then the restore
     /// chosen by the pure rules), then the token and the state go back into status.
-    async fn restore(mut self, pod: &Pod) -> Result<Action, Error> {
+    async fn restore(mut self, pod: &Pod) -> Result<Requeue, Error> {
         let pod_name = pod.name_any();
         let Some(profile) = self.effective_profile() else {
             let reason = self.unknown_profile_reason();
@@ -1419,12 +1493,13 @@ impl<'a> Session<'a> {
     /// listen yet (or still clone the repository). The pod's own liveness decides on the next
     /// pass whether this is a launch failure, the launch deadline whether it is stalled. The
     /// condition is written once, not on every try.
-    async fn wait_for_agentctl(self, pod: &Pod, err: &str) -> Result<Action, Error> {
+    async fn wait_for_agentctl(mut self, pod: &Pod, err: &str) -> Result<Requeue, Error> {
         if let Some(stall) = self.stall(pod, Some(err)) {
             return self.stall_launch(pod, stall).await;
         }
         let message = format!("waiting for agentctl in pod {}: {err}", pod.name_any());
-        self.keep_waiting("WaitingForAgentctl", &message).await
+        self.keep_waiting("WaitingForAgentctl", &message).await?;
+        Ok(Requeue::After(Duration::from_secs(2)))
     }
 
     /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
@@ -1492,7 +1567,7 @@ impl<'a> Session<'a> {
         resumed: bool,
         reason: &str,
         message: &str,
-    ) -> Result<Action, Error> {
+    ) -> Result<Requeue, Error> {
         self.status.state = state;
         self.status.task_state = if state == SessionState::Running {
             TaskState::InProgress
@@ -1538,7 +1613,7 @@ impl<'a> Session<'a> {
             let event_reason = if was_resume { "Resumed" } else { "Started" };
             self.event(EventType::Normal, event_reason, "Restore", message);
         }
-        Ok(Action::requeue(self.ctx.settings.resync))
+        Ok(Requeue::Resync)
     }
 
     /// A restore that failed without proving the token useless keeps it (DESIGN §3): the request
@@ -1553,7 +1628,7 @@ impl<'a> Session<'a> {
         class: RestoreErrorClass,
         token_kept: bool,
         is_resume: bool,
-    ) -> Result<Action, Error> {
+    ) -> Result<Requeue, Error> {
         if !is_resume && !class.is_retryable() {
             let delete_pod = self.pod_deletion(pod);
             let action = self
@@ -1598,7 +1673,7 @@ impl<'a> Session<'a> {
         event: &str,
         stalled: bool,
         message: &str,
-    ) -> Result<Action, Error> {
+    ) -> Result<Requeue, Error> {
         let delete_pod = pod.map(|p| self.pod_deletion(p));
         let was_resume = self.status.active_resume_request.is_some();
         self.status.state = self
@@ -1637,13 +1712,13 @@ impl<'a> Session<'a> {
             metrics::global().resume_handled(ResumeOutcome::Failed);
         }
         self.event(EventType::Warning, event, "Launch", message);
-        Ok(Action::requeue(self.ctx.settings.resync))
+        Ok(Requeue::Resync)
     }
 
     /// The API server refused an object of this launch (422/400): retrying cannot help until
     /// the spec changes, so the launch ends `Stalled` with reason `InvalidSpec` and the API
     /// server's words, instead of a hot loop.
-    async fn invalid_spec(self, refusal: &str) -> Result<Action, Error> {
+    async fn invalid_spec(self, refusal: &str) -> Result<Requeue, Error> {
         let message = format!(
             "{refusal}. Fix the TaskSession spec (or the operator's pod settings), then set a new {RESUME_ANNOTATION} token; {}",
             self.what_is_kept()
@@ -1661,9 +1736,11 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Deletes a running `pod` that counts as lost (after the status that says why is
-    /// written); `force`: with grace period 0, for a lost node whose kubelet never confirms.
-    async fn lost_pod_deletion(&self, pod: &Pod, force: bool) {
+    /// Deletes `pod`, on the condition that it is still the pod of that UID (only the pod that
+    /// was judged goes); `force`: with grace period 0, for a lost node whose kubelet never
+    /// confirms. Whether the API server accepted the deletion (a pod already gone, or replaced
+    /// by another of the same name, is left alone).
+    async fn delete_pod_by_uid(&self, pod: &Pod, force: bool) -> bool {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let params = DeleteParams {
             grace_period_seconds: force.then_some(0),
@@ -1678,11 +1755,12 @@ impl<'a> Session<'a> {
                 if let Some(uid) = &pod.metadata.uid {
                     self.ctx.expectations.deleted_pod(&self.uid, uid);
                 }
-                info!(pod = %pod.name_any(), force, "deleted an agentctl pod that counts as lost")
+                true
             }
-            Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => {}
+            Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => false,
             Err(err) => {
-                warn!(%err, pod = %pod.name_any(), "could not delete an agentctl pod that counts as lost")
+                warn!(%err, pod = %pod.name_any(), "could not delete an agentctl pod");
+                false
             }
         }
     }
@@ -1756,7 +1834,7 @@ impl<'a> Session<'a> {
     /// The launch did not reach a running agentctl within the deadline: `Stalled` with the
     /// pod's reason, the pod removed once the status says why, the request handled, the token
     /// kept, and the session `needsResume` (a new token retries) — a first launch as well.
-    async fn stall_launch(self, pod: &Pod, stall: LaunchStall) -> Result<Action, Error> {
+    async fn stall_launch(self, pod: &Pod, stall: LaunchStall) -> Result<Requeue, Error> {
         let message = format!(
             "{}; {}. Set a new {RESUME_ANNOTATION} token to retry",
             stall.message,
@@ -1767,7 +1845,7 @@ impl<'a> Session<'a> {
     }
 
     /// DESIGN §3 step 5 "Launch failure → FAILED with the reason"; the request is handled.
-    async fn fail_launch(self, reason: &str) -> Result<Action, Error> {
+    async fn fail_launch(self, reason: &str) -> Result<Requeue, Error> {
         self.fail_launch_as("LaunchFailed", "LaunchFailed", reason)
             .await
     }
@@ -1778,7 +1856,7 @@ impl<'a> Session<'a> {
         code: &str,
         event: &str,
         reason: &str,
-    ) -> Result<Action, Error> {
+    ) -> Result<Requeue, Error> {
         let was_resume = self.status.active_resume_request.is_some();
         self.status.state = SessionState::Failed;
         self.status.task_state = TaskState::Failed;
@@ -1799,7 +1877,7 @@ impl<'a> Session<'a> {
             metrics::global().resume_handled(ResumeOutcome::Failed);
         }
         self.event(EventType::Warning, event, "Launch", reason);
-        Ok(Action::await_change())
+        Ok(Requeue::AwaitChange)
     }
 
     /// Ends the handling of the latched request (success or terminal failure).
@@ -1812,7 +1890,7 @@ impl<'a> Session<'a> {
     }
 
     /// The steady state: the pure [`observe`] decides, this applies its transition.
-    async fn observe(self) -> Result<Action, Error> {
+    async fn observe(self) -> Result<Requeue, Error> {
         let reach = self.reach_facts();
         let transition = observe(&self.objects, reach.as_ref(), Timestamp::now());
         self.apply_transition(transition).await
@@ -1821,13 +1899,9 @@ impl<'a> Session<'a> {
     /// Applies a transition: the executor marked lost first (the session's status never claims
     /// more than its executor), then the status when it changed, then the pod deletion it
     /// explains, the metric and the Event.
-    async fn apply_transition(mut self, transition: Transition) -> Result<Action, Error> {
+    async fn apply_transition(mut self, transition: Transition) -> Result<Requeue, Error> {
         self.apply_effects(&transition).await?;
-        Ok(match transition.requeue {
-            Requeue::Resync => Action::requeue(self.ctx.settings.resync),
-            Requeue::After(delay) => Action::requeue(delay),
-            Requeue::AwaitChange => Action::await_change(),
-        })
+        Ok(transition.requeue)
     }
 
     async fn apply_effects(&mut self, transition: &Transition) -> Result<(), Error> {
@@ -1850,8 +1924,10 @@ impl<'a> Session<'a> {
                 }
             }
             Some(NextAction::DeleteLostPod { pod, force }) => {
-                if let Some(pod) = self.pod_named(pod).cloned() {
-                    self.lost_pod_deletion(&pod, *force).await;
+                if let Some(pod) = self.pod_named(pod).cloned()
+                    && self.delete_pod_by_uid(&pod, *force).await
+                {
+                    info!(pod = %pod.name_any(), force, "deleted an agentctl pod that counts as lost");
                 }
             }
             Some(NextAction::MarkExecutorLost { .. }) | None => {}

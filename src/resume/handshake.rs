@@ -9,6 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::{self, Want};
 use crate::api::{RESUME_ANNOTATION, ResumeReason, SessionState, TaskSessionStatus};
 
+use super::rest::at_rest;
 use super::transition::{Metric, NextAction, Note, Requeue, ResumeOutcome, Transition};
 use super::{SessionObjects, evaluate_resume_eligibility};
 
@@ -94,6 +95,12 @@ pub fn answer_request(
         let mut next = status.clone();
         next.last_handled_resume_request = Some(key.to_string());
         remember_handled(&mut next.recent_resume_requests, key);
+        // A refused token during a launch (or before the first): the launch goes on at once.
+        let requeue = if at_rest(&objects.session, &next) {
+            Requeue::AwaitChange
+        } else {
+            Requeue::After(Duration::from_millis(100))
+        };
         set(
             &mut next,
             &[Want::new(
@@ -113,7 +120,7 @@ pub fn answer_request(
             } else {
                 ResumeOutcome::Refused
             })),
-            requeue: Requeue::AwaitChange,
+            requeue,
         })
     };
     if token.len() > MAX_TOKEN_BYTES {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::stall::{LaunchStall, checkout_stall, launch_stall};
+use super::stall::{LaunchStall, checkout_stall, launch_stall, previous_pod_stall};
 use super::status::{PodLiveness, pod_liveness};
 
 /// What the reconciler knows about the launch.
@@ -18,10 +18,13 @@ pub struct LaunchFacts<'a> {
     pub starting: bool,
     /// The pod of this launch (its deterministic name), as the cache shows it.
     pub launch_pod: Option<&'a Pod>,
-    /// The operator created that pod a moment ago and the cache does not show it yet.
+    /// The operator created a pod of this session a moment ago (this launch's, or one of a
+    /// request that a newer one superseded) and the cache does not show it yet.
     pub created_unseen: bool,
     /// Another pod of the session that may still run (see [`previous_pod_alive`]).
     pub previous_alive: Option<&'a Pod>,
+    /// How long ago that pod was deleted (`None` while it is not being deleted).
+    pub previous_deleted_ago: Option<Duration>,
     /// How long the launch pod has existed (`None` without a creation timestamp).
     pub age: Option<Duration>,
     /// `--launch-deadline`.
@@ -33,10 +36,17 @@ pub struct LaunchFacts<'a> {
 pub enum LaunchStep<'a> {
     /// Build the request, the ExecutorRunning and the workspace, and persist `STARTING`.
     Begin,
-    /// The pod was created a moment ago: its watch event reconciles again.
+    /// A pod was created a moment ago: its watch event reconciles again.
     AwaitCreated,
-    /// A pod of an earlier launch may still run on the workspace: wait until it is gone.
-    WaitForPrevious(&'a Pod),
+    /// A pod of an earlier launch (a superseded request's, one the cache showed late) runs or
+    /// waits to run on the workspace, and nothing deletes it: delete it, then wait for it.
+    DeletePrevious(&'a Pod),
+    /// A pod of an earlier launch is being deleted: wait until it is gone, look again by the
+    /// deadline.
+    WaitForPrevious {
+        pod: &'a Pod,
+        until_deadline: Duration,
+    },
     /// Create this launch's pod.
     CreatePod,
     /// The pod is on its way: its watch events drive the launch; look again by the deadline.
@@ -52,18 +62,32 @@ pub enum LaunchStep<'a> {
 }
 
 /// Decides the next step of the launch described by `facts`.
+///
+/// Every wait is bounded: a created pod is awaited in the cache for a moment at most (then
+/// `created_unseen` is false), a pending pod and a previous pod being deleted until the
+/// deadline, after which the launch is stalled with the reason. A previous pod that nothing
+/// deletes is deleted, so that no launch waits for what never comes.
 pub fn launch_step<'a>(facts: &LaunchFacts<'a>) -> LaunchStep<'a> {
     if !facts.starting {
         return LaunchStep::Begin;
     }
-    let Some(pod) = facts.launch_pod else {
-        if facts.created_unseen {
-            return LaunchStep::AwaitCreated;
-        }
-        return match facts.previous_alive {
-            Some(previous) => LaunchStep::WaitForPrevious(previous),
-            None => LaunchStep::CreatePod,
+    if facts.created_unseen {
+        return LaunchStep::AwaitCreated;
+    }
+    if let Some(previous) = facts.previous_alive {
+        return match facts.previous_deleted_ago {
+            None => LaunchStep::DeletePrevious(previous),
+            Some(ago) if ago >= facts.deadline => {
+                LaunchStep::Stalled(previous, previous_pod_stall(previous, facts.deadline))
+            }
+            Some(ago) => LaunchStep::WaitForPrevious {
+                pod: previous,
+                until_deadline: facts.deadline.saturating_sub(ago),
+            },
         };
+    }
+    let Some(pod) = facts.launch_pod else {
+        return LaunchStep::CreatePod;
     };
     match pod_liveness(Some(pod)) {
         PodLiveness::Pending => {
@@ -176,6 +200,7 @@ mod tests {
             launch_pod,
             created_unseen: false,
             previous_alive: None,
+            previous_deleted_ago: None,
             age: Some(Duration::from_secs(age)),
             deadline: DEADLINE,
         }
@@ -186,6 +211,7 @@ mod tests {
     fn launch_steps() {
         let run = running("s-agent-new");
         let old = running("s-agent-old");
+        let old_going = terminating("s-agent-old");
         let pulling = pending_pulling("s-agent-new");
         let going = terminating("s-agent-new");
         let died = failed("s-agent-new", None);
@@ -212,12 +238,44 @@ mod tests {
                 LaunchStep::AwaitCreated,
             ),
             (
-                "an earlier pod may still run on the workspace",
+                // The storm of resume tokens (issue 31): a superseded request's pod, created
+                // before the cache showed it, was deleted by nobody, and the launch of the
+                // newer request waited for it for good.
+                "an earlier launch's pod runs and nothing deletes it: delete it",
                 LaunchFacts {
                     previous_alive: Some(&old),
                     ..facts(None, 0)
                 },
-                LaunchStep::WaitForPrevious(&old),
+                LaunchStep::DeletePrevious(&old),
+            ),
+            (
+                "an earlier launch's pod beside this launch's own: deleted first",
+                LaunchFacts {
+                    previous_alive: Some(&old),
+                    ..facts(Some(&run), 5)
+                },
+                LaunchStep::DeletePrevious(&old),
+            ),
+            (
+                "an earlier launch's pod is being deleted: wait, look again by the deadline",
+                LaunchFacts {
+                    previous_alive: Some(&old_going),
+                    previous_deleted_ago: Some(Duration::from_secs(20)),
+                    ..facts(None, 0)
+                },
+                LaunchStep::WaitForPrevious {
+                    pod: &old_going,
+                    until_deadline: Duration::from_secs(280),
+                },
+            ),
+            (
+                "an earlier launch's pod is still there a deadline after its deletion: stalled",
+                LaunchFacts {
+                    previous_alive: Some(&old_going),
+                    previous_deleted_ago: Some(DEADLINE),
+                    ..facts(None, 0)
+                },
+                LaunchStep::Stalled(&old_going, previous_pod_stall(&old_going, DEADLINE)),
             ),
             (
                 "nothing runs: create the pod",
@@ -279,6 +337,81 @@ mod tests {
                 assert_eq!(Some(&stall), checkout_stall(&checkout).as_ref());
             }
             other => panic!("a failed checkout: {other:?}"),
+        }
+    }
+
+    mod liveness {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Every wait of a launch ends (issue 31): each looks again by the deadline, and
+            /// once every clock the launch waits on has passed it (the launch pod's age, the
+            /// previous pod's deletion; a created pod is awaited in the cache for a moment
+            /// only), the step is never a wait. A previous pod is deleted only while nothing
+            /// deletes it, so the deletion is not repeated.
+            #[test]
+            fn no_launch_waits_past_its_deadline(
+                launch in 0usize..6,
+                previous in 0usize..4,
+                starting: bool,
+                created_unseen: bool,
+                age in 0u64..600,
+                deleted_ago in 0u64..600,
+                deadline in 1u64..400,
+            ) {
+                let launch_pods = [
+                    None,
+                    Some(running("s-agent-new")),
+                    Some(pending_pulling("s-agent-new")),
+                    Some(pod("s-agent-new", "Pending", json!({}))),
+                    Some(terminating("s-agent-new")),
+                    Some(failed("s-agent-new", None)),
+                ];
+                let previous_pods = [
+                    None,
+                    Some(running("s-agent-old")),
+                    Some(pending_pulling("s-agent-old")),
+                    Some(terminating("s-agent-old")),
+                ];
+                let previous = previous_pods[previous].as_ref();
+                let deleting = previous.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+                let deadline = Duration::from_secs(deadline);
+                let facts = LaunchFacts {
+                    starting,
+                    launch_pod: launch_pods[launch].as_ref(),
+                    created_unseen,
+                    previous_alive: previous,
+                    previous_deleted_ago: deleting.then(|| Duration::from_secs(deleted_ago)),
+                    age: Some(Duration::from_secs(age)),
+                    deadline,
+                };
+                let step = launch_step(&facts);
+                match &step {
+                    LaunchStep::AwaitRunning { until_deadline }
+                    | LaunchStep::WaitForPrevious { until_deadline, .. } => {
+                        prop_assert!(*until_deadline <= deadline, "{step:?}");
+                    }
+                    LaunchStep::DeletePrevious(_) => prop_assert!(!deleting, "{step:?}"),
+                    _ => {}
+                }
+                let all_clocks_past = !created_unseen
+                    && Duration::from_secs(age) >= deadline
+                    && (!deleting || Duration::from_secs(deleted_ago) >= deadline);
+                if all_clocks_past {
+                    prop_assert!(
+                        !matches!(
+                            step,
+                            LaunchStep::AwaitCreated
+                                | LaunchStep::AwaitRunning { .. }
+                                | LaunchStep::WaitForPrevious { .. }
+                        ),
+                        "a wait past the deadline: {step:?}"
+                    );
+                }
+            }
         }
     }
 

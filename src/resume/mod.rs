@@ -14,6 +14,7 @@ mod observe;
 mod prompt;
 mod reach;
 mod request;
+mod rest;
 mod restore;
 mod session_config;
 mod stall;
@@ -34,12 +35,13 @@ pub use reach::{
     LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, running_request,
 };
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
+pub use rest::{RECHECK, Unrest, at_rest, bounded, loaded_at_rest, unrest};
 pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,
     RestorePlan, next_step_after_failure, select_restore_method,
 };
 pub use session_config::{ReportedConfig, SetBack, apply_config_update, reported_config, set_back};
-pub use stall::{LaunchStall, checkout_stall, launch_stall};
+pub use stall::{LaunchStall, checkout_stall, launch_stall, previous_pod_stall};
 pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,

@@ -9,7 +9,8 @@ use crate::agentctl::checkout::CheckoutReason;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchStall {
     /// CamelCase condition reason: `ImagePullBackOff`, `CreateContainerConfigError`,
-    /// `Unschedulable`, `PVCNotBound`, `PodPending` or `AgentctlUnreachable`.
+    /// `Unschedulable`, `PVCNotBound`, `PodPending`, `AgentctlUnreachable` or
+    /// `PreviousPodNotGone`.
     pub reason: &'static str,
     /// What the pod says, for the condition and the Event.
     pub message: String,
@@ -112,6 +113,26 @@ pub fn checkout_stall(pod: &Pod) -> Option<LaunchStall> {
         reason: reason.as_str(),
         message: format!("agentctl could not prepare the workspace: {text}"),
     })
+}
+
+/// The stall of a launch whose `previous` pod (of an earlier launch, on the same workspace) was
+/// deleted `deadline` ago or longer and is still there: its node does not confirm the deletion
+/// (lost, or its kubelet stopped), and a second agentctl must not start beside it.
+pub fn previous_pod_stall(previous: &Pod, deadline: std::time::Duration) -> LaunchStall {
+    let name = previous.metadata.name.as_deref().unwrap_or_default();
+    let node = previous
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .map(|n| format!(" on node {n}"))
+        .unwrap_or_default();
+    LaunchStall {
+        reason: "PreviousPodNotGone",
+        message: format!(
+            "pod {name}{node} of an earlier launch is still there {}s after its deletion, so agentctl was not started beside it on the same workspace",
+            deadline.as_secs()
+        ),
+    }
 }
 
 fn describe(reason: &str, message: &str) -> String {
