@@ -40,7 +40,7 @@ unit:
 # #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, the alerts' and the
 # dashboard's PromQL against the operator's metrics, values schema).
 chart:
-	helm="$$(bash e2e/bin.sh | tail -n 1)/helm" && \
+	helm="$$(bash e2e/bin.sh core | tail -n 1)/helm" && \
 	  "$$helm" lint --strict charts/kandev-operator && \
 	  "$$helm" lint --strict charts/kandev-operator --set metrics.serviceMonitor.enabled=true \
 	    --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true \

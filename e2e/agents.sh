@@ -2,8 +2,10 @@
 # Installs the real ACP agents the protocol tests talk to, pinned in e2e/agents.versions, from
 # npm, cached outside the repo so `cargo clean` or a fresh clone does not pay for the download
 # again.
-#   e2e/agents.sh           install what is missing, print the bin directory on the last line
-#   e2e/agents.sh --print   only print the bin directory
+#   e2e/agents.sh [PROFILE…]  install what is missing (of these profiles' agents, default: all of
+#                             e2e/agents.versions), print the bin directory on the last line;
+#                             `make demo` installs only claude-code
+#   e2e/agents.sh --print     only print the bin directory
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator)/agents. A warm run takes about a second:
 # the pinned versions are read from the installed package.json files, npm is not started at all.
 #
@@ -30,11 +32,13 @@ installed_version() {
 command -v npm >/dev/null || { log "npm not found: install Node.js (>= 20) first"; exit 1; }
 mkdir -p "$prefix"
 
-# "package@version" of every pinned agent, and those not installed at their pin.
+# "package@version" of every pinned agent asked for, and those not installed at their pin.
+wanted=" $* "
 pinned=()
 missing=()
 while read -r profile package version _; do
   [[ -z "$profile" || "$profile" == \#* ]] && continue
+  [[ $# == 0 || "$wanted" == *" $profile "* ]] || continue
   pinned+=("$package@$version")
   have="$(installed_version "$package")"
   if [[ "$have" == "$version" ]]; then
@@ -44,7 +48,7 @@ while read -r profile package version _; do
     missing+=("$package@$version")
   fi
 done < "$here/agents.versions"
-(( ${#pinned[@]} > 0 )) || { log "no agents pinned in $here/agents.versions"; exit 1; }
+(( ${#pinned[@]} > 0 )) || { log "no agents pinned in $here/agents.versions for: ${*:-any profile}"; exit 1; }
 
 if (( ${#missing[@]} > 0 )); then
   log "installing ${missing[*]} into $prefix"

@@ -6,8 +6,14 @@
 #   toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs),
 #   jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs),
 #   and kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours).
-# Usage: e2e/bin.sh            build what is missing, print the bin directory on the last line
-#        e2e/bin.sh --print    only print the bin directory
+# Usage: e2e/bin.sh [SET]         build what SET needs and is missing, print the bin directory on
+#                                  the last line. SET: `core` (a cluster and helm: etcd, the four
+#                                  Kubernetes commands, kwok, kwokctl, helm; what `make demo`,
+#                                  `cluster.sh up` and `make chart` need) or `all` (the default:
+#                                  core and the test-only peers agent-sandbox, toxiproxy, jaeger
+#                                  and kandev-apiproxy, for `make e2e` and `make bench`)
+#        e2e/bin.sh --print        only print the bin directory
+#        e2e/bin.sh --list [SET]   only print the names of SET's binaries, one a line
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator). A warm run takes seconds.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,6 +23,17 @@ source "$here/versions.env"
 cache="${KANDEV_CACHE:-$HOME/.cache/kandev-operator}"
 bin="$cache/k8s-${K8S_VERSION}/bin"
 if [[ "${1:-}" == "--print" ]]; then echo "$bin"; exit 0; fi
+core_bins=(etcd kwok kwokctl helm kube-apiserver kube-controller-manager kube-scheduler kubectl)
+test_bins=(agent-sandbox-controller toxiproxy-server jaeger-all-in-one kandev-apiproxy)
+list=0
+if [[ "${1:-}" == "--list" ]]; then list=1; shift; fi
+set_name="${1:-all}"
+case "$set_name" in
+  core) wanted=("${core_bins[@]}") ;;
+  all) wanted=("${core_bins[@]}" "${test_bins[@]}") ;;
+  *) echo "e2e/bin.sh: unknown set '$set_name' (core or all)" >&2; exit 2 ;;
+esac
+if (( list )); then printf '%s\n' "${wanted[@]}"; exit 0; fi
 
 export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOFLAGS="-mod=mod -buildvcs=false"
 export CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$bin"
@@ -162,9 +179,11 @@ build_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 build_installable kwokctl sigs.k8s.io/kwok/cmd/kwokctl "$KWOK_VERSION"
 build_installable helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 build_kubernetes
-build_agent_sandbox
-build_toxiproxy
-build_jaeger
-build_apiproxy
-log "control-plane binaries ready in $((SECONDS - total))s"
+if [[ "$set_name" == all ]]; then
+  build_agent_sandbox
+  build_toxiproxy
+  build_jaeger
+  build_apiproxy
+fi
+log "binaries ($set_name) ready in $((SECONDS - total))s"
 echo "$bin"

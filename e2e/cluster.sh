@@ -15,6 +15,8 @@
 #
 # Environment: KANDEV_CLUSTER (default kandev-e2e), KANDEV_CACHE (default ~/.cache/kandev-operator),
 #   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set),
+#   KANDEV_AGENTS (the agent profiles whose npm agents the harness's pods get, space-separated;
+#   default: every one of e2e/agents.versions),
 #   CARGO_TARGET_DIR (its debug/ dir is put first on PATH of kwok and the harness),
 #   KANDEV_BIN_DIR (that directory instead, e.g. target/release for `make bench`),
 #   KANDEV_AUDIT_POLICY (an audit policy file: kube-apiserver writes its audit log to
@@ -233,7 +235,8 @@ start_harness() {
   # The harness's environment is the "image" of the pods it plays: the agents from npm on PATH,
   # and IS_SANDBOX=1 because claude-agent-acp refuses root (real pods run non-root).
   local agents
-  agents="$(bash "$here/agents.sh" | tail -n 1)"
+  # shellcheck disable=SC2086 # a list of profile names
+  agents="$(bash "$here/agents.sh" ${KANDEV_AGENTS:-} | tail -n 1)"
   export PATH="$agents:$PATH" IS_SANDBOX=1
   log "starting harness $KANDEV_HARNESS_BIN (log: $harness_log)"
   # Own session: a Ctrl-C in the caller's terminal must not kill it behind `down`'s back.
@@ -332,7 +335,7 @@ cmd_down() {
 
 cmd_up() {
   local start=$SECONDS
-  bin="$("$here/bin.sh" | tail -n 1)"
+  bin="$("$here/bin.sh" core | tail -n 1)"
   if healthy; then
     log "cluster $name already up and healthy"
   else

@@ -75,8 +75,11 @@ trap 'exit 143' TERM
 
 say "Tools: the Kubernetes control plane from Go modules, the ACP agent from npm (cached)"
 note "first run on a fresh machine: the control plane build takes a while (progress below)"
-bin="$(bash "$here/bin.sh" | tail -n 1)"
-bash "$here/agents.sh" | tail -n 1 >/dev/null
+# Only what the demo uses: the cluster's binaries and helm, and the claude-code agent (the
+# test-only peers and the other agents are `make test`'s).
+bin="$(bash "$here/bin.sh" core | tail -n 1)"
+export KANDEV_AGENTS=claude-code
+bash "$here/agents.sh" "$KANDEV_AGENTS" | tail -n 1 >/dev/null
 run cargo build --locked --bins
 PATH_ADD="${CARGO_TARGET_DIR:-$repo/target}/debug:$bin"
 export PATH="$PATH_ADD:$PATH"

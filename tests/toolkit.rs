@@ -117,3 +117,56 @@ fn events_in_order_is_a_subsequence() {
     assert!(!in_order(&reasons, &["AgentLost", "Starting"]));
     assert!(!in_order(&reasons, &["Starting", "NodeLost"]));
 }
+
+/// `make demo` builds and installs only what it uses (issue 29): the `core` set of e2e/bin.sh
+/// (the cluster's binaries and helm) holds none of the test-only peers that `make test` builds,
+/// and the demo, `cluster.sh up`, `make chart` and `make manifests` ask for `core`, the demo for
+/// the claude-code agent alone.
+#[test]
+fn the_demo_builds_no_test_only_tool() {
+    let list = |set: &str| -> Vec<String> {
+        let out = std::process::Command::new("bash")
+            .arg(repo_path("e2e/bin.sh"))
+            .args(["--list", set])
+            .output()
+            .expect("bash runs e2e/bin.sh");
+        assert!(out.status.success(), "e2e/bin.sh --list {set}: {out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let core = list("core");
+    let all = list("all");
+    let test_only = [
+        "agent-sandbox-controller",
+        "toxiproxy-server",
+        "jaeger-all-in-one",
+        "kandev-apiproxy",
+    ];
+    for tool in test_only {
+        assert!(!core.iter().any(|t| t == tool), "{tool} in core: {core:?}");
+        assert!(all.iter().any(|t| t == tool), "{tool} not in all: {all:?}");
+    }
+    for tool in [
+        "etcd",
+        "kube-apiserver",
+        "kwok",
+        "kwokctl",
+        "kubectl",
+        "helm",
+    ] {
+        assert!(
+            core.iter().any(|t| t == tool),
+            "{tool} not in core: {core:?}"
+        );
+    }
+    let read = |path: &str| std::fs::read_to_string(repo_path(path)).expect(path);
+    let demo = read("e2e/demo.sh");
+    assert!(demo.contains(r#"bin="$(bash "$here/bin.sh" core | tail -n 1)""#));
+    assert!(demo.contains("export KANDEV_AGENTS=claude-code"));
+    assert!(demo.contains(r#"bash "$here/agents.sh" "$KANDEV_AGENTS""#));
+    assert!(read("e2e/cluster.sh").contains(r#"bin="$("$here/bin.sh" core | tail -n 1)""#));
+    assert!(read("Makefile").contains("bash e2e/bin.sh core"));
+    assert!(read("deploy/render.sh").contains(r#"e2e/bin.sh" core"#));
+}
