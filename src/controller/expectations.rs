@@ -138,6 +138,19 @@ impl Expectations {
         })
     }
 
+    /// This operator deleted (or found gone) the session's pod `name`: if it was the pod awaited
+    /// in the cache, it is awaited no more (it may have come and gone between two looks).
+    pub fn pod_gone(&self, session: &str, name: &str) {
+        self.with(session, |e| {
+            if e.created_pod
+                .as_ref()
+                .is_some_and(|(created, _)| created == name)
+            {
+                e.created_pod = None;
+            }
+        });
+    }
+
     /// This operator deleted the session's pod `uid` (the API server accepted the delete).
     pub fn deleted_pod(&self, session: &str, uid: &str) {
         self.with(session, |e| {
@@ -312,6 +325,19 @@ mod tests {
         assert!(
             !e.awaits_created("s", nothing_cached),
             "forgotten once seen"
+        );
+        // A superseded request's pod that the cache showed and this operator deleted before
+        // the next launch pass looked: awaited no more (issue 31: the storm waited 30 s).
+        e.created_pod("s", "p3");
+        e.pod_gone("s", "p2");
+        assert!(
+            e.awaits_created("s", nothing_cached),
+            "another pod's deletion"
+        );
+        e.pod_gone("s", "p3");
+        assert!(
+            !e.awaits_created("s", nothing_cached),
+            "deleted: not awaited"
         );
     }
 

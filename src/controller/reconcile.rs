@@ -1752,6 +1752,7 @@ impl<'a> Session<'a> {
         };
         match pods.delete(&pod.name_any(), &params).await {
             Ok(_) => {
+                self.ctx.expectations.pod_gone(&self.uid, &pod.name_any());
                 if let Some(uid) = &pod.metadata.uid {
                     self.ctx.expectations.deleted_pod(&self.uid, uid);
                 }
@@ -1812,11 +1813,14 @@ impl<'a> Session<'a> {
         async move {
             match pods.delete(&pod_name, &Default::default()).await {
                 Ok(_) => {
+                    expectations.pod_gone(&session, &pod_name);
                     if let Some(uid) = &pod_uid {
                         expectations.deleted_pod(&session, uid);
                     }
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    expectations.pod_gone(&session, &pod_name)
+                }
                 Err(err) => {
                     warn!(%err, pod = %pod_name, "could not delete the agentctl pod of a launch that did not finish")
                 }
