@@ -715,3 +715,91 @@ async fn two_replicas_elect_one_leader_and_fail_over() {
     };
     sessions.run_with_operator(operator(), body).await;
 }
+
+/// A hostile agent (issue 30): a 1,000,000-byte name, 1,000,000-byte error messages, 10,001
+/// config options and, for a second session, a 1,000,000-byte session id. Every session still
+/// reaches a clear state; what status keeps is within the CRD's bounds (the API server would
+/// refuse more); every Event is published (the API server refuses a note over 1 KiB); the
+/// operator's memory stays bounded.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_hostile_agent_gets_a_clear_state_and_every_event() {
+    use kandev_operator::api::bounds::{AGENT_NAME_MAX, CONFIG_ITEMS_MAX, MESSAGE_MAX};
+    let sessions = setup().await;
+    let operator = operator().start();
+    let body = async {
+        // Its words are cut, its configuration bounded, and it runs.
+        let name = unique("hostile");
+        sessions.create(&name, "test-hostile").await;
+        let (token, _) = started_and_waiting(&sessions, &name).await;
+        let bounded = |er: Option<&kandev_operator::api::ExecutorRunning>| {
+            er.and_then(|er| er.status.as_ref()).is_some_and(|s| {
+                s.session_config
+                    .as_ref()
+                    .is_some_and(|c| c.config_options.len() == CONFIG_ITEMS_MAX)
+            })
+        };
+        let er = sessions
+            .wait_executor(&name, "the bounded session configuration", bounded)
+            .await;
+        let status = er.status.expect("status");
+        let agent = status.capabilities.and_then(|c| c.agent_name);
+        assert!(
+            agent.as_ref().is_some_and(|a| a.len() <= AGENT_NAME_MAX),
+            "{agent:?}"
+        );
+        // A 1,000,000-byte error on the resume: the token kept, the message bounded, the
+        // failure's Event published.
+        sessions.lose(&name).await;
+        let ts = sessions.resume(&name, "h1").await;
+        let status = ts.status.expect("status");
+        let resumed = condition(&status, conditions::RESUMED);
+        assert_eq!(resumed.status, "False", "{resumed:?}");
+        assert!(
+            resumed.message.len() <= MESSAGE_MAX,
+            "{}",
+            resumed.message.len()
+        );
+        assert!(
+            resumed.message.contains("Internal error EEE"),
+            "{resumed:?}"
+        );
+        assert!(status.needs_resume);
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
+        sessions
+            .assert_events_in_order(
+                &name,
+                &[
+                    "Starting",
+                    "Started",
+                    "AgentLost",
+                    "ResumeRequested",
+                    "ResumeFailed",
+                ],
+            )
+            .await;
+
+        // A 1,000,000-byte session id is refused, never cut into a token.
+        let name = unique("hostileid");
+        sessions.create(&name, "test-hostile-id").await;
+        let message = failed_with(&sessions, &name).await;
+        assert!(message.contains("sessionId of 1000000 bytes"), "{message}");
+        assert!(message.len() <= MESSAGE_MAX);
+        assert_eq!(sessions.token_of(&name).await, None);
+        sessions
+            .assert_events_in_order(&name, &["Starting", "LaunchFailed"])
+            .await;
+    };
+    sessions.run(body).await;
+    let log = std::fs::read_to_string(operator.log()).expect("the operator's log");
+    assert!(
+        !log.contains("could not publish an Event") && !log.contains("dropped an Event"),
+        "an Event was refused or dropped; log {}",
+        operator.log().display()
+    );
+    let peak = operator.peak_rss_mib();
+    assert!(peak < 256.0, "the operator's peak RSS is {peak:.0} MiB");
+}

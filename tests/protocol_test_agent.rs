@@ -614,3 +614,43 @@ async fn local_restore_errors_only_when_it_cannot_start() {
         .expect_err("missing");
     assert!(matches!(error, AcpError::Spawn { .. }), "{error}");
 }
+
+/// A hostile agent (issue 30): a 1,000,000-byte name in `initialize`, 1,000,000-byte error
+/// messages and a 1,000,000-byte session id, each under the line limit so that the client's
+/// bounds on the text itself are what holds. The name is cut, the error kept to its bound (the
+/// token kept: -32603 is inconclusive), and the session id refused, never cut.
+#[tokio::test]
+async fn a_hostile_agents_words_are_bounded_where_they_enter() {
+    use kandev_operator::api::bounds::{AGENT_NAME_MAX, MESSAGE_MAX, SESSION_ID_MAX};
+    const BYTES: &str = "1000000";
+    let run = Run::new();
+    let mut agent = run.spawn(&["--hostile", BYTES, "--on-resume", "error:-32603"]);
+    let capabilities = agent.client_mut().initialize().await.expect("initialize");
+    let name = capabilities.agent_name.expect("a name");
+    assert!(name.len() <= AGENT_NAME_MAX, "{} bytes", name.len());
+    assert!(name.starts_with("NNN") && name.contains("… [+"), "{name}");
+    let outcome = run.restore_on(&mut agent).await;
+    stop(agent).await;
+    assert_failed_keeping_token(&outcome, RestoreMethod::Resume, RestoreErrorClass::Internal);
+    let RestoreOutcome::Failed { reason, .. } = &outcome else {
+        unreachable!("checked above")
+    };
+    assert!(reason.len() <= MESSAGE_MAX, "{} bytes", reason.len());
+    assert!(reason.contains("Internal error EEE"), "{reason}");
+
+    let run = Run::new();
+    let outcome = run
+        .restore(&["--hostile", BYTES, "--hostile-session-id"], None)
+        .await;
+    let RestoreOutcome::Failed { class, reason, .. } = &outcome else {
+        panic!("a 1,000,000-byte session id is refused: {outcome:?}")
+    };
+    assert_eq!(*class, RestoreErrorClass::Malformed, "{reason}");
+    assert!(
+        reason.contains(&format!(
+            "sessionId of {BYTES} bytes, longer than the {SESSION_ID_MAX} kept"
+        )),
+        "{reason}"
+    );
+    assert!(reason.len() <= MESSAGE_MAX);
+}

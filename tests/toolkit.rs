@@ -20,7 +20,15 @@ use kandev_operator::controller::metrics::Metrics;
 #[test]
 fn every_profiles_file_loads_with_the_profiles_its_tests_use() {
     for (file, profiles) in [
-        ("operator", &["test-inconclusive", "test-new-fails"][..]),
+        (
+            "operator",
+            &[
+                "test-inconclusive",
+                "test-new-fails",
+                "test-hostile",
+                "test-hostile-id",
+            ][..],
+        ),
         (
             "plugin",
             &[

@@ -35,6 +35,12 @@
 //! (`--reject-set` answers them -32603). A prompt `set-mode <id>` switches the mode and reports
 //! it with a `current_mode_update`.
 //!
+//! `--hostile <BYTES>` plays an agent that chooses its words to hurt the client: its name
+//! (`agentInfo.name`) and every JSON-RPC error message it sends are BYTES long, and with
+//! `--session-config` it reports 10,000 config options besides `effort`; with
+//! `--hostile-session-id`, `session/new` hands out an id of BYTES too. Keep BYTES under the
+//! client's line limit (1 MiB) to reach the client's bounds on the text itself.
+//!
 //! Test-only; not shipped in images.
 
 use std::fs::OpenOptions;
@@ -195,7 +201,16 @@ struct Args {
     /// Answer every set call -32603.
     #[arg(long, requires = "session_config")]
     reject_set: bool,
+    /// A hostile agent's text, this many bytes (see the module docs).
+    #[arg(long, value_name = "BYTES")]
+    hostile: Option<usize>,
+    /// With `--hostile`, `session/new` hands out an id of that size.
+    #[arg(long, requires = "hostile")]
+    hostile_session_id: bool,
 }
+
+/// Config options a `--hostile` agent reports besides `effort`.
+const HOSTILE_OPTIONS: usize = 10_000;
 
 const MODES: [&str; 2] = ["default", "plan"];
 const MODELS: [&str; 2] = ["small", "large"];
@@ -242,6 +257,10 @@ impl Agent {
     }
 
     fn error(&mut self, id: &Value, code: i64, message: &str) {
+        let message = match self.args.hostile {
+            Some(bytes) => format!("{message} {}", "E".repeat(bytes)),
+            None => message.to_owned(),
+        };
         self.send(
             &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
         );
@@ -373,8 +392,14 @@ impl Agent {
         result["modes"] = json!({"currentModeId": MODES[0], "availableModes": list(&MODES, "id")});
         result["models"] =
             json!({"currentModelId": MODELS[0], "availableModels": list(&MODELS, "modelId")});
-        result["configOptions"] = json!([{"id": "effort", "name": "Effort", "type": "select",
-            "currentValue": EFFORTS[0], "options": list(&EFFORTS, "value")}]);
+        let mut options = vec![json!({"id": "effort", "name": "Effort", "type": "select",
+            "currentValue": EFFORTS[0], "options": list(&EFFORTS, "value")})];
+        if self.args.hostile.is_some() {
+            options.extend((0..HOSTILE_OPTIONS).map(|n| {
+                json!({"id": format!("o{n}"), "name": "o", "type": "boolean", "currentValue": true})
+            }));
+        }
+        result["configOptions"] = json!(options);
     }
 
     fn set(&mut self, id: &Value, method: &str, message: &Value) {
@@ -422,7 +447,10 @@ impl Agent {
         let response = InitializeResponse::new(ProtocolVersion::V1)
             .agent_capabilities(capabilities)
             .agent_info(Implementation::new(
-                "kandev-test-agent",
+                match self.args.hostile {
+                    Some(bytes) => "N".repeat(bytes),
+                    None => "kandev-test-agent".to_owned(),
+                },
                 env!("CARGO_PKG_VERSION"),
             ));
         let mut response = to_value(&response);
@@ -437,17 +465,24 @@ impl Agent {
             return;
         }
         self.sessions_created += 1;
-        let session = self.args.new_session_id.clone().unwrap_or_else(|| {
-            if self.args.unique_session_ids {
-                format!(
-                    "test-session-{}-{}",
-                    std::process::id(),
-                    self.sessions_created
-                )
-            } else {
-                format!("test-session-{}", self.sessions_created)
-            }
-        });
+        let hostile = self
+            .args
+            .hostile
+            .filter(|_| self.args.hostile_session_id)
+            .map(|bytes| "S".repeat(bytes));
+        let session = hostile
+            .or_else(|| self.args.new_session_id.clone())
+            .unwrap_or_else(|| {
+                if self.args.unique_session_ids {
+                    format!(
+                        "test-session-{}-{}",
+                        std::process::id(),
+                        self.sessions_created
+                    )
+                } else {
+                    format!("test-session-{}", self.sessions_created)
+                }
+            });
         let mut result = to_value(&NewSessionResponse::new(session));
         self.config_fields(&mut result);
         self.result(id, result);

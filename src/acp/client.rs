@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, cap, session_id_problem};
 use crate::api::{NegotiatedCapabilities, SessionConfigState};
 use crate::jsonrpc::CallFailure;
 use crate::resume::AgentRestoreCapabilities;
@@ -275,10 +276,10 @@ impl AcpClient {
             )
             .await?;
         let id = response.session_id.0.to_string();
-        if id.trim().is_empty() {
+        if let Some(problem) = session_id_problem(&id) {
             return Err(AcpError::Call {
                 method: method::SESSION_NEW,
-                failure: CallFailure::MalformedResponse("empty sessionId".to_owned()),
+                failure: CallFailure::MalformedResponse(problem),
             });
         }
         Ok(id)
@@ -425,9 +426,10 @@ fn decode<Resp: DeserializeOwned>(
     answer: Result<serde_json::Value, CallFailure>,
 ) -> Result<Resp, AcpError> {
     let value = answer.map_err(|failure| AcpError::Call { method, failure })?;
+    // serde's words quote what the agent sent.
     serde_json::from_value(value).map_err(|error| AcpError::Call {
         method,
-        failure: CallFailure::MalformedResponse(error.to_string()),
+        failure: CallFailure::MalformedResponse(cap(&error.to_string(), AGENT_TEXT_MAX).into()),
     })
 }
 
@@ -451,11 +453,14 @@ pub fn negotiated_capabilities(response: &InitializeResponse) -> NegotiatedCapab
         protocol_version: Some(i64::from(response.protocol_version.as_u16())),
         load_session: restore.load_session,
         session_resume: restore.session_resume,
-        agent_name: response.agent_info.as_ref().map(|info| info.name.clone()),
+        agent_name: response
+            .agent_info
+            .as_ref()
+            .map(|info| cap(&info.name, AGENT_NAME_MAX).into()),
         agent_version: response
             .agent_info
             .as_ref()
-            .map(|info| info.version.clone()),
+            .map(|info| cap(&info.version, AGENT_NAME_MAX).into()),
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use tracing::Instrument;
 
+use crate::api::bounds::{MESSAGE_MAX, cap};
 use crate::resume::{
     NativeSessionResume, NextStep, RestoreErrorClass, RestoreMethod, RestorePlan,
     classify_restore_error, next_step_after_failure, select_restore_method,
@@ -173,6 +174,8 @@ fn failed(
     if !history.is_empty() {
         reason.push_str(&format!(" (after: {})", history.join("; ")));
     }
+    // Each step's words hold at most AGENT_TEXT_MAX of the agent's; the whole chain too.
+    let reason = cap(&reason, MESSAGE_MAX).into_owned();
     RestoreOutcome::Failed {
         method: Some(method),
         class,

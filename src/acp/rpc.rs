@@ -29,6 +29,7 @@ use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::api::bounds::{AGENT_TEXT_MAX, cap};
 use crate::jsonrpc::code::{INTERNAL_ERROR, METHOD_NOT_FOUND};
 use crate::jsonrpc::{
     AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, encode_line, error_message, method,
@@ -670,15 +671,22 @@ fn parse_answer(mut object: serde_json::Map<String, Value>) -> CallResult {
         return match code {
             Some(code) => Err(CallFailure::JsonRpc {
                 code,
-                message: error
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
+                message: cap(
+                    error
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default(),
+                    AGENT_TEXT_MAX,
+                )
+                .into(),
             }),
-            None => Err(CallFailure::MalformedResponse(format!(
-                "error without an integer code: {error}"
-            ))),
+            None => Err(CallFailure::MalformedResponse(
+                cap(
+                    &format!("error without an integer code: {error}"),
+                    AGENT_TEXT_MAX,
+                )
+                .into(),
+            )),
         };
     }
     match object.remove("result") {

@@ -4,6 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+use super::bounds::{MESSAGE_MAX, cap};
+
 pub const READY: &str = "Ready";
 pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
@@ -31,7 +33,8 @@ impl Want {
             type_,
             status,
             reason: reason.into(),
-            message: message.into(),
+            // A message may quote an agent: bounded like everything it chooses.
+            message: cap(&message.into(), MESSAGE_MAX).into_owned(),
         }
     }
 }
@@ -107,6 +110,16 @@ mod tests {
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("valid timestamp")
+    }
+
+    /// A message may quote an agent: it is kept within MESSAGE_MAX, the cut marked.
+    #[test]
+    fn messages_are_bounded() {
+        let long = "x".repeat(1_000_000);
+        let merged = merge(&[], &[Want::new(READY, false, "R", &long)], None, at(1));
+        let message = &merged[0].message;
+        assert!(message.len() <= MESSAGE_MAX, "{}", message.len());
+        assert!(message.ends_with(" bytes]"), "{message}");
     }
 
     #[test]

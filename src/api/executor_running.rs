@@ -5,6 +5,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::bounds::{AGENT_NAME_MAX, BRANCH_MAX, CONFIG_ITEMS_MAX, SESSION_ID_MAX};
+
 /// Runtime record of a TaskSession's executor (owned by the session through an ownerReference).
 /// It holds what must survive an operator restart, above all the ACP resume token.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -93,6 +95,7 @@ pub struct ExecutorRunningStatus {
     /// ACP session id of the agent: the resume token. Never cleared by a failed resume unless the
     /// agent explicitly said the session is unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = SESSION_ID_MAX))]
     pub resume_token: Option<String>,
     /// ACP `messageId` of the last message the agent streamed in the session `resumeToken`
     /// names (from agentctl's event journal; absent for agents that send no message ids, and
@@ -102,6 +105,7 @@ pub struct ExecutorRunningStatus {
         skip_serializing_if = "Option::is_none",
         rename = "lastMessageUUID"
     )]
+    #[schemars(length(max = SESSION_ID_MAX))]
     pub last_message_uuid: Option<String>,
     /// Name of the current agentctl pod (a hint: the live Pod is always checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,13 +153,31 @@ pub struct ExecutorRunningStatus {
 pub struct SessionConfigState {
     /// The current session mode id (e.g. `plan`, `code`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub mode: Option<String>,
     /// The current model id (ACP `models`, unstable in the protocol).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub model: Option<String>,
     /// The current value of each config option, by option id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = CONFIG_ITEMS_MAX))]
     pub config_options: Vec<ConfigOptionValue>,
+}
+
+impl SessionConfigState {
+    /// Within the bounds of [`super::bounds`]: a mode, a model, an option id or value longer
+    /// than [`AGENT_NAME_MAX`] is dropped (a cut id names nothing to set back), and at most
+    /// [`CONFIG_ITEMS_MAX`] options are kept.
+    pub fn bounded(mut self) -> Self {
+        let fits = |s: &String| s.len() <= AGENT_NAME_MAX;
+        self.mode = self.mode.filter(fits);
+        self.model = self.model.filter(fits);
+        self.config_options
+            .retain(|option| fits(&option.id) && fits(&option.value));
+        self.config_options.truncate(CONFIG_ITEMS_MAX);
+        self
+    }
 }
 
 /// One config option's current value.
@@ -163,8 +185,10 @@ pub struct SessionConfigState {
 #[serde(rename_all = "camelCase")]
 pub struct ConfigOptionValue {
     /// The option's id (`configId`).
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub id: String,
     /// Its current value id.
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub value: String,
 }
 
@@ -183,9 +207,11 @@ pub struct WorktreeStatus {
     pub path: Option<String>,
     /// Branch checked out in the worktree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = BRANCH_MAX))]
     pub branch: Option<String>,
     /// The commit checked out (HEAD) when agentctl last started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub commit: Option<String>,
 }
 
@@ -204,8 +230,10 @@ pub struct NegotiatedCapabilities {
     pub session_resume: bool,
     /// Agent name reported in `agentInfo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub agent_name: Option<String>,
     /// Agent version reported in `agentInfo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = AGENT_NAME_MAX))]
     pub agent_version: Option<String>,
 }

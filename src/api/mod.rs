@@ -7,6 +7,7 @@
 // repeated schemars attributes, which clippy reads as duplicates.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod bounds;
 pub mod conditions;
 mod executor_running;
 pub mod names;

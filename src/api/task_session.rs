@@ -455,6 +455,7 @@ pub struct TaskSessionStatus {
     pub resume_reason: Option<ResumeReason>,
     /// Human-readable reason of the last failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::bounds::MESSAGE_MAX))]
     pub error_message: Option<String>,
     /// The resume-request token (annotation value) being handled now, latched before acting.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -26,6 +26,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use crate::api::bounds::{EVENT_NOTE_MAX, cap};
+
 /// How long a published Event takes repeats into its series (kube-runtime's and client-go's
 /// choice).
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
@@ -250,7 +252,8 @@ impl Queue {
             type_: note.type_,
             reason: note.reason.to_string(),
             action: note.action.to_string(),
-            note: note.note.to_string(),
+            // The API server refuses a note over 1 KiB, and the Event with it.
+            note: cap(note.note, EVENT_NOTE_MAX).into_owned(),
         };
         if let Some(worker) = self.workers.get(index)
             && let Err(err) = worker.try_send(queued)

@@ -37,6 +37,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::agentctl::events::{Event, EventLine};
 pub use crate::api::PROMPTED_ANNOTATION;
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, SESSION_ID_MAX, cap, session_id_problem};
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
 };
@@ -185,7 +186,15 @@ pub fn status_patch_for(
         Some(seq) => next.cursor = next.cursor.max(seq),
         None => {}
     }
+    // The journal is on the workspace volume, which the agent can write: a session or message
+    // id the operator would not keep (too long, control characters) is not applied.
+    let keeps = |id: &String| session_id_problem(id).is_none();
     match event {
+        Event::SessionCreated { session_id, .. } | Event::PromptFinished { session_id, .. }
+            if !keeps(session_id) =>
+        {
+            return None;
+        }
         Event::Snapshot {
             session_id,
             prompt_active,
@@ -197,7 +206,7 @@ pub fn status_patch_for(
             } else {
                 AgentActivity::Idle
             });
-            if let Some(id) = session_id {
+            if let Some(id) = session_id.as_ref().filter(|id| keeps(id)) {
                 next.resume_token = Some(id.clone());
             }
         }
@@ -215,7 +224,7 @@ pub fn status_patch_for(
             if next.resume_token.as_ref() != Some(session_id) {
                 return None;
             }
-            next.session_config = Some(config.clone());
+            next.session_config = Some(config.clone().bounded());
         }
         Event::ConfigSetBackFailed { .. }
         | Event::AgentExited { .. }
@@ -237,7 +246,7 @@ pub fn status_patch_for(
         | Event::PromptFinished {
             last_message_id: Some(id),
             ..
-        } if !id.is_empty() => next.last_message_id = Some(id.clone()),
+        } if keeps(id) => next.last_message_id = Some(id.clone()),
         _ if next.resume_token != known.resume_token => next.last_message_id = None,
         _ => {}
     }
@@ -523,19 +532,19 @@ async fn stream_events(
             Err(err) => {
                 if let Some(suppressed) = warnings.allow() {
                     let line = String::from_utf8_lossy(lines.line());
-                    warn!(%err, suppressed, line = %line.chars().take(200).collect::<String>(), "unreadable agentctl event");
+                    warn!(err = %cap(&err.to_string(), AGENT_TEXT_MAX), suppressed, line = %cap(&line, 200), "unreadable agentctl event");
                 }
                 continue;
             }
         };
-        debug!(?line, "agentctl event");
+        debug!(line = %cap(&format!("{line:?}"), AGENT_TEXT_MAX), "agentctl event");
         if let Event::ConfigSetBackFailed {
             session_id,
             method,
             error,
         } = &line.event
         {
-            warn!(%executor, %session_id, %method, code = error.code, message = %error.message, "agentctl could not set the session's saved configuration back after the restore; the restore stands");
+            warn!(%executor, session_id = %cap(session_id, SESSION_ID_MAX), method = %cap(method, AGENT_NAME_MAX), code = error.code, message = %cap(&error.message, AGENT_TEXT_MAX), "agentctl could not set the session's saved configuration back after the restore; the restore stands");
         }
         if let Some((patch, next)) = status_patch_for(&line, known, Timestamp::now()) {
             executors
@@ -611,6 +620,56 @@ mod tests {
 
     fn parse(line: &str) -> EventLine {
         serde_json::from_str(line).expect("event parses")
+    }
+
+    /// The journal is on the workspace volume, which the agent can write (issue 30): an id the
+    /// operator would not keep is not applied, and a configuration keeps its bounds.
+    #[test]
+    fn hostile_journal_lines_stay_within_bounds() {
+        use crate::api::bounds::{CONFIG_ITEMS_MAX, SESSION_ID_MAX};
+        let now = Timestamp::from_second(0).expect("ts");
+        let known = Known {
+            resume_token: Some("s1".into()),
+            last_message_id: None,
+            activity: Some(AgentActivity::Idle),
+            running: true,
+            cursor: 0,
+            session_config: None,
+        };
+        let long = "x".repeat(SESSION_ID_MAX + 1);
+        for line in [
+            format!(r#"{{"event":"session_created","sessionId":"{long}","method":"session/new"}}"#),
+            format!(
+                r#"{{"event":"prompt_finished","sessionId":"{long}","stopReason":"end_turn"}}"#
+            ),
+            r#"{"event":"session_created","sessionId":"a\nb","method":"session/new"}"#.to_string(),
+            format!(
+                r#"{{"event":"snapshot","sessionId":"{long}","promptActive":false,"lastMessageId":"{long}"}}"#
+            ),
+        ] {
+            assert_eq!(status_patch_for(&parse(&line), &known, now), None, "{line}");
+        }
+        let options: Vec<_> = (0..10_000)
+            .map(|n| json!({"id": format!("o{n}"), "value": "true"}))
+            .chain([json!({"id": "x", "value": "v".repeat(10_000)})])
+            .collect();
+        let line = json!({"event": "session_config", "sessionId": "s1",
+            "config": {"mode": long, "model": "m", "configOptions": options}});
+        let (patch, next) =
+            status_patch_for(&parse(&line.to_string()), &known, now).expect("a change");
+        let config = next.session_config.expect("a configuration");
+        assert_eq!(
+            config.mode, None,
+            "a mode over the bound is dropped, not cut"
+        );
+        assert_eq!(config.model.as_deref(), Some("m"));
+        assert_eq!(config.config_options.len(), CONFIG_ITEMS_MAX);
+        assert_eq!(
+            patch["status"]["sessionConfig"]["configOptions"]
+                .as_array()
+                .map(Vec::len),
+            Some(CONFIG_ITEMS_MAX)
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ use super::metrics::{self, Deadlines, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
+use crate::api::bounds::{AGENT_NAME_MAX, BRANCH_MAX, MESSAGE_MAX, cap};
 use crate::api::conditions::{self, Want};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -1384,7 +1385,13 @@ impl<'a> Session<'a> {
         let worktree = client
             .initialize_response()
             .and_then(|init| init.meta.as_ref()?.get(WORKTREE_META).cloned())
-            .and_then(|w| serde_json::from_value::<Worktree>(w).ok());
+            .and_then(|w| serde_json::from_value::<Worktree>(w).ok())
+            // Without spec.repository, the agent's own `_meta` passes through agentctl.
+            .map(|w| Worktree {
+                branch: w.branch.map(|b| cap(&b, BRANCH_MAX).into_owned()),
+                commit: w.commit.map(|c| cap(&c, AGENT_NAME_MAX).into_owned()),
+                ..w
+            });
         let mut started_prompt = false;
         if let RestoreOutcome::Fresh { session_id, .. } = &outcome
             && let InitialPrompt::Send(text) = request.initial_prompt_for_fresh_agent(false)
@@ -1982,6 +1989,9 @@ impl<'a> Session<'a> {
     /// a lagging cache fails with [`Error::Conflict`] instead of overwriting newer status.
     async fn write_status(&mut self) -> Result<(), Error> {
         self.status.observed_generation = self.ts.metadata.generation;
+        if let Some(message) = &mut self.status.error_message {
+            *message = cap(message, MESSAGE_MAX).into_owned();
+        }
         let api: Api<TaskSession> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let patch = json!({
             "apiVersion": TaskSession::api_version(&()),

@@ -151,6 +151,7 @@ pub fn reported_config(result: &Value) -> ReportedConfig {
     if let Some(list) = result.get("configOptions") {
         read_options(list, &mut reported.state, &mut reported.options);
     }
+    reported.state = reported.state.bounded();
     reported
 }
 
@@ -170,6 +171,7 @@ pub fn apply_config_update(state: &mut SessionConfigState, update: &Value) -> bo
         }
         _ => {}
     }
+    *state = std::mem::take(state).bounded();
     *state != before
 }
 
@@ -270,6 +272,29 @@ mod tests {
             reported_config(&json!({"sessionId": "s"})),
             ReportedConfig::default()
         );
+    }
+
+    /// A hostile agent's report keeps its bounds (issue 30): at most CONFIG_ITEMS_MAX options,
+    /// and an id, value, mode or model over AGENT_NAME_MAX dropped, never cut.
+    #[test]
+    fn a_report_keeps_its_bounds() {
+        use crate::api::bounds::{AGENT_NAME_MAX, CONFIG_ITEMS_MAX};
+        let long = "x".repeat(AGENT_NAME_MAX + 1);
+        let options: Vec<Value> = [json!({"id": "big", "currentValue": long})]
+            .into_iter()
+            .chain((0..10_000).map(|n| json!({"id": format!("o{n}"), "currentValue": true})))
+            .collect();
+        let result = json!({"modes": {"currentModeId": long}, "models": {"currentModelId": "m"},
+            "configOptions": options});
+        let reported = reported_config(&result);
+        assert_eq!(reported.state.mode, None);
+        assert_eq!(reported.state.model.as_deref(), Some("m"));
+        assert_eq!(reported.state.config_options.len(), CONFIG_ITEMS_MAX);
+        assert_eq!(reported.state.config_options[0].id, "o0");
+        let mut state = SessionConfigState::default();
+        let update = json!({"sessionUpdate": "config_option_update", "configOptions": options});
+        assert!(apply_config_update(&mut state, &update));
+        assert_eq!(state.config_options.len(), CONFIG_ITEMS_MAX);
     }
 
     #[test]

@@ -84,6 +84,18 @@ impl Operator {
         self.exited(within).await
     }
 
+    /// The process's peak resident memory so far (`VmHWM`), in MiB.
+    pub fn peak_rss_mib(&self) -> f64 {
+        let pid = self.child.id().expect("the operator runs");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM");
+        kib / 1024.0
+    }
+
     /// Whether the process still runs.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
