@@ -748,8 +748,9 @@ async fn a_hostile_agent_gets_a_clear_state_and_every_event() {
             agent.as_ref().is_some_and(|a| a.len() <= AGENT_NAME_MAX),
             "{agent:?}"
         );
-        // A 1,000,000-byte error on the resume: the token kept, the message bounded, the
-        // failure's Event published.
+        // 1,000,000-byte errors on the resume (resume, then load): the token kept, the message
+        // bounded, the failure's Event published (its note, two quoted errors long, is cut to
+        // the API server's 1 KiB).
         sessions.lose(&name).await;
         let ts = sessions.resume(&name, "h1").await;
         let status = ts.status.expect("status");
