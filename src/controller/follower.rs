@@ -618,6 +618,18 @@ mod tests {
         followers.retain(|_| false);
     }
 
+    /// What the follower knows of a running, idle agent in session `s1`.
+    fn running_idle() -> Known {
+        Known {
+            resume_token: Some("s1".into()),
+            last_message_id: None,
+            activity: Some(AgentActivity::Idle),
+            running: true,
+            cursor: 0,
+            session_config: None,
+        }
+    }
+
     fn parse(line: &str) -> EventLine {
         serde_json::from_str(line).expect("event parses")
     }
@@ -628,14 +640,7 @@ mod tests {
     fn hostile_journal_lines_stay_within_bounds() {
         use crate::api::bounds::{CONFIG_ITEMS_MAX, SESSION_ID_MAX};
         let now = Timestamp::from_second(0).expect("ts");
-        let known = Known {
-            resume_token: Some("s1".into()),
-            last_message_id: None,
-            activity: Some(AgentActivity::Idle),
-            running: true,
-            cursor: 0,
-            session_config: None,
-        };
+        let known = running_idle();
         let long = "x".repeat(SESSION_ID_MAX + 1);
         for line in [
             format!(r#"{{"event":"session_created","sessionId":"{long}","method":"session/new"}}"#),
@@ -675,14 +680,7 @@ mod tests {
     #[test]
     fn events_map_to_executor_status_changes() {
         let now = Timestamp::from_second(0).expect("ts");
-        let running_idle = Known {
-            resume_token: Some("s1".into()),
-            last_message_id: None,
-            activity: Some(AgentActivity::Idle),
-            running: true,
-            cursor: 0,
-            session_config: None,
-        };
+        let running_idle = running_idle();
         let at_5 = Known {
             cursor: 5,
             ..running_idle.clone()
