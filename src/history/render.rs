@@ -72,14 +72,20 @@ pub fn render_transcript(entries: &[HistoryEntry], timestamps: bool) -> String {
     out
 }
 
-/// Keeps the first `max_chars` characters and appends [`TRUNCATION_MARKER`]. Counting and
-/// cutting by `char` never splits a UTF-8 code point (a combined emoji sequence may still be
-/// cut between its code points, which is harmless for a model).
+/// A text of more than `max_chars` characters cut to `max_chars` characters, the
+/// [`TRUNCATION_MARKER`] that ends it included (below the marker's own length, the marker
+/// alone). Counting and cutting by `char` never splits a UTF-8 code point (a combined emoji
+/// sequence may still be cut between its code points, which is harmless for a model).
 pub(super) fn truncate_chars(text: &str, max_chars: usize) -> String {
-    match text.char_indices().nth(max_chars) {
-        None => text.to_owned(),
-        Some((cut, _)) => format!("{}{TRUNCATION_MARKER}", &text[..cut]),
+    if text.char_indices().nth(max_chars).is_none() {
+        return text.to_owned();
     }
+    let keep = max_chars.saturating_sub(TRUNCATION_MARKER.chars().count());
+    let cut = text
+        .char_indices()
+        .nth(keep)
+        .map_or(text.len(), |(at, _)| at);
+    format!("{}{TRUNCATION_MARKER}", &text[..cut])
 }
 
 #[cfg(test)]
@@ -91,19 +97,22 @@ mod tests {
     #[test]
     fn truncation_table_is_utf8_safe() {
         let m = TRUNCATION_MARKER;
+        // The marker is 13 characters and counts inside the limit.
+        let room = |max: usize| max - m.chars().count();
         let a1999 = "a".repeat(1999);
         // (text, max chars, expected)
         #[rustfmt::skip]
         let rows: Vec<(String, usize, String)> = vec![
             ("".into(), 5, "".into()),
             ("abcde".into(), 5, "abcde".into()),                      // exactly at the limit
-            ("abcdef".into(), 5, format!("abcde{m}")),                // one over
-            ("😀😀😀".into(), 2, format!("😀😀{m}")),                   // 4-byte chars
-            ("漢字漢字".into(), 3, format!("漢字漢{m}")),               // 3-byte chars
+            ("a".repeat(21), 20, format!("{}{m}", "a".repeat(room(20)))), // one over
+            ("😀".repeat(16), 15, format!("😀😀{m}")),                 // 4-byte chars
+            ("漢字".repeat(9), 16, format!("漢字漢{m}")),              // 3-byte chars
             ("ab😀".into(), 3, "ab😀".into()),                        // emoji exactly at the limit
-            ("ab😀c".into(), 2, format!("ab{m}")),                    // cut right before an emoji
-            (format!("{a1999}😀😀"), 2000, format!("{a1999}😀{m}")),  // §3: 2000-char messages
+            (format!("{}😀{}", "a".repeat(room(20)), "c".repeat(20)), 20, format!("{}{m}", "a".repeat(room(20)))), // cut right before an emoji
+            (format!("{a1999}😀😀"), 2000, format!("{}{m}", &a1999[..room(2000)])),  // §3: 2000-char messages
             (format!("{a1999}漢"), 2000, format!("{a1999}漢")),
+            ("abcdef".into(), 5, m.to_string()),                      // below the marker's length
             ("abc".into(), 0, m.to_string()),
         ];
         for (text, max, expected) in rows {
@@ -167,8 +176,9 @@ mod tests {
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(256))]
 
-            /// Truncation keeps a prefix of whole characters, at most `max` of them, and marks
-            /// the cut; text within the cap is untouched.
+            /// Truncation keeps a prefix of whole characters and marks the cut, within `max`
+            /// characters with the marker (the marker alone below its own length); text within
+            /// the cap is untouched.
             #[test]
             fn truncation_keeps_a_char_prefix_within_the_cap(text in text(), max in 0usize..48) {
                 let out = truncate_chars(&text, max);
@@ -179,7 +189,9 @@ mod tests {
                     let kept = out.strip_suffix(TRUNCATION_MARKER).expect("the marker ends a cut text");
                     prop_assert!(text.is_char_boundary(kept.len()));
                     prop_assert!(text.starts_with(kept));
-                    prop_assert_eq!(kept.chars().count(), max);
+                    let marker = TRUNCATION_MARKER.chars().count();
+                    prop_assert_eq!(kept.chars().count(), max.saturating_sub(marker));
+                    prop_assert!(out.chars().count() <= max.max(marker));
                 }
             }
 
