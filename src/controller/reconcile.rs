@@ -181,9 +181,7 @@ impl OperatorSettings {
             answer_within: self.acp_timeout,
         }
     }
-}
 
-impl OperatorSettings {
     /// The longest a session may go on doing the same thing without being at rest, by this
     /// operator's own deadlines, each with two rechecks more; past it `kandev_sessions_overdue`
     /// counts the session, which is stuck:
