@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::api::conditions;
-use crate::api::{RESUME_ANNOTATION, SessionState, TaskSession};
+use crate::api::{RESUME_ANNOTATION, SessionState, TaskSession, TaskSessionStatus};
 use crate::resume::{Unrest, unrest};
 
 /// How often the watchdog of `kandev_sessions_overdue` looks at the sessions.
@@ -333,9 +333,11 @@ impl Watchdog {
     /// or `Stalled=True` (already reported, with its reason) is forgotten.
     fn look(&mut self, sessions: &[Arc<TaskSession>], now: Instant) {
         let mut seen = HashMap::with_capacity(self.unsettled.len());
+        let no_status = TaskSessionStatus::default();
         for ts in sessions {
-            let status = ts.status.clone().unwrap_or_default();
-            let Some(kind) = unrest(ts, &status) else {
+            // Borrowed, not cloned: this runs over every session every few seconds.
+            let status = ts.status.as_ref().unwrap_or(&no_status);
+            let Some(kind) = unrest(ts, status) else {
                 continue;
             };
             if conditions::is_true(&status.conditions, conditions::STALLED) {
