@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# Two images, static musl binaries, non-root:
+# Two images, non-root; `make images` builds both with docker, podman or buildah (e2e/images.sh):
 #   docker build --target operator -t kandev/kandev-operator:0.1.0 .
 #   docker build --target agentctl -t kandev/agentctl:0.1.0 .
 # The Helm chart's defaults (image.repository, agentctlImage.repository) are these names, tagged
@@ -14,24 +14,40 @@
 # this was written, so no digest could be resolved and checked. To pin one, append the digest of
 # the tag, e.g. `crane digest rust:1.95.0-bookworm` → `FROM rust:1.95.0-bookworm@sha256:…`
 # (tests/chart.rs accepts both forms and refuses floating tags). distroless has no version tags:
-# static-debian12 pins the Debian release, :nonroot the user.
+# cc-debian12 pins the Debian release, :nonroot the user. Where no registry serves these bases,
+# e2e/images.sh makes local stand-ins of exactly these references (and says so).
+#
+# The build stage compiles for x86_64-unknown-linux-gnu, not musl: the same Debian 12 glibc as both
+# runtime bases, and no extra Rust target to download.
+
+# Labels of both images (OCI annotations); `make images` passes the version and the commit.
+ARG VERSION=0.1.0
+ARG REVISION=unknown
 
 FROM rust:1.95.0-bookworm AS build
-RUN apt-get update && apt-get install -y --no-install-recommends musl-tools && rm -rf /var/lib/apt/lists/* \
- && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-# Cargo.toml names these test-only binaries; they are not built here.
-COPY e2e/harness ./e2e/harness
-COPY e2e/test_agent ./e2e/test_agent
+# Cargo.toml names these test-only binaries; they are not built here, but their sources must exist.
+COPY e2e ./e2e
 COPY crds ./crds
-RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin kandev-operator --bin agentctl \
- && install -D target/x86_64-unknown-linux-musl/release/kandev-operator /out/kandev-operator \
- && install -D target/x86_64-unknown-linux-musl/release/agentctl /out/agentctl
+# The caches (crates and the target dir) make a rebuild incremental.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,id=kandev-cargo-registry \
+    --mount=type=cache,target=/src/target,id=kandev-cargo-target \
+    cargo build --release --locked --bin kandev-operator --bin agentctl \
+ && install -D target/release/kandev-operator /out/kandev-operator \
+ && install -D target/release/agentctl /out/agentctl
 
-# The operator: nothing but the binary on distroless static, user nonroot (65532).
-FROM gcr.io/distroless/static-debian12:nonroot AS operator
+# The operator: the binary on distroless cc (glibc, libgcc, CA certificates; no shell), user nonroot
+# (65532).
+FROM gcr.io/distroless/cc-debian12:nonroot AS operator
+ARG VERSION
+ARG REVISION
+LABEL org.opencontainers.image.title="kandev-operator" \
+      org.opencontainers.image.source="https://github.com/kandev/kandev-operator" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
 COPY --from=build /out/kandev-operator /usr/local/bin/kandev-operator
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/kandev-operator"]
@@ -45,6 +61,15 @@ FROM node:22.23.2-bookworm-slim AS agentctl
 # Default agent: Claude Code over ACP, pinned to the version the protocol tests run (e2e/agents.sh).
 ARG AGENT_PACKAGE=@agentclientprotocol/claude-agent-acp
 ARG AGENT_VERSION=0.101.0
+ARG VERSION
+ARG REVISION
+LABEL org.opencontainers.image.title="agentctl" \
+      org.opencontainers.image.source="https://github.com/kandev/kandev-operator" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      dev.kandev.agent.package="${AGENT_PACKAGE}" \
+      dev.kandev.agent.version="${AGENT_VERSION}"
 # git and certificates for agents that clone or fetch; tini is not needed: agentctl reaps its agent.
 RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
