@@ -5,13 +5,17 @@
 #   agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench),
 #   toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs),
 #   jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs),
-#   and kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours).
+#   and kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours);
+#   for the real node (e2e/node.sh): kubelet and kube-proxy (k8s.io/kubernetes, the same wrapper
+#   module) and kandev-local-provisioner (e2e/node/provisioner, ours).
 # Usage: e2e/bin.sh [SET]         build what SET needs and is missing, print the bin directory on
 #                                  the last line. SET: `core` (a cluster and helm: etcd, the four
 #                                  Kubernetes commands, kwok, kwokctl, helm; what `make demo`,
 #                                  `cluster.sh up` and `make chart` need) or `all` (the default:
 #                                  core and the test-only peers agent-sandbox, toxiproxy, jaeger
-#                                  and kandev-apiproxy, for `make e2e` and `make bench`)
+#                                  and kandev-apiproxy, for `make e2e` and `make bench`) or
+#                                  `real` (core, kubelet, kube-proxy and kandev-local-provisioner:
+#                                  what `KANDEV_NODE=real cluster.sh up` needs)
 #        e2e/bin.sh --print        only print the bin directory
 #        e2e/bin.sh --list [SET]   only print the names of SET's binaries, one a line
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator). A warm run takes seconds.
@@ -25,13 +29,15 @@ bin="$cache/k8s-${K8S_VERSION}/bin"
 if [[ "${1:-}" == "--print" ]]; then echo "$bin"; exit 0; fi
 core_bins=(etcd kwok kwokctl helm kube-apiserver kube-controller-manager kube-scheduler kubectl)
 test_bins=(agent-sandbox-controller toxiproxy-server jaeger-all-in-one kandev-apiproxy)
+real_bins=(kubelet kube-proxy kandev-local-provisioner)
 list=0
 if [[ "${1:-}" == "--list" ]]; then list=1; shift; fi
 set_name="${1:-all}"
 case "$set_name" in
   core) wanted=("${core_bins[@]}") ;;
   all) wanted=("${core_bins[@]}" "${test_bins[@]}") ;;
-  *) echo "e2e/bin.sh: unknown set '$set_name' (core or all)" >&2; exit 2 ;;
+  real) wanted=("${core_bins[@]}" "${real_bins[@]}") ;;
+  *) echo "e2e/bin.sh: unknown set '$set_name' (core, all or real)" >&2; exit 2 ;;
 esac
 if (( list )); then printf '%s\n' "${wanted[@]}"; exit 0; fi
 
@@ -62,6 +68,17 @@ have() { # have NAME VERSION: binary exists and was built from this version
 }
 stamp() { echo "$2" >"$bin/.$1.version"; }
 
+# The version stamps of every Kubernetes command (what `kubectl version` and the node report).
+k8s_ldflags() {
+  local p minor ldflags="-s -w"
+  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    ldflags+=" -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$ldflags"
+}
+
 build_kubernetes() {
   local names=(kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=0 n
   for n in "${names[@]}"; do have "$n" "$K8S_VERSION" || missing=1; done
@@ -83,14 +100,7 @@ build_kubernetes() {
     grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk -v v="$staging" '{print "replace " $1 " => " $1 " " v}'
   } >"$dir/go.mod"
   log "  wrapper module: $(grep -c '^replace' "$dir/go.mod") staging modules replaced at $staging"
-  local pkg="k8s.io/component-base/version" cpkg="k8s.io/client-go/pkg/version" minor
-  minor="$(echo "$K8S_VERSION" | cut -d. -f2)"
-  local ldflags="-s -w"
-  for p in "$pkg" "$cpkg"; do
-    ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
-    ldflags+=" -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
-  (cd "$dir" && with_progress kubernetes go build -trimpath -ldflags "$ldflags" -o "$bin/" \
+  (cd "$dir" && with_progress kubernetes go build -trimpath -ldflags "$(k8s_ldflags)" -o "$bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
   for n in "${names[@]}"; do stamp "$n" "$K8S_VERSION"; done
@@ -173,6 +183,33 @@ build_apiproxy() {
   stamp kandev-apiproxy "$version"
 }
 
+# The real node's kubelet and kube-proxy, from the wrapper module that build_kubernetes wrote
+# (run first), stamped and versioned like the other Kubernetes commands. CGO_ENABLED=0 as for
+# the rest: upstream builds kubelet static too; nothing of ours needs cgo (no cadvisor libpfm,
+# no cgo DNS).
+build_kubernetes_node() {
+  local names=(kubelet kube-proxy) missing=0 n
+  for n in "${names[@]}"; do have "$n" "$K8S_VERSION" || missing=1; done
+  [[ $missing == 0 ]] && return 0
+  local dir="$cache/src/kubernetes-$K8S_VERSION"
+  [[ -f "$dir/go.mod" ]] || { log "no wrapper module in $dir (build_kubernetes first)"; return 1; }
+  log "building ${names[*]} $K8S_VERSION from k8s.io/kubernetes (warm cache: a few minutes)"
+  (cd "$dir" && with_progress kubernetes-node go build -trimpath -ldflags "$(k8s_ldflags)" -o "$bin/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  for n in "${names[@]}"; do stamp "$n" "$K8S_VERSION"; done
+}
+
+# The real node's PersistentVolume provisioner (e2e/node/provisioner, standard library only):
+# stamped by its source's hash.
+build_local_provisioner() {
+  local src="$here/node/provisioner" version
+  version="$(cat "$src/go.mod" "$src/main.go" | sha256sum | cut -c1-16)"
+  have kandev-local-provisioner "$version" && return 0
+  log "building kandev-local-provisioner from e2e/node/provisioner"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/kandev-local-provisioner" .)
+  stamp kandev-local-provisioner "$version"
+}
+
 total=$SECONDS
 build_etcd
 build_installable kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
@@ -184,6 +221,10 @@ if [[ "$set_name" == all ]]; then
   build_toxiproxy
   build_jaeger
   build_apiproxy
+fi
+if [[ "$set_name" == real ]]; then
+  build_kubernetes_node
+  build_local_provisioner
 fi
 log "binaries ($set_name) ready in $((SECONDS - total))s"
 echo "$bin"

@@ -6,15 +6,19 @@
 #   up      build missing binaries (e2e/bin.sh), create the cluster if it is not already healthy,
 #           add one Ready kwok node, wait for the default ServiceAccount, start the harness if
 #           KANDEV_HARNESS_BIN is set; prints KUBECONFIG=<path> as its last line.
-#   down    stop the harness, delete the cluster, kill any leftover process started from the
-#           cluster directory, remove the directory. Safe when nothing is up.
+#           With KANDEV_NODE=real, also one real node (e2e/node.sh: containerd, kubelet,
+#           kube-proxy, a local volume provisioner); the harness is then not started.
+#   down    stop the harness and the real node (e2e/node.sh down, which checks that nothing of it
+#           is left), delete the cluster, kill any leftover process started from the cluster
+#           directory, remove the directory. Safe when nothing is up.
 #   env     print `export KUBECONFIG=...`
 #   status  print what runs; exit 0 only when the cluster answers and the node is Ready.
 #   restart-apiserver [SECONDS_DOWN]
 #           stop kube-apiserver, wait, start it again as it was (tests/e2e_faults.rs).
 #
 # Environment: KANDEV_CLUSTER (default kandev-e2e), KANDEV_CACHE (default ~/.cache/kandev-operator),
-#   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set),
+#   KANDEV_HARNESS_BIN (path of kandev-e2e-harness; started by `up` when set, not with a real node),
+#   KANDEV_NODE (`real`: add the real node of e2e/node.sh; default: kwok only),
 #   KANDEV_AGENTS (the agent profiles whose npm agents the harness's pods get, space-separated;
 #   default: every one of e2e/agents.versions),
 #   CARGO_TARGET_DIR (its debug/ dir is put first on PATH of kwok and the harness),
@@ -23,7 +27,8 @@
 #   $KWOK_WORKDIR/clusters/<name>/logs/audit.log; `make bench` counts requests per client there).
 # Every file lives in $KANDEV_CACHE/clusters/<name>/:
 #   kubeconfig, kwok/ (KWOK_WORKDIR: kwokctl config, component logs, pids, etcd data, pki),
-#   harness/ (the harness's local volumes and pod dirs), harness.pid, harness.log.
+#   harness/ (the harness's local volumes and pod dirs), harness.pid, harness.log,
+#   node/ (the real node's files, e2e/node.sh), node-mode (`real` when the cluster has one).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -38,6 +43,15 @@ harness_pidfile="$dir/harness.pid"
 harness_log="$dir/harness.log"
 harness_link="/tmp/kandev-e2e-${name}"
 node="kwok-node-0"
+# KANDEV_NODE=real: the cluster also gets the real node of e2e/node.sh.
+node_mode="${KANDEV_NODE:-kwok}"
+[[ "$node_mode" == kwok || "$node_mode" == real ]] || { echo "KANDEV_NODE must be kwok or real" >&2; exit 2; }
+node_mode_file="$dir/node-mode"
+pki="$KWOK_WORKDIR/clusters/$name/pki"
+# The ClusterIP of the `kubernetes` Service: the first of kube-apiserver's default
+# --service-cluster-ip-range (10.0.0.0/24; kwokctl sets none). In-cluster clients dial it over
+# TLS, so the serving certificate (kwokctl's admin.crt) carries it (kubeApiserverCertSANs below).
+kubernetes_cluster_ip="10.0.0.1"
 # Annotation set by the harness once a pod's process runs and its kwok Exec exists
 # (must match HARNESS_PID_ANNOTATION in e2e/annotations.rs).
 harness_annotation="e2e.kandev.dev/harness-pid"
@@ -61,6 +75,14 @@ healthy() {
   [[ -f "$kubeconfig" && -x "$bin/kubectl" ]] || return 1
   kctl get --raw /readyz >/dev/null 2>&1 || return 1
   [[ "$(kctl get node "$node" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == "True" ]]
+}
+
+# The cluster runs and was made for this KANDEV_NODE (a real node needs its own API server
+# flags and certificate); with a real node, that node is Ready too.
+healthy_for_mode() {
+  healthy || return 1
+  [[ "$(cat "$node_mode_file" 2>/dev/null || echo kwok)" == "$node_mode" ]] || return 1
+  [[ "$node_mode" == kwok ]] || bash "$here/node.sh" status 2>/dev/null | grep -q " Ready"
 }
 
 harness_running() {
@@ -193,6 +215,34 @@ spec:
 EOF
 }
 
+# KANDEV_NODE=real: extra SANs of kwokctl's serving certificate (generated at create), read from
+# the same --config file as the stages: the `kubernetes` Service's ClusterIP, which in-cluster
+# clients dial (kube-rs and Go verify the IP SAN). kwokctl adds this host's addresses itself,
+# among them the advertise address (the default route's), where kube-proxy sends the ClusterIP.
+write_real_node_kwokctl_config() {
+  cat >>"$kwok_config" <<EOF
+---
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokctlConfiguration
+options:
+  kubeApiserverCertSANs: [$kubernetes_cluster_ip]
+EOF
+}
+
+# The `kubernetes` Service is what we expect: its ClusterIP in the serving certificate, its
+# endpoint an address of this host.
+check_kubernetes_service() {
+  local ip endpoint
+  ip="$(kctl get service kubernetes -n default -o 'jsonpath={.spec.clusterIP}')"
+  [[ "$ip" == "$kubernetes_cluster_ip" ]] || die "the kubernetes Service has ClusterIP $ip, not $kubernetes_cluster_ip (update kubernetes_cluster_ip)"
+  openssl x509 -in "$pki/admin.crt" -noout -ext subjectAltName | grep -qF "IP Address:$ip," ||
+    openssl x509 -in "$pki/admin.crt" -noout -ext subjectAltName | grep -qE "IP Address:$ip\$" ||
+    die "kwokctl's serving certificate $pki/admin.crt has no IP SAN $ip"
+  endpoint="$(kctl get endpointslice -n default -l kubernetes.io/service-name=kubernetes -o 'jsonpath={.items[0].endpoints[0].addresses[0]}')"
+  ip -4 -o addr show | grep -qF " inet $endpoint/" || die "the kubernetes Service's endpoint $endpoint is not an address of this host"
+  log "kubernetes Service: $ip:443 -> $endpoint (an address of this host; $ip is in the serving certificate)"
+}
+
 # A kwok Stage that marks a Pending, not-yet-Ready pod Running ($pod_running, from the caller)
 # when it also matches the matchExpressions given as arguments.
 pod_ready_stage() {
@@ -218,6 +268,11 @@ EOF
 
 start_harness() {
   [[ -n "${KANDEV_HARNESS_BIN:-}" ]] || return 0
+  if [[ "$node_mode" == real ]]; then
+    # It would play every agentctl pod, the real node's too (it does not look at nodeName).
+    log "KANDEV_NODE=real: not starting the harness (the kubelet runs the pods)"
+    return 0
+  fi
   if harness_running; then
     if [[ "$KANDEV_HARNESS_BIN" -nt "$harness_pidfile" ]]; then
       log "harness binary rebuilt since the harness started: restarting it"
@@ -298,6 +353,12 @@ cmd_down() {
   done
   [[ -f "$harness_pidfile" ]] && known+=" $(cat "$harness_pidfile")"
   stop_harness
+  # The real node first: it drains its pods through the API server. If it leaves anything
+  # behind (check-clean), the control plane still goes, but the cluster directory stays.
+  local node_ok=1
+  if [[ -d "$dir/node" ]]; then
+    bash "$here/node.sh" down || node_ok=0
+  fi
   if [[ -d "$KWOK_WORKDIR/clusters/$name" && -x "$bin/kwokctl" ]]; then
     log "deleting kwok cluster $name"
     local out
@@ -329,22 +390,44 @@ cmd_down() {
   done
   [[ -z "$left" ]] || log "note: exited processes not yet reaped by PID 1 (zombies):$left"
   rm -f "$harness_link"
+  if awk -v p="$dir" '$5 == p || index($5, p "/") == 1 {found=1} END {exit !found}' /proc/self/mountinfo; then
+    die "mounts are left under $dir (see above): not removing it"
+  fi
+  # The node dir keeps what `node.sh down` needs to finish (the host's saved sysctls and paths).
+  [[ $node_ok == 1 ]] || die "the real node left something behind (see above): $dir kept; run down again"
   rm -rf "$dir"
   log "cluster $name is down; no process left"
 }
 
 cmd_up() {
   local start=$SECONDS
-  bin="$("$here/bin.sh" core | tail -n 1)"
-  if healthy; then
+  local set=core
+  [[ "$node_mode" == real ]] && set=real
+  bin="$("$here/bin.sh" "$set" | tail -n 1)"
+  if healthy_for_mode; then
     log "cluster $name already up and healthy"
   else
     if [[ -d "$dir" ]]; then
-      log "cluster $name exists but is not healthy: recreating"
+      log "cluster $name exists but is not healthy (or not made for KANDEV_NODE=$node_mode): recreating"
       cmd_down
     fi
     mkdir -p "$dir"
     write_kwok_config
+    # kwokctl 0.8 indexes its --extra-args by flag position, not by component: a component's
+    # first --extra-args must come before a second component's second one, or it panics (index
+    # out of range). So these follow the kwok-controller and kube-apiserver ones below.
+    local real=()
+    if [[ "$node_mode" == real ]]; then
+      write_real_node_kwokctl_config
+      # The API server calls the kubelet (exec, logs) with kwokctl's admin certificate, which the
+      # kubelet authenticates against kwokctl's CA (e2e/node.sh).
+      real=(--extra-args "kube-apiserver=kubelet-client-certificate=$pki/admin.crt"
+        --extra-args "kube-apiserver=kubelet-client-key=$pki/admin.key"
+        # kwokctl's binary runtime starts kwok-controller with --manage-all-nodes=true: it would
+        # take the real node over (its status, its pods). Only nodes annotated as fake are kwok's.
+        --extra-args kwok-controller=manage-all-nodes=false
+        --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake)
+    fi
     log "creating cluster $name (kwokctl --runtime binary, local binaries from $bin)"
     # Every component from $bin: a path that is not a URL is used from disk (symlinked into the
     # kwok workdir), so nothing is downloaded. KWOK_KUBECTL_BINARY too, for kwokctl's own kubectl.
@@ -364,6 +447,7 @@ cmd_up() {
       --enable-crds Exec,ClusterExec,Logs,ClusterLogs \
       --extra-args kwok-controller=node-ip=127.0.0.1 \
       --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP,Hostname \
+      "${real[@]}" \
       --wait 3m >"$dir/kwokctl.log" 2>&1 ||
       { tail -n 20 "$dir/kwokctl.log" >&2; die "kwokctl create cluster failed (logs: $dir/kwokctl.log, $KWOK_WORKDIR/clusters/$name/logs)"; }
     if [[ -d "$KWOK_WORKDIR/cache" ]] && find "$KWOK_WORKDIR/cache" -path '*http*' | grep -q .; then
@@ -387,7 +471,10 @@ metadata:
     node-role.kubernetes.io/agent: ""
 EOF
     # The default StorageClass; the harness provisions its PVs (local directories), see
-    # e2e/harness/provisioner.rs. Without a harness, PVCs stay Pending.
+    # e2e/harness/provisioner.rs. Without a harness, PVCs stay Pending. With a real node,
+    # kandev-local-provisioner (e2e/node/provisioner) provisions `local` PVs on that node.
+    local provisioner=e2e.kandev.dev/harness
+    [[ "$node_mode" == real ]] && provisioner=e2e.kandev.dev/real-node
     kctl apply -f - >/dev/null <<EOF
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -395,12 +482,17 @@ metadata:
   name: kandev-e2e
   annotations:
     storageclass.kubernetes.io/is-default-class: "true"
-provisioner: e2e.kandev.dev/harness
+provisioner: $provisioner
 reclaimPolicy: Delete
 volumeBindingMode: Immediate
 EOF
     kctl wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null || die "node $node not Ready"
     log "node $node Ready; waiting for the default ServiceAccount"
+    echo "$node_mode" >"$node_mode_file"
+  fi
+  if [[ "$node_mode" == real ]]; then
+    bash "$here/node.sh" up || die "the real node did not come up (e2e/node.sh; logs in $dir/node/logs)"
+    check_kubernetes_service
   fi
   local i
   for i in $(seq 1 120); do
@@ -430,6 +522,10 @@ cmd_status() {
     ok=1
   fi
   if harness_running; then echo "harness:    pid $(cat "$harness_pidfile")"; else echo "harness:    not running"; fi
+  if [[ -d "$dir/node" ]]; then
+    echo "real node:"
+    bash "$here/node.sh" status | sed 's/^/  /'
+  fi
   echo "KUBECONFIG=$kubeconfig"
   return $ok
 }

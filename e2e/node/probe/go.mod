@@ -1,0 +1,3 @@
+module kandev.dev/node-probe
+
+go 1.24

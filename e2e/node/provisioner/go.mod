@@ -1,0 +1,3 @@
+module kandev.dev/local-provisioner
+
+go 1.24
