@@ -1,10 +1,11 @@
 # kandev-operator — the two commands a newcomer needs:
 #   make demo   the main job: local control plane, Helm chart, a real agent session lost and resumed
-#   make test   every test: lint, unit, chart, protocol, end-to-end on a real control plane, bench smoke
+#   make test   every test: lint, unit, chart, protocol, end-to-end on a real control plane (kwok nodes, then
+#               a real kubelet node with the images built from the Dockerfile), bench smoke
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit chart protocol agents-smoke e2e bench bench-smoke bench-idle fuzz bins agents crds dist cluster-up cluster-down help
+.PHONY: demo test lint unit chart protocol agents-smoke e2e images e2e-real bench bench-smoke bench-idle fuzz bins agents crds dist cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
@@ -14,6 +15,8 @@ help:
 	@echo "make protocol      ACP client and agentctl against real npm agents (installs them once, cached)"
 	@echo "make agents-smoke  every pinned npm agent (e2e/agents.versions) answers its profile's initialize"
 	@echo "make e2e           only the end-to-end tier (starts and tears down a local cluster)"
+	@echo "make images        both Dockerfile images with docker, podman or buildah, as archives + SBOMs in target/images"
+	@echo "make e2e-real      the chart, the images and a real agent on a real kubelet node (containerd; needs root)"
 	@echo "make bench         the fleet benchmark: ours beside the API floor and agent-sandbox (BENCH_N, BENCH_SWEEP, …)"
 	@echo "make bench-idle    the idle-fleet benchmark: 10,000 sessions in their steady state (BENCH_IDLE_FLEET)"
 	@echo "make fuzz          the cargo-fuzz targets in fuzz/, FUZZ_SECONDS (60) each (nightly + cargo-fuzz)"
@@ -27,7 +30,7 @@ help:
 demo:
 	bash e2e/demo.sh $(if $(filter 1,$(KEEP)),--keep,)
 
-test: lint unit chart protocol e2e bench-smoke
+test: lint unit chart protocol e2e e2e-real bench-smoke
 
 lint:
 	$(CARGO) fmt --check
@@ -73,6 +76,15 @@ agents:
 
 e2e:
 	bash e2e/test.sh
+
+# target/images/{kandev-operator,agentctl}.tar (+ .spdx.json), built from the Dockerfile; where no
+# registry serves its base images, from local stand-ins of them (see e2e/images.sh).
+images:
+	bash e2e/images.sh
+
+# The real-node tier (tests/real_node.rs): its own cluster with a real kubelet, torn down at the end.
+e2e-real: images
+	bash e2e/real.sh
 
 # The fleet benchmark (docs/performance.md): its own cluster, torn down at the end. Not part of
 # `make test` (minutes, not seconds), except its smoke below.
