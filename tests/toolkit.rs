@@ -174,7 +174,9 @@ fn the_demo_builds_no_test_only_tool() {
     assert!(demo.contains(r#"bin="$(bash "$here/bin.sh" core | tail -n 1)""#));
     assert!(demo.contains("export KANDEV_AGENTS=claude-code"));
     assert!(demo.contains(r#"bash "$here/agents.sh" "$KANDEV_AGENTS""#));
-    assert!(read("e2e/cluster.sh").contains(r#"bin="$("$here/bin.sh" core | tail -n 1)""#));
+    let cluster = read("e2e/cluster.sh");
+    assert!(cluster.contains("local set=core") && cluster.contains("set=real"));
+    assert!(cluster.contains(r#"bin="$("$here/bin.sh" "$set" | tail -n 1)""#));
     assert!(read("Makefile").contains("bash e2e/bin.sh core"));
     assert!(read("deploy/render.sh").contains(r#"e2e/bin.sh" core"#));
 }
