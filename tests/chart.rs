@@ -526,10 +526,22 @@ fn admission_policy_binds_the_operator_to_its_pods() {
         .iter()
         .map(|v| v["expression"].as_str().expect("expression"))
         .collect();
+    assert_eq!(
+        spec["matchConstraints"]["resourceRules"][0]["operations"],
+        serde_json::json!(["CREATE", "UPDATE", "DELETE"])
+    );
     for needle in [
         "kandev.dev/managed",
         "runAsNonRoot",
         "automountServiceAccountToken",
+        "serviceAccountName",
+        "persistentVolumeClaim",
+        "privileged",
+        "allowPrivilegeEscalation",
+        "'ALL' in c.securityContext.capabilities.drop",
+        "hostNetwork",
+        "hostPort",
+        "seccompProfile",
     ] {
         assert!(
             expressions.iter().any(|e| e.contains(needle)),
@@ -555,7 +567,7 @@ fn admission_policy_binds_the_operator_to_its_pods() {
         .expect("validations");
     assert_eq!(
         last["expression"],
-        r#"variables.containers.all(c, ["kandev/"].exists(p, c.image.startsWith(p)))"#
+        r#"variables.deleting || variables.containers.all(c, ["kandev/"].exists(p, c.image.startsWith(p)))"#
     );
 
     let docs = render(&["--set", "admissionPolicy.enabled=false"]);

@@ -112,6 +112,10 @@ fn operator_like_pod(edit: impl FnOnce(&mut serde_json::Value)) -> serde_json::V
                 "securityContext": {"allowPrivilegeEscalation": false,
                                     "capabilities": {"drop": ["ALL"]}},
             }],
+            "volumes": [
+                {"name": "workspace", "persistentVolumeClaim": {"claimName": "probe"}},
+                {"name": "tmp", "emptyDir": {}},
+            ],
         },
     });
     edit(&mut pod);
@@ -336,11 +340,16 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         create_pod_as_operator(&watched.namespace, &operator_like_pod(|_| {}))
             .expect("a pod shaped like the operator's is admitted");
         let ns = lax.as_str();
-        let refusals: [(&str, PodEdit, &str); 4] = [
+        // Another ServiceAccount to name (a missing one would be refused before the policy).
+        run(kubectl().args(["create", "serviceaccount", "other", "-n", ns]));
+        fn container(p: &mut serde_json::Value) -> &mut serde_json::Value {
+            &mut p["spec"]["containers"][0]["securityContext"]
+        }
+        let refusals: Vec<(&str, PodEdit, &str)> = vec![
             (
                 "without the managed label",
                 Box::new(|p| p["metadata"]["labels"] = serde_json::json!({"app": "x"})),
-                "kandev.dev/managed=true",
+                "labelled kandev.dev/managed=true",
             ),
             (
                 "with a service-account token",
@@ -348,11 +357,97 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
                 "automountServiceAccountToken: false",
             ),
             (
-                "with a container that may run as root",
+                "of another service account",
+                Box::new(|p| p["spec"]["serviceAccountName"] = "other".into()),
+                "default service account",
+            ),
+            (
+                "with a projected service-account token volume",
                 Box::new(|p| {
-                    p["spec"]["containers"][0]["securityContext"]["runAsNonRoot"] = false.into()
+                    p["spec"]["volumes"][1] = serde_json::json!({"name": "token", "projected":
+                        {"sources": [{"serviceAccountToken": {"path": "token"}}]}})
                 }),
+                "projected service-account token",
+            ),
+            (
+                "with a hostPath volume",
+                Box::new(|p| {
+                    p["spec"]["volumes"][1] =
+                        serde_json::json!({"name": "host", "hostPath": {"path": "/"}})
+                }),
+                "no hostPath",
+            ),
+            (
+                "with a container that may run as root",
+                Box::new(|p| container(p)["runAsNonRoot"] = false.into()),
                 "non-root",
+            ),
+            (
+                "with a privileged container",
+                // (The API server itself refuses privileged with allowPrivilegeEscalation: false.)
+                Box::new(|p| {
+                    container(p)["privileged"] = true.into();
+                    container(p)["allowPrivilegeEscalation"] = serde_json::Value::Null;
+                }),
+                "without privileged containers",
+            ),
+            (
+                "with privilege escalation",
+                Box::new(|p| container(p)["allowPrivilegeEscalation"] = true.into()),
+                "allowPrivilegeEscalation: false",
+            ),
+            (
+                "with an added capability",
+                Box::new(move |p| {
+                    container(p)["capabilities"]["add"] = serde_json::json!(["NET_ADMIN"])
+                }),
+                "drop ALL capabilities and add none",
+            ),
+            (
+                "with a container that keeps its capabilities",
+                Box::new(|p| container(p)["capabilities"] = serde_json::json!({})),
+                "drop ALL capabilities and add none",
+            ),
+            (
+                "with the host's network",
+                Box::new(|p| p["spec"]["hostNetwork"] = true.into()),
+                "without host namespaces",
+            ),
+            (
+                "with the host's PID namespace",
+                Box::new(|p| p["spec"]["hostPID"] = true.into()),
+                "without host namespaces",
+            ),
+            (
+                "with the host's IPC namespace",
+                Box::new(|p| p["spec"]["hostIPC"] = true.into()),
+                "without host namespaces",
+            ),
+            (
+                "with a hostPort",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["ports"] =
+                        serde_json::json!([{"containerPort": 8080, "hostPort": 8080}])
+                }),
+                "without hostPort",
+            ),
+            (
+                "with an unconfined seccomp profile",
+                Box::new(|p| {
+                    container(p)["seccompProfile"] = serde_json::json!({"type": "Unconfined"})
+                }),
+                "seccomp profile RuntimeDefault or Localhost",
+            ),
+            (
+                "with a privileged init container",
+                Box::new(|p| {
+                    let mut init = p["spec"]["containers"][0].clone();
+                    init["name"] = "init".into();
+                    init["securityContext"]["privileged"] = true.into();
+                    init["securityContext"]["allowPrivilegeEscalation"] = serde_json::Value::Null;
+                    p["spec"]["initContainers"] = serde_json::json!([init]);
+                }),
+                "without privileged containers",
             ),
             (
                 "with an image outside agentPods.allowedImagePrefixes",
@@ -369,6 +464,39 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
                 "a pod {what} is refused by the chart's policy, saying {message:?}:\n{err}"
             );
         }
+        // DELETE: only of managed pods (the policy reads the pod being deleted).
+        for (pod, labels) in [
+            ("unmanaged", serde_json::json!({"app": "x"})),
+            ("managed", serde_json::json!({"kandev.dev/managed": "true"})),
+        ] {
+            let mut manifest = operator_like_pod(|p| p["metadata"]["labels"] = labels);
+            manifest["metadata"]["name"] = pod.into();
+            let created = run_with_stdin(
+                kubectl().args(["create", "-n", ns, "-f", "-"]),
+                &manifest.to_string(),
+            );
+            assert!(created.success(), "{created:#?}");
+        }
+        let delete_as_operator = |pod: &str| {
+            run(kubectl()
+                .args(["delete", "pod", pod, "-n", ns, "--dry-run=server"])
+                .args(["--as", OPERATOR_ACCOUNT]))
+        };
+        let refused = delete_as_operator("unmanaged");
+        assert!(
+            !refused.success()
+                && refused.stderr.contains("ValidatingAdmissionPolicy")
+                && refused
+                    .stderr
+                    .contains("delete pods labelled kandev.dev/managed=true"),
+            "deleting an unmanaged pod is refused: {refused:#?}"
+        );
+        let allowed = delete_as_operator("managed");
+        assert!(
+            allowed.success(),
+            "deleting a managed pod is allowed: {allowed:#?}"
+        );
+
         // The policy matches only the operator: an admin's unlabelled pod is none of its business
         // (restricted Pod Security still applies).
         let admin_pod = operator_like_pod(|p| p["metadata"]["labels"] = serde_json::json!({}));
@@ -413,7 +541,16 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
             "owned by the session: {policy:?}"
         );
         let spec = serde_json::to_value(policy.spec).expect("json");
-        assert_eq!(spec["policyTypes"], serde_json::json!(["Egress"]));
+        assert_eq!(
+            spec["policyTypes"],
+            serde_json::json!(["Ingress", "Egress"])
+        );
+        assert!(
+            spec["ingress"]
+                .as_array()
+                .is_none_or(|rules| rules.is_empty()),
+            "no ingress rule, so none allowed: {spec}"
+        );
         assert!(
             spec["egress"][1]["to"][0]["ipBlock"]["except"]
                 .as_array()

@@ -804,3 +804,95 @@ async fn a_hostile_agent_gets_a_clear_state_and_every_event() {
     let peak = operator.peak_rss_mib();
     assert!(peak < 256.0, "the operator's peak RSS is {peak:.0} MiB");
 }
+
+/// The session's NetworkPolicy is applied, not only created: one of its name that is stale (here
+/// allowing everything) is set back to the operator's (no ingress, egress as configured, owned by
+/// the session); one controlled by another owner is refused, and the launch stalls as
+/// InvalidSpec without a pod.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_stale_network_policy_is_set_back_and_a_foreign_one_refused() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kandev_operator::api::names::network_policy_name;
+
+    let sessions = setup().await;
+    let body = async {
+        let _operator = operator().start();
+        let policies: Api<NetworkPolicy> =
+            Api::namespaced(sessions.client.clone(), &sessions.namespace);
+        let policy = |name: &str, owners: serde_json::Value| -> NetworkPolicy {
+            serde_json::from_value(json!({
+                "metadata": {"name": network_policy_name(name), "ownerReferences": owners},
+                "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]},
+            }))
+            .expect("NetworkPolicy")
+        };
+
+        let stale = unique("np-stale");
+        policies
+            .create(&PostParams::default(), &policy(&stale, json!([])))
+            .await
+            .expect("create the stale policy");
+        sessions.create(&stale, "claude-code").await;
+        let ts = sessions.wait_waiting_for_input(&stale).await;
+        let applied = policies
+            .get(&network_policy_name(&stale))
+            .await
+            .expect("the policy");
+        let spec = serde_json::to_value(applied.spec.clone()).expect("json");
+        assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]), "{spec}");
+        assert!(
+            spec["ingress"]
+                .as_array()
+                .is_none_or(|rules| rules.is_empty()),
+            "no ingress: {spec}"
+        );
+        assert_eq!(
+            spec["egress"][0]["ports"][0]["port"], 53,
+            "egress: DNS first, not everything: {spec}"
+        );
+        assert!(
+            applied
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && Some(&o.uid) == ts.metadata.uid.as_ref()),
+            "owned by the session: {applied:?}"
+        );
+
+        let foreign = unique("np-foreign");
+        let owners: Api<ConfigMap> = Api::namespaced(sessions.client.clone(), &sessions.namespace);
+        let owner = owners
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": format!("{foreign}-owner")}}))
+                    .expect("ConfigMap"),
+            )
+            .await
+            .expect("create the owner");
+        let owned_by_it = json!([{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": owner.name_any(),
+            "uid": owner.uid().expect("uid"), "controller": true,
+        }]);
+        policies
+            .create(&PostParams::default(), &policy(&foreign, owned_by_it))
+            .await
+            .expect("create the foreign policy");
+        sessions.create(&foreign, "claude-code").await;
+        let ts = sessions
+            .wait(
+                &foreign,
+                "Stalled InvalidSpec",
+                condition_is(conditions::STALLED, "True", "InvalidSpec"),
+            )
+            .await;
+        let status = ts.status.expect("status");
+        let stalled = condition(&status, conditions::STALLED);
+        assert!(
+            stalled.message.contains("refused NetworkPolicy"),
+            "{stalled:?}"
+        );
+        assert!(sessions.live_pods(&foreign).await.is_empty(), "no pod");
+    };
+    sessions.run(body).await;
+}

@@ -105,8 +105,8 @@ struct RunArgs {
     /// another spec.image is refused (Stalled, reason InvalidSpec). None: any image.
     #[arg(long = "allowed-image-prefix", value_name = "PREFIX")]
     allowed_image_prefixes: Vec<String>,
-    /// Create an egress NetworkPolicy with every session's agent pod (DNS to kube-dns, the
-    /// --egress-allow-cidr ranges minus the --egress-deny-cidr ones).
+    /// Apply a NetworkPolicy with every session's agent pod: egress to DNS (kube-dns) and the
+    /// --egress-allow-cidr ranges minus the --egress-deny-cidr ones, no ingress.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     agent_network_policy: bool,
     /// Egress that agent pods may reach (repeatable; giving one replaces the defaults).

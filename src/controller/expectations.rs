@@ -58,8 +58,8 @@ impl Expected {
 #[derive(Debug, Default)]
 pub struct Expectations {
     by_session: Mutex<HashMap<String, Expected>>,
-    /// Sessions whose egress NetworkPolicy exists (created, or found by a 409), so that a
-    /// resume does not write it again; an operator restart creates it once more (409).
+    /// Sessions whose NetworkPolicy was applied in this run of the operator, so that a
+    /// resume does not write it again; an operator restart applies it once more.
     with_policy: Mutex<HashSet<String>>,
     /// Pods (by UID) that carry a session's labels without being its, already reported.
     decoys: Mutex<HashSet<String>>,

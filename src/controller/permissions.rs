@@ -124,9 +124,9 @@ pub const REQUIRED_PERMISSIONS: &[Permission] = &[
         group: "networking.k8s.io",
         resource: "networkpolicies",
         subresource: "",
-        verbs: &["create"],
+        verbs: &["create", "patch"],
         scope: Scope::Watched,
-        why: "the egress NetworkPolicy of a session is created with its agentctl pod (owned by the session, garbage-collected with it)",
+        why: "the NetworkPolicy of a session is applied (server-side apply: created, or a stale or foreign one of its name set right) with its agentctl pod (owned by the session, garbage-collected with it)",
     },
     Permission {
         group: "events.k8s.io",

@@ -55,7 +55,7 @@ pub struct PodSettings {
     /// Images a session may run; empty: any. Plain string prefixes, e.g.
     /// `registry.example.com/agents/`.
     pub allowed_image_prefixes: Vec<String>,
-    /// The egress NetworkPolicy created with every agent pod; `None`: none.
+    /// The NetworkPolicy applied with every agent pod; `None`: none.
     pub egress: Option<EgressPolicy>,
     /// The operator's own OTel variables ([`crate::telemetry::POD_ENV`]) that are set: agentctl
     /// exports its spans to the same receiver. Empty while traces are off.
@@ -435,12 +435,12 @@ pub fn build_agentctl_pod(
                 },
                 Volume {
                     name: "run".into(),
-                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    empty_dir: Some(sized_empty_dir(RUN_SIZE_LIMIT)),
                     ..Default::default()
                 },
                 Volume {
                     name: "tmp".into(),
-                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    empty_dir: Some(sized_empty_dir(TMP_SIZE_LIMIT)),
                     ..Default::default()
                 },
             ]),
@@ -450,9 +450,9 @@ pub fn build_agentctl_pod(
     }
 }
 
-/// The session's egress NetworkPolicy, owned by it: its agent pods may reach kube-dns (UDP and
-/// TCP 53) and `egress.allow` minus `egress.deny`, nothing else. Ingress is not restricted
-/// (the operator reaches agentctl through exec, not the network).
+/// The session's NetworkPolicy, owned by it: its agent pods may reach kube-dns (UDP and TCP 53)
+/// and `egress.allow` minus `egress.deny`, nothing else, and nothing may reach them (the
+/// operator reaches agentctl through exec, the kubelet's probes run inside the container).
 pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkPolicy {
     let dns_ports = ["UDP", "TCP"]
         .iter()
@@ -523,10 +523,22 @@ pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkP
                 match_labels: Some(selector),
                 ..Default::default()
             }),
-            policy_types: Some(vec!["Egress".to_string()]),
+            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
             egress: Some(rules),
-            ingress: None,
+            ingress: Some(Vec::new()),
         }),
+    }
+}
+
+/// The most the agent pod's `/run` (agentctl's socket) and `/tmp` may hold: past it the kubelet
+/// evicts the pod (a lost session), instead of a runaway agent filling the node's disk.
+pub const RUN_SIZE_LIMIT: &str = "16Mi";
+pub const TMP_SIZE_LIMIT: &str = "1Gi";
+
+fn sized_empty_dir(limit: &str) -> EmptyDirVolumeSource {
+    EmptyDirVolumeSource {
+        size_limit: Some(Quantity(limit.to_string())),
+        ..Default::default()
     }
 }
 
@@ -798,12 +810,15 @@ mod tests {
                 Some("RuntimeDefault")
             );
         }
-        // Only volume types the restricted profile allows.
+        // Only volume types the restricted profile allows; every emptyDir bounded.
         for v in spec.volumes.unwrap_or_default() {
             assert!(
                 v.persistent_volume_claim.is_some() || v.empty_dir.is_some(),
                 "{v:?}"
             );
+            if let Some(dir) = v.empty_dir {
+                assert!(dir.size_limit.is_some(), "{} has a sizeLimit", v.name);
+            }
         }
         // Defaults: no runtime class, host user namespace, no resources unless configured.
         assert_eq!(spec.runtime_class_name, None);
@@ -932,7 +947,7 @@ mod tests {
     }
 
     #[test]
-    fn network_policy_allows_dns_and_the_internet_only() {
+    fn network_policy_allows_dns_and_the_internet_only_and_no_ingress() {
         let ts = session(claim("ws"));
         let np = build_network_policy(&ts, &EgressPolicy::default());
         assert_eq!(np.metadata.name.as_deref(), Some("demo-agent-egress"));
@@ -946,7 +961,8 @@ mod tests {
             json,
             serde_json::json!({
                 "podSelector": {"matchLabels": {"kandev.dev/managed": "true", "kandev.dev/session": "demo"}},
-                "policyTypes": ["Egress"],
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [],
                 "egress": [
                     {
                         "to": [{

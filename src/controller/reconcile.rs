@@ -1251,31 +1251,34 @@ impl<'a> Session<'a> {
         if let Some(refusal) = pods::image_refusal(&self.ts, &self.ctx.settings.pod) {
             return self.invalid_spec(&refusal).await;
         }
-        // The egress policy first, so the agent never runs without it (once per session and
-        // operator run: a resume does not write it again).
+        // The network policy first, so the agent never runs without it (once per session and
+        // operator run: a resume does not write it again). Applied, not created: a policy of
+        // that name left by an older operator, or changed by hand, is set back to this one.
         if let Some(egress) = &self.ctx.settings.pod.egress
             && !self.ctx.expectations.has_policy(&self.uid)
         {
             let policy = pods::build_network_policy(&self.ts, egress);
             let api: Api<NetworkPolicy> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-            match api.create(&PostParams::default(), &policy).await {
+            let name = policy.name_any();
+            match api
+                .patch(
+                    &name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&policy),
+                )
+                .await
+            {
                 Ok(_) => {
-                    info!(policy = %policy.name_any(), "created the egress NetworkPolicy");
+                    info!(policy = %name, "applied the NetworkPolicy");
                     self.ctx.expectations.policy_exists(&self.uid);
                 }
-                // Created by an earlier launch of this session (owned by it, gone with it).
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    self.ctx.expectations.policy_exists(&self.uid)
-                }
+                // Among them: a policy of that name controlled by another owner.
                 Err(kube::Error::Api(e)) if is_invalid(e.code) => {
-                    let message = format!(
-                        "the API server refused NetworkPolicy {}: {}",
-                        policy.name_any(),
-                        e.message
-                    );
+                    let message =
+                        format!("the API server refused NetworkPolicy {name}: {}", e.message);
                     return self.invalid_spec(&message).await;
                 }
-                Err(e) => return Err(kube_err("creating the egress NetworkPolicy")(e)),
+                Err(e) => return Err(kube_err("applying the NetworkPolicy")(e)),
             }
         }
         let pod =

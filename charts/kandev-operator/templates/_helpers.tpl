@@ -104,10 +104,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create"]
-# The egress NetworkPolicy of each session, created with its agent pod (owned by the session).
+# The NetworkPolicy of each session, applied (server-side) with its agent pod (owned by the
+# session); an apply that creates needs create too.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
