@@ -178,6 +178,12 @@ struct RunArgs {
     /// (cluster-scoped). 0: nodes are not watched.
     #[arg(long, default_value_t = 300)]
     node_lost_seconds: u64,
+    /// Journal catch-ups (an `agentctl events` exec into a running agent pod) opened per
+    /// second, at most, across all sessions, those whose agent was working first: an operator
+    /// that starts beside thousands of running sessions catches up with them at this pace
+    /// instead of opening one exec each at once. Restores never wait for it. 0: no limit.
+    #[arg(long, default_value_t = kandev_operator::controller::gate::DEFAULT_EXECS_PER_SECOND)]
+    catch_up_execs_per_second: u32,
     /// Do not elect a leader (only for a single replica, e.g. local development).
     #[arg(long)]
     no_leader_election: bool,
@@ -550,6 +556,7 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
             .then(|| Duration::from_secs(args.agent_unreachable_seconds)),
         node_lost_after: (args.node_lost_seconds > 0)
             .then(|| Duration::from_secs(args.node_lost_seconds)),
+        catch_up_execs_per_second: args.catch_up_execs_per_second,
     };
     runtime.block_on(async move {
         // The endpoints come first: liveness holds while the startup checks and the wait for the

@@ -41,6 +41,7 @@ use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, SESSION_ID_MAX, cap, se
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
 };
+use crate::controller::gate::{DEFAULT_EXECS_PER_SECOND, ExecGate};
 use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
 use crate::telemetry::WarnLimiter;
 
@@ -62,6 +63,9 @@ pub struct Probe {
     /// agentctl answers a new `agentctl events` stream (its replay and snapshot) within this,
     /// or the contact counts as unanswered.
     pub answer_within: Duration,
+    /// `agentctl events` execs opened per second, at most, working sessions first (0: no
+    /// limit); see [`ExecGate`].
+    pub execs_per_second: u32,
 }
 
 impl Default for Probe {
@@ -69,6 +73,7 @@ impl Default for Probe {
         Self {
             catch_up_every: CATCH_UP_EVERY,
             answer_within: Duration::from_secs(30),
+            execs_per_second: DEFAULT_EXECS_PER_SECOND,
         }
     }
 }
@@ -294,16 +299,22 @@ pub struct Followers {
     /// The operator's pod cache: a follower stops when its pod is gone from it.
     pods: Store<Pod>,
     probe: Probe,
+    /// Paces the execs of every follower.
+    gate: Arc<ExecGate>,
 }
 
 impl Followers {
+    /// Starts the pacing of the followers' execs (a task for the operator's lifetime).
     pub fn new(pods: Store<Pod>, probe: Probe) -> Self {
+        let gate = ExecGate::new(probe.execs_per_second);
+        tokio::spawn(gate.clone().run());
         Self {
             running: Mutex::default(),
             started: Mutex::default(),
             contacts: Arc::default(),
             pods,
             probe,
+            gate,
         }
     }
 
@@ -365,6 +376,7 @@ impl Followers {
             executor.to_string(),
             Known::from_status(status),
             (contact, self.probe.answer_within),
+            self.gate.clone(),
         )
         .instrument(span);
         running.insert(uid, tokio::spawn(task));
@@ -421,7 +433,7 @@ enum StreamEnd {
 /// is idle, or when the pod is gone from the cache or stops running. A dropped stream reconnects
 /// with exponential backoff (1 s … 30 s), from the cursor. Every line agentctl sends is an
 /// answer; an attempt without one (the exec fails, nothing within `answer_within`) is a contact
-/// it did not answer.
+/// it did not answer. Each exec waits for its turn at the `gate`.
 async fn follow(
     client: Client,
     cache: Store<Pod>,
@@ -429,6 +441,7 @@ async fn follow(
     executor: String,
     mut known: Known,
     (contact, answer_within): (Contact, Duration),
+    gate: Arc<ExecGate>,
 ) {
     let ns = pod.namespace.clone().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -444,6 +457,8 @@ async fn follow(
             contact.forget();
             return;
         }
+        gate.enter(known.activity == Some(AgentActivity::Working))
+            .await;
         let mut answered = false;
         let streamed = stream_events(
             (&pods, &pod.name),

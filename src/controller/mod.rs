@@ -10,6 +10,7 @@ mod reconcile;
 pub use reconcile::{Clients, Context, Error, OperatorSettings, run};
 pub mod endpoints;
 pub mod follower;
+pub mod gate;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_access;

@@ -165,6 +165,9 @@ pub struct OperatorSettings {
     /// A running pod whose node is gone or not Ready for this long counts as lost
     /// (`NodeLost`); `None`: nodes are not watched.
     pub node_lost_after: Option<Duration>,
+    /// Journal catch-ups (`agentctl events` execs) opened per second, at most, working
+    /// sessions first; 0: no limit.
+    pub catch_up_execs_per_second: u32,
 }
 
 impl OperatorSettings {
@@ -179,6 +182,7 @@ impl OperatorSettings {
                     after.min(follower::CATCH_UP_EVERY)
                 }),
             answer_within: self.acp_timeout,
+            execs_per_second: self.catch_up_execs_per_second,
         }
     }
 
@@ -2091,11 +2095,13 @@ mod tests {
             end_grace: Duration::from_secs(600),
             agent_unreachable_after: unreachable.map(Duration::from_secs),
             node_lost_after: None,
+            catch_up_execs_per_second: 20,
         };
         for (unreachable, every) in [(Some(300), 300), (Some(3600), 600), (None, 600)] {
             let probe = settings(unreachable).probe();
             assert_eq!(probe.catch_up_every, Duration::from_secs(every));
             assert_eq!(probe.answer_within, Duration::from_secs(30));
+            assert_eq!(probe.execs_per_second, 20);
         }
     }
 
