@@ -62,6 +62,57 @@ pub async fn client_for(path: &Path) -> Result<Client, BoxError> {
     Ok(Client::try_from(config)?)
 }
 
+/// Whether an error of an API call is one a busy or restarting API server gives and a retry
+/// can get past: no answer (connection refused or reset, a timeout, a body cut off), 429 or a
+/// 5xx.
+fn transient(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// `call`, retried past transient errors ([`transient`]) with backoff (0.5 s doubling to 8 s)
+/// for up to two minutes, as the operator's own calls are: the bench writes and reads thousands
+/// of objects while the operator under test starts beside them, and one reset connection must
+/// not end the run. Other errors, and the last transient one, are returned with `what`.
+pub async fn retrying<T, F, Fut>(what: &str, call: F) -> Result<T, BoxError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(err) if transient(&err) && Instant::now() + backoff < deadline => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(8));
+            }
+            Err(err) => return Err(format!("{what}: {err}").into()),
+        }
+    }
+}
+
+/// Creates `object`, retrying ([`retrying`]); an object that exists already (a create whose
+/// answer was lost, retried) is read back instead.
+pub async fn create_retrying<K>(api: &Api<K>, object: &K) -> Result<K, BoxError>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let created = retrying(&format!("create {name}"), || async {
+        match api.create(&PostParams::default(), object).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&name).await,
+            other => other,
+        }
+    })
+    .await?;
+    Ok(created)
+}
+
 impl Bench {
     pub async fn connect(
         kubeconfig: &Path,

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::BoxError;
 use crate::annotations::HARNESS_PID_ANNOTATION;
-use crate::cluster::Bench;
+use crate::cluster::{Bench, create_retrying, retrying};
 use crate::ours::{OperatorProcess, PROFILE_NAME, for_each, overdue_sessions, session_names};
 use crate::probe;
 use crate::report::{OURS, PhaseResult};
@@ -64,8 +64,8 @@ pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseRes
     // Every session evaluated once: it carries the operator's AgentRunning condition.
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let evaluated = sessions
-            .list(&ListParams::default())
+        let list = ListParams::default();
+        let evaluated = retrying("list the sessions", || sessions.list(&list))
             .await?
             .items
             .iter()
@@ -146,7 +146,7 @@ async fn steady_session(
         "spec": {"taskId": format!("task-{name}"), "agent": PROFILE_NAME,
                  "workspace": {"claimName": "idle-shared"}},
     }))?;
-    let ts = sessions.create(&PostParams::default(), &ts).await?;
+    let ts = create_retrying(sessions, &ts).await?;
     let owner = ts.controller_owner_ref(&()).ok_or("no owner reference")?;
     // The harness's pid annotation lets our kwok stage mark the pod Running (e2e/cluster.sh):
     // set by the bench itself here, since no harness plays these pods.
@@ -159,24 +159,30 @@ async fn steady_session(
                  "containers": [{"name": "agentctl", "image": "kandev.dev/agentctl:bench",
                                  "command": ["agentctl", "serve"]}]},
     }))?;
-    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let pod = create_retrying(pods, &pod).await?;
     let er: ExecutorRunning = serde_json::from_value(json!({
         "apiVersion": "kandev.dev/v1alpha1", "kind": "ExecutorRunning",
         "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner]},
         "spec": {"sessionName": name},
     }))?;
-    executors.create(&PostParams::default(), &er).await?;
+    create_retrying(executors, &er).await?;
     let er_status = json!({"status": {
         "resumeToken": "bench-session", "podName": pod.name_any(), "podUID": pod.metadata.uid,
         "status": "Running", "activity": "Idle", "resumable": true}});
-    executors
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&er_status))
-        .await?;
+    retrying("the ExecutorRunning status", || async {
+        executors
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&er_status))
+            .await
+    })
+    .await?;
     let ts_status = json!({"status": {
         "state": "WAITING_FOR_INPUT", "taskState": "REVIEW", "executorRef": name,
         "lastHandledResumeRequest": null}});
-    sessions
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ts_status))
-        .await?;
+    retrying("the TaskSession status", || async {
+        sessions
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&ts_status))
+            .await
+    })
+    .await?;
     Ok(())
 }

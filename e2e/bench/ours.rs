@@ -18,14 +18,13 @@ use kandev_operator::api::{
 };
 use kube::ResourceExt;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::BoxError;
-use crate::cluster::{Bench, Watched, http_get};
+use crate::cluster::{Bench, Watched, create_retrying, http_get, retrying};
 use crate::process::{dies_with_us, free_port, sibling, stop_child};
 use crate::report::{OURS, PhaseResult};
 
@@ -304,7 +303,7 @@ impl<'a> Fleet<'a> {
                              "taskDescription": "bench: answer at once",
                              "workspace": {"template": {"size": "1Gi"}}},
                 }))?;
-                api.create(&PostParams::default(), &ts).await?;
+                create_retrying(&api, &ts).await?;
                 Ok(())
             }
         })
@@ -354,7 +353,14 @@ impl<'a> Fleet<'a> {
         let accepted = for_each(&names, |pod| {
             let api = pods_api.clone();
             async move {
-                api.delete(&pod, &DeleteParams::default()).await?;
+                // A delete retried after its answer was lost finds the pod gone: done.
+                retrying(&format!("delete pod {pod}"), || async {
+                    match api.delete(&pod, &DeleteParams::default()).await {
+                        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                        other => other.map(|_| ()),
+                    }
+                })
+                .await?;
                 Ok(())
             }
         })
@@ -428,8 +434,11 @@ impl<'a> Fleet<'a> {
             async move {
                 for token in tokens {
                     let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: token}}});
-                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await?;
+                    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+                    retrying(&format!("annotate {name}"), || {
+                        api.patch(&name, &params, &patch)
+                    })
+                    .await?;
                 }
                 Ok(())
             }
