@@ -149,8 +149,8 @@ $node_conditions
       daemonEndpoints:
         kubeletEndpoint:
           Port: {{ NodePort }}
-      allocatable: {cpu: "640", memory: 2560Gi, pods: "20000"}
-      capacity: {cpu: "640", memory: 2560Gi, pods: "20000"}
+      allocatable: {cpu: "640", memory: 2560Gi, ephemeral-storage: 10Pi, pods: "20000"}
+      capacity: {cpu: "640", memory: 2560Gi, ephemeral-storage: 10Pi, pods: "20000"}
       nodeInfo:
         architecture: amd64
         operatingSystem: linux

@@ -881,9 +881,12 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
                 &["install", RELEASE, previous.to_str().expect("utf-8")][..],
                 &common,
                 // The harness plays every release with this build's binary, which checks at
-                // start that it may watch nodes (NodeLost); the previous chart grants no such
-                // thing, so that release runs with NodeLost off.
+                // start that it may watch nodes (NodeLost) and apply NetworkPolicies (create
+                // and patch); the previous chart grants neither, so that release runs with
+                // NodeLost and the policies off, and without the check of the rest.
                 &["--set", "replicaCount=1"],
+                &["--set", "agentPods.networkPolicy.enabled=false"],
+                &["--set", "controller.permissionCheck=false"],
                 &["--set-json", r#"extraArgs=["--node-lost-seconds=0"]"#],
             ]
             .concat(),

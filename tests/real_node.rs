@@ -281,6 +281,21 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
             .expect("a resume token after session/new");
         let first = sessions.the_pod(name).await;
         assert_agent_confined(&first);
+        // Ready from the kubelet's own check: its readiness probe (`agentctl events --once`)
+        // got an answer from agentctl inside the container.
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &sessions.namespace);
+        wait_for_within(
+            &pods,
+            &first.name_any(),
+            "Ready by its readiness probe",
+            START,
+            |p: Option<&Pod>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            },
+        )
+        .await;
         let claim = claim_of(&first);
 
         // Lost: needsResume, and nothing is relaunched (lazy recovery).

@@ -11,7 +11,7 @@ use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::endpoints::{self, HttpState, Routes};
 use kandev_operator::controller::leader::{self, LeaseSettings};
 use kandev_operator::controller::metrics_access::MetricsAuth;
-use kandev_operator::controller::pods::{self, Cidr, EgressPolicy, PodSettings};
+use kandev_operator::controller::pods::{self, Cidr, NetworkRules, PodSettings, ScratchLimits};
 use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
 use kandev_operator::telemetry::{self, LogSettings};
 use tokio::time::Instant;
@@ -83,7 +83,7 @@ struct RunArgs {
     #[arg(
         long = "default-resource-request",
         value_name = "NAME=QUANTITY",
-        default_values = ["cpu=250m", "memory=512Mi"]
+        default_values = ["cpu=250m", "memory=512Mi", "ephemeral-storage=256Mi"]
     )]
     default_resource_requests: Vec<String>,
     /// Resource limit of the agentctl container when the session sets no resources, as
@@ -91,7 +91,7 @@ struct RunArgs {
     #[arg(
         long = "default-resource-limit",
         value_name = "NAME=QUANTITY",
-        default_values = ["memory=2Gi"]
+        default_values = ["memory=2Gi", "ephemeral-storage=4Gi"]
     )]
     default_resource_limits: Vec<String>,
     /// runtimeClassName of every agent pod (e.g. gvisor or kata); none by default.
@@ -106,7 +106,8 @@ struct RunArgs {
     #[arg(long = "allowed-image-prefix", value_name = "PREFIX")]
     allowed_image_prefixes: Vec<String>,
     /// Apply a NetworkPolicy with every session's agent pod: egress to DNS (kube-dns) and the
-    /// --egress-allow-cidr ranges minus the --egress-deny-cidr ones, no ingress.
+    /// --egress-allow-cidr ranges minus the --egress-deny-cidr ones, ingress from the
+    /// --ingress-allow-cidr ranges only (none by default).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     agent_network_policy: bool,
     /// Egress that agent pods may reach (repeatable; giving one replaces the defaults).
@@ -124,6 +125,17 @@ struct RunArgs {
         default_values = pods::DEFAULT_EGRESS_DENY
     )]
     egress_deny_cidrs: Vec<Cidr>,
+    /// Peers that may reach agent pods over the network (repeatable; none by default: the
+    /// operator uses exec, not the network).
+    #[arg(long = "ingress-allow-cidr", value_name = "CIDR")]
+    ingress_allow_cidrs: Vec<Cidr>,
+    /// Size limit of every agent pod's /tmp emptyDir (a Kubernetes quantity); past it the
+    /// kubelet evicts the pod.
+    #[arg(long, value_name = "QUANTITY", default_value = pods::TMP_SIZE_LIMIT, value_parser = size_quantity)]
+    tmp_size_limit: String,
+    /// Size limit of every agent pod's /run/kandev emptyDir (agentctl's socket).
+    #[arg(long, value_name = "QUANTITY", default_value = pods::RUN_SIZE_LIMIT, value_parser = size_quantity)]
+    run_size_limit: String,
     /// Toleration added to every agent pod, as KEY[=VALUE]:EFFECT (repeatable).
     #[arg(long = "pod-toleration", value_name = "KEY[=VALUE]:EFFECT")]
     pod_tolerations: Vec<String>,
@@ -350,6 +362,23 @@ fn parse_resources(
     Ok((!out.is_empty()).then_some(out))
 }
 
+/// A size as Kubernetes writes it: digits, an optional fraction, an optional binary or decimal
+/// suffix (`512Mi`, `1Gi`, `1.5G`, `1000000`).
+fn size_quantity(text: &str) -> Result<String, String> {
+    let number = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &text[number.len()..];
+    let suffixes = [
+        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
+    ];
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, "0"));
+    let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+    if digits(whole) && digits(fraction) && suffixes.contains(&suffix) {
+        Ok(text.to_string())
+    } else {
+        Err(format!("{text:?} is not a size such as 512Mi or 1Gi"))
+    }
+}
+
 fn parse_node_selector(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
@@ -534,10 +563,19 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
                 .filter(|p| !p.is_empty())
                 .cloned()
                 .collect(),
-            egress: args.agent_network_policy.then(|| EgressPolicy {
+            network: args.agent_network_policy.then(|| NetworkRules {
                 allow: args.egress_allow_cidrs.clone(),
                 deny: args.egress_deny_cidrs.clone(),
+                ingress: args.ingress_allow_cidrs.clone(),
             }),
+            scratch: ScratchLimits {
+                tmp: k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                    args.tmp_size_limit.clone(),
+                ),
+                run: k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                    args.run_size_limit.clone(),
+                ),
+            },
             trace_env: telemetry::pod_env(),
         },
         watch_namespaces: watch_namespaces(&args.watch_namespaces),
@@ -668,8 +706,23 @@ mod tests {
         let json = serde_json::to_value(resources).expect("json");
         assert_eq!(
             json,
-            serde_json::json!({"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}})
+            serde_json::json!({
+                "requests": {"cpu": "250m", "memory": "512Mi", "ephemeral-storage": "256Mi"},
+                "limits": {"memory": "2Gi", "ephemeral-storage": "4Gi"},
+            })
         );
+        assert_eq!(
+            (args.tmp_size_limit.as_str(), args.run_size_limit.as_str()),
+            ("1Gi", "16Mi")
+        );
+        assert!(args.ingress_allow_cidrs.is_empty(), "no ingress by default");
+        for good in ["1Gi", "512Mi", "1.5G", "1000000", "64k"] {
+            assert_eq!(size_quantity(good).as_deref(), Ok(good));
+        }
+        for bad in ["", "Gi", "1 Gi", "-1Gi", "1gb", "1.Gi", "1e3"] {
+            assert!(size_quantity(bad).is_err(), "{bad:?}");
+        }
+        assert!(run_args(&["--tmp-size-limit=lots"]).is_err());
         assert!(args.host_users && args.agent_network_policy);
         assert!(args.allowed_image_prefixes.is_empty() && args.runtime_class_name.is_none());
         assert_eq!(

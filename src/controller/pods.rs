@@ -7,14 +7,15 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecurityContext, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, Toleration, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
-    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
-    NetworkPolicySpec,
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -56,27 +57,55 @@ pub struct PodSettings {
     /// `registry.example.com/agents/`.
     pub allowed_image_prefixes: Vec<String>,
     /// The NetworkPolicy applied with every agent pod; `None`: none.
-    pub egress: Option<EgressPolicy>,
+    pub network: Option<NetworkRules>,
+    /// The sizes of the pod's `/tmp` and `/run/kandev` emptyDirs.
+    pub scratch: ScratchLimits,
     /// The operator's own OTel variables ([`crate::telemetry::POD_ENV`]) that are set: agentctl
     /// exports its spans to the same receiver. Empty while traces are off.
     pub trace_env: Vec<(String, String)>,
 }
 
-/// The egress of agent pods: DNS to kube-dns, and the `allow` CIDRs minus the `deny` ones (the
-/// cloud metadata endpoint, cluster-internal ranges). Everything else is refused.
+/// The network of agent pods. Egress: DNS to kube-dns, and the `allow` CIDRs minus the `deny`
+/// ones (the cloud metadata endpoint, cluster-internal ranges). Ingress: from the `ingress`
+/// CIDRs only (none by default). Everything else is refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EgressPolicy {
+pub struct NetworkRules {
     pub allow: Vec<Cidr>,
     pub deny: Vec<Cidr>,
+    pub ingress: Vec<Cidr>,
 }
 
-impl Default for EgressPolicy {
-    /// The internet, without the metadata endpoint, link-local, private and shared ranges.
+impl Default for NetworkRules {
+    /// The internet, without the metadata endpoint, link-local, private and shared ranges; no
+    /// ingress.
     fn default() -> Self {
         let parse = |list: &[&str]| list.iter().filter_map(|c| c.parse().ok()).collect();
         Self {
             allow: parse(DEFAULT_EGRESS_ALLOW),
             deny: parse(DEFAULT_EGRESS_DENY),
+            ingress: Vec::new(),
+        }
+    }
+}
+
+/// The most an agent pod's `/tmp` and `/run/kandev` (agentctl's socket) emptyDirs may hold:
+/// past it the kubelet evicts the pod (a lost session), instead of a runaway agent filling the
+/// node's disk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScratchLimits {
+    pub tmp: Quantity,
+    pub run: Quantity,
+}
+
+/// The default sizes (`--tmp-size-limit`, `--run-size-limit`).
+pub const TMP_SIZE_LIMIT: &str = "1Gi";
+pub const RUN_SIZE_LIMIT: &str = "16Mi";
+
+impl Default for ScratchLimits {
+    fn default() -> Self {
+        Self {
+            tmp: Quantity(TMP_SIZE_LIMIT.into()),
+            run: Quantity(RUN_SIZE_LIMIT.into()),
         }
     }
 }
@@ -359,6 +388,7 @@ pub fn build_agentctl_pod(
             .clone()
             .filter(|r| r.requests.is_some() || r.limits.is_some())
             .or_else(|| settings.default_resources.clone()),
+        readiness_probe: Some(readiness_probe()),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: "workspace".into(),
@@ -435,12 +465,12 @@ pub fn build_agentctl_pod(
                 },
                 Volume {
                     name: "run".into(),
-                    empty_dir: Some(sized_empty_dir(RUN_SIZE_LIMIT)),
+                    empty_dir: Some(sized_empty_dir(&settings.scratch.run)),
                     ..Default::default()
                 },
                 Volume {
                     name: "tmp".into(),
-                    empty_dir: Some(sized_empty_dir(TMP_SIZE_LIMIT)),
+                    empty_dir: Some(sized_empty_dir(&settings.scratch.tmp)),
                     ..Default::default()
                 },
             ]),
@@ -451,9 +481,10 @@ pub fn build_agentctl_pod(
 }
 
 /// The session's NetworkPolicy, owned by it: its agent pods may reach kube-dns (UDP and TCP 53)
-/// and `egress.allow` minus `egress.deny`, nothing else, and nothing may reach them (the
-/// operator reaches agentctl through exec, the kubelet's probes run inside the container).
-pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkPolicy {
+/// and `rules.allow` minus `rules.deny`, nothing else, and only `rules.ingress` may reach them
+/// (nothing by default: the operator reaches agentctl through exec, the kubelet's probes run
+/// inside the container).
+pub fn build_network_policy(ts: &TaskSession, rules: &NetworkRules) -> NetworkPolicy {
     let dns_ports = ["UDP", "TCP"]
         .iter()
         .map(|protocol| NetworkPolicyPort {
@@ -482,11 +513,11 @@ pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkP
         }]),
         ports: Some(dns_ports),
     };
-    let blocks: Vec<NetworkPolicyPeer> = egress
+    let blocks: Vec<NetworkPolicyPeer> = rules
         .allow
         .iter()
         .map(|allow| {
-            let except: Vec<String> = egress
+            let except: Vec<String> = rules
                 .deny
                 .iter()
                 .filter(|deny| allow.contains(deny) && *deny != allow)
@@ -501,13 +532,33 @@ pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkP
             }
         })
         .collect();
-    let mut rules = vec![dns];
+    let mut egress = vec![dns];
     if !blocks.is_empty() {
-        rules.push(NetworkPolicyEgressRule {
+        egress.push(NetworkPolicyEgressRule {
             to: Some(blocks),
             ports: None,
         });
     }
+    // No rule: no ingress at all; one rule: from the listed peers.
+    let peers: Vec<NetworkPolicyPeer> = rules
+        .ingress
+        .iter()
+        .map(|cidr| NetworkPolicyPeer {
+            ip_block: Some(IPBlock {
+                cidr: cidr.to_string(),
+                except: None,
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let ingress = if peers.is_empty() {
+        Vec::new()
+    } else {
+        vec![NetworkPolicyIngressRule {
+            from: Some(peers),
+            ports: None,
+        }]
+    };
     let mut selector = session_labels(ts);
     selector.retain(|k, _| k == MANAGED_LABEL || k == SESSION_LABEL);
     NetworkPolicy {
@@ -524,20 +575,32 @@ pub fn build_network_policy(ts: &TaskSession, egress: &EgressPolicy) -> NetworkP
                 ..Default::default()
             }),
             policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
-            egress: Some(rules),
-            ingress: Some(Vec::new()),
+            egress: Some(egress),
+            ingress: Some(ingress),
         }),
     }
 }
 
-/// The most the agent pod's `/run` (agentctl's socket) and `/tmp` may hold: past it the kubelet
-/// evicts the pod (a lost session), instead of a runaway agent filling the node's disk.
-pub const RUN_SIZE_LIMIT: &str = "16Mi";
-pub const TMP_SIZE_LIMIT: &str = "1Gi";
+/// The kubelet's check of agentctl, inside the container: `agentctl events --once` asks serve
+/// for a snapshot of its state over its socket and exits 0 once it got one. The pod is Ready
+/// once serve answers (its agent started and initialized), and not Ready while it does not
+/// (frozen, or its agent gone): what `kubectl get pods` shows, checked every 10 s by the
+/// kubelet, at no cost to the API server.
+fn readiness_probe() -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(["agentctl", "events", "--once"].map(String::from).to_vec()),
+        }),
+        period_seconds: Some(10),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
 
-fn sized_empty_dir(limit: &str) -> EmptyDirVolumeSource {
+fn sized_empty_dir(limit: &Quantity) -> EmptyDirVolumeSource {
     EmptyDirVolumeSource {
-        size_limit: Some(Quantity(limit.to_string())),
+        size_limit: Some(limit.clone()),
         ..Default::default()
     }
 }
@@ -810,6 +873,15 @@ mod tests {
                 Some("RuntimeDefault")
             );
         }
+        // The kubelet asks agentctl itself whether it answers.
+        let probe = spec.containers[0]
+            .readiness_probe
+            .clone()
+            .expect("readiness probe");
+        assert_eq!(
+            probe.exec.and_then(|e| e.command),
+            Some(vec!["agentctl".into(), "events".into(), "--once".into()])
+        );
         // Only volume types the restricted profile allows; every emptyDir bounded.
         for v in spec.volumes.unwrap_or_default() {
             assert!(
@@ -949,7 +1021,7 @@ mod tests {
     #[test]
     fn network_policy_allows_dns_and_the_internet_only_and_no_ingress() {
         let ts = session(claim("ws"));
-        let np = build_network_policy(&ts, &EgressPolicy::default());
+        let np = build_network_policy(&ts, &NetworkRules::default());
         assert_eq!(np.metadata.name.as_deref(), Some("demo-agent-egress"));
         let owner = &np.metadata.owner_references.as_ref().expect("owned")[0];
         assert_eq!(
@@ -981,12 +1053,23 @@ mod tests {
             })
         );
         // Only DNS when nothing is allowed.
-        let closed = EgressPolicy {
+        let closed = NetworkRules {
             allow: vec![],
             deny: vec![],
+            ingress: vec![],
         };
         let np = build_network_policy(&ts, &closed);
         assert_eq!(np.spec.expect("spec").egress.map(|e| e.len()), Some(1));
+        // Ingress opened to the listed peers only.
+        let open = NetworkRules {
+            ingress: vec!["10.1.0.0/16".parse().expect("cidr")],
+            ..NetworkRules::default()
+        };
+        let spec = serde_json::to_value(build_network_policy(&ts, &open).spec).expect("json");
+        assert_eq!(
+            spec["ingress"],
+            serde_json::json!([{"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}]}])
+        );
         let long = "a".repeat(253);
         assert!(network_policy_name(&long).len() <= 253);
     }

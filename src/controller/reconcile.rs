@@ -1258,10 +1258,10 @@ impl<'a> Session<'a> {
         // The network policy first, so the agent never runs without it (once per session and
         // operator run: a resume does not write it again). Applied, not created: a policy of
         // that name left by an older operator, or changed by hand, is set back to this one.
-        if let Some(egress) = &self.ctx.settings.pod.egress
+        if let Some(rules) = &self.ctx.settings.pod.network
             && !self.ctx.expectations.has_policy(&self.uid)
         {
-            let policy = pods::build_network_policy(&self.ts, egress);
+            let policy = pods::build_network_policy(&self.ts, rules);
             let api: Api<NetworkPolicy> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             let name = policy.name_any();
             match api
