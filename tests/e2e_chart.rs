@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{SessionState, TaskSession};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
 /// The release namespace (the docs use kandev-system; a different one keeps the two apart).
@@ -175,14 +175,7 @@ async fn delete_session(sessions: &Sessions, name: &str) {
 
 /// The played operator pods of the release.
 async fn operator_pods(client: &Client) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
-    pods.list(&ListParams::default().labels("app.kubernetes.io/name=kandev-operator"))
-        .await
-        .expect("list operator pods")
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect()
+    e2e_support::operator_pods(client, CHART_NS).await
 }
 
 /// `kubectl logs` of a pod (served by kwok from the harness's log of the played process).

@@ -22,7 +22,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::SessionState;
 use kandev_operator::api::conditions;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 const CHART_NS: &str = "kandev-real";
@@ -86,14 +86,7 @@ fn uninstall() {
 }
 
 async fn operator_pods(client: &Client) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), CHART_NS);
-    pods.list(&ListParams::default().labels("app.kubernetes.io/name=kandev-operator"))
-        .await
-        .expect("list operator pods")
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect()
+    e2e_support::operator_pods(client, CHART_NS).await
 }
 
 /// The containerd id of `pod`'s container `name` (from the status the kubelet reports).

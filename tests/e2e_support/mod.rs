@@ -114,6 +114,18 @@ pub async fn client() -> Client {
     client
 }
 
+/// The live (not terminating) pods of the Helm chart's operator in `namespace`.
+pub async fn operator_pods(client: &Client, namespace: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=kandev-operator"))
+        .await
+        .expect("list operator pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
 /// A name no other test (or earlier run) uses.
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
