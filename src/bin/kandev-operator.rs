@@ -502,8 +502,8 @@ async fn connect(timeout: Duration) -> Result<Clients, String> {
 /// per core), and a freed block returns to the arena it came from: with reconciles on every
 /// tokio worker, a fleet's launch left the operator's RSS about 5 MiB higher (N = 400: peak
 /// 66.9–68.1 MiB, 62.2 with two arenas; docs/performance.md). Two arenas serve the two busy
-/// threads; `MALLOC_ARENA_MAX`, when set, decides instead. The image's static musl build has one
-/// heap and is not concerned.
+/// threads; `MALLOC_ARENA_MAX`, when set, decides instead. The image's build is glibc too (the
+/// Dockerfile's gnu target), so this holds in the image as well.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn cap_malloc_arenas() {
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
