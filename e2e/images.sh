@@ -89,22 +89,26 @@ has_image() {
   esac
 }
 
-# import REF DIR CHANGE...: a root filesystem as an image, with Dockerfile-style config changes.
+# import REF DIR INSTRUCTION...: a root filesystem as an image, with Dockerfile instructions
+# (ENV, USER, WORKDIR, CMD) after it: built `FROM scratch` with the engine's own build, so every
+# engine does it the same way.
 import_rootfs() {
-  local ref=$1 dir=$2 args=() change
+  local ref=$1 dir=$2 ctx
   shift 2
-  for change in "$@" "LABEL dev.kandev.standin=\"made by e2e/images.sh from Debian packages, not the published image\""; do
-    args+=(--change "$change")
-  done
-  local id
+  ctx="$(mktemp -d "$cache/import.XXXXXX")"
+  tar -C "$dir" -cf "$ctx/rootfs.tar" .
+  {
+    echo "FROM scratch"
+    echo "ADD rootfs.tar /"
+    printf '%s\n' "$@"
+    echo 'LABEL dev.kandev.standin="made by e2e/images.sh from Debian packages, not the published image"'
+  } >"$ctx/Dockerfile"
   case "$engine" in
-    docker) tar -C "$dir" -c . | docker import "${args[@]}" - "$ref" >/dev/null ;;
-    # buildah has no import: podman shares its storage. podman names an import localhost/…:
-    # tag it with the full reference too.
-    podman|buildah)
-      id="$(tar -C "$dir" -c . | podman import --quiet "${args[@]}" -)"
-      podman tag "$id" "$ref" ;;
-  esac
+    docker) docker build -q -t "$ref" "$ctx" ;;
+    podman) podman build -q "${ulimits[@]}" -t "$ref" "$ctx" ;;
+    buildah) buildah bud -q "${ulimits[@]}" -t "$ref" "$ctx" ;;
+  esac >/dev/null || { rm -rf "$ctx"; die "importing the stand-in $ref failed"; }
+  rm -rf "$ctx"
 }
 
 # debootstrap bookworm (minbase) with extra packages, cached as a tarball.
@@ -250,8 +254,8 @@ build() { # build TARGET NAME
   rm -f "$out/$name.tar"
   case "$engine" in
     docker) docker save -o "$out/$name.tar" "$ref" ;;
-    podman) podman save --format docker-archive -o "$out/$name.tar" "$ref" ;;
-    buildah) buildah push "$ref" "docker-archive:$out/$name.tar:$ref" ;;
+    podman) podman save -q --format docker-archive -o "$out/$name.tar" "$ref" ;;
+    buildah) buildah push -q "$ref" "docker-archive:$out/$name.tar:$ref" ;;
   esac >/dev/null
   log "built $ref in $((SECONDS - start))s: $out/$name.tar ($(du -h "$out/$name.tar" | cut -f1))"
 }
