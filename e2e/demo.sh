@@ -169,7 +169,7 @@ stop_git_daemon
 note "git daemon stopped"
 
 say "Resume: a new token in kandev.dev/resume-requested-at; the operator restores over ACP"
-run kubectl kandev resume "$session" -n "$ns" --wait --timeout 180s
+run kubectl kandev resume "$session" -n "$ns" --wait
 run kubectl get ts -n "$ns"
 token_after="$(kubectl get er -n "$ns" "$session" -o jsonpath='{.status.resumeToken}')"
 state_after="$(kubectl get ts -n "$ns" "$session" -o jsonpath='{.status.state}')"

@@ -204,10 +204,22 @@ async fn status_and_resume_wait_on_a_lost_session() {
             run.stdout
         );
 
-        // resume --wait: the same token back.
-        let run = plugin(&["resume", &name, "-n", &ns, "--wait", "--timeout", "90s"])
+        // resume --wait (its default timeout): the same token back, and where the session stood
+        // on stderr while it waited.
+        let run = plugin(&["resume", &name, "-n", &ns, "--wait"])
             .await
             .expect_code(0);
+        assert!(
+            run.stderr
+                .contains("waiting up to 10m for the operator to handle resume request"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.lines().any(|l| l.contains("s] state ")),
+            "a progress line with the state: {}",
+            run.stderr
+        );
         assert!(
             run.stdout
                 .contains("resumed: the saved agent session was restored"),

@@ -183,8 +183,11 @@ pub struct ResumeArgs {
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits: 90s, 2m, 1m30s, 1h 30m, 500ms, 2 minutes, PT1M30S (ISO 8601) or
-    /// a bare number of seconds.
-    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
+    /// a bare number of seconds. The default outlasts what the operator allows a resume with
+    /// its default settings (a 120 s launch deadline, 30 s for the exec and `initialize`, up to
+    /// three restore calls of 120 s). While waiting, where the session stands is printed on
+    /// stderr at each change, and every 30 s.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Start a fresh agent session instead of restoring the saved one: also sets
     /// kandev.dev/resume-fresh to the request's token. The saved resume token is not tried; once
@@ -205,9 +208,9 @@ pub struct PromptArgs {
     /// The prompt; `-` reads it from stdin.
     pub text: String,
     /// How long to wait for the session to be ready (resume included): 90s, 2m, 1m30s, 1h 30m,
-    /// 500ms, 2 minutes, PT1M30S (ISO 8601) or a bare number of seconds. The turn itself has no
-    /// time limit.
-    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_duration)]
+    /// 500ms, 2 minutes, PT1M30S (ISO 8601) or a bare number of seconds; the default outlasts
+    /// what the operator allows a resume. The turn itself has no time limit.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
 }
 
@@ -350,7 +353,11 @@ mod tests {
         match parse(&["resume", "demo"]).expect("parse").command {
             Command::Resume(args) => {
                 assert!(!args.wait && !args.fresh);
-                assert_eq!(args.timeout, Duration::from_secs(90));
+                assert_eq!(
+                    args.timeout,
+                    Duration::from_secs(600),
+                    "outlasts the operator"
+                );
             }
             other => panic!("{other:?}"),
         }

@@ -266,7 +266,9 @@ impl Cluster {
     }
 
     /// Watches the session (and its executor and pods) until `done` returns `Some`, or fails
-    /// with a timeout that says what was awaited and where the session stood.
+    /// with a timeout that says what was awaited and where the session stood. While it waits,
+    /// it says on stderr where the session stands: at each change, and every
+    /// [`PROGRESS_EVERY`] without one.
     pub async fn wait_for<T>(
         &self,
         name: &str,
@@ -276,12 +278,31 @@ impl Cluster {
     ) -> Result<T, PluginError> {
         let mut snapshot = self.snapshot(name).await?;
         let mut watch = SessionWatch::start(self, &snapshot);
+        let started = Instant::now();
+        let mut said = String::new();
+        let mut said_at = started;
         loop {
             if let Some(value) = done(&snapshot)? {
                 return Ok(value);
             }
+            let now = snapshot.last_seen();
+            if said.is_empty() {
+                eprintln!(
+                    "waiting up to {} for {what}",
+                    super::error::format_duration(deadline.total)
+                );
+            }
+            if now != said || said_at.elapsed() >= PROGRESS_EVERY {
+                eprintln!("  [{:>4}s] {now}", started.elapsed().as_secs());
+                (said, said_at) = (now, Instant::now());
+            }
             tokio::select! {
                 next = watch.changed() => snapshot = next?,
+                () = tokio::time::sleep_until(said_at + PROGRESS_EVERY) => {
+                    if let Some(current) = watch.current() {
+                        snapshot = current?;
+                    }
+                }
                 () = tokio::time::sleep_until(deadline.at) => {
                     return Err(PluginError::Timeout {
                         what: what.to_string(),
@@ -338,6 +359,9 @@ impl Cluster {
         })
     }
 }
+
+/// How often a wait says that it still waits, when nothing changed.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
 /// A point in time a command must not wait beyond (`--timeout`).
 #[derive(Clone, Copy, Debug)]

@@ -151,6 +151,13 @@ impl SessionWatch {
         }
     }
 
+    /// The state now, once all three watches have listed (`None` before): what a caller that
+    /// stopped waiting for [`SessionWatch::changed`] (cancelled it) reads, since a change the
+    /// cancelled call had taken in is in the stores but was not returned.
+    pub fn current(&self) -> Option<Result<Snapshot, PluginError>> {
+        self.synced.iter().all(|s| *s).then(|| self.snapshot())
+    }
+
     fn snapshot(&self) -> Result<Snapshot, PluginError> {
         let Some(session) = self.session.state().into_iter().next() else {
             return Err(PluginError::NotFound {
