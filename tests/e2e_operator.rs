@@ -433,10 +433,17 @@ async fn rejected_and_inconclusive_restores() {
         assert_condition(&status, conditions::RESUMED, ("False", "TokenRejected"));
         let token = sessions.token_of(&name).await.expect("a new token");
         assert_ne!(token, unknown, "the rejected token is replaced");
-        // The rejection is the outcome of the resume the request started.
+        // The rejection is the outcome of the resume the request started; an agent that turns
+        // down a restore it offers is worth a Warning.
         sessions
             .assert_events_in_order(&name, &["ResumeRequested", "TokenRejected"])
             .await;
+        let rejected = sessions.events(&name).await;
+        let rejected = rejected
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("TokenRejected"))
+            .expect("the TokenRejected Event");
+        assert_eq!(rejected.type_.as_deref(), Some("Warning"), "{rejected:?}");
 
         // Inconclusive: -32603 on resume keeps the token and says why.
         let name = unique("inconclusive");

@@ -1482,7 +1482,12 @@ impl<'a> Session<'a> {
                             "the agent does not know saved session {old} ({}); started fresh session {session_id}",
                             why.as_str()
                         );
-                        self.event(EventType::Warning, "TokenRejected", "Resume", &message);
+                        let kind = if why.warns() {
+                            EventType::Warning
+                        } else {
+                            EventType::Normal
+                        };
+                        self.event(kind, "TokenRejected", "Resume", &message);
                         self.restore_succeeded(
                             pod,
                             SessionState::WaitingForInput,

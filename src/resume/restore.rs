@@ -151,6 +151,13 @@ impl FreshReason {
         }
     }
 
+    /// Whether the fresh start deserves a Warning: the agent turned down a restore it offers (an
+    /// unknown session, a method it advertised but does not have). An agent that offers no
+    /// restore at all starts over on every resume by design: a Normal Event says so.
+    pub fn warns(self) -> bool {
+        matches!(self, Self::MethodNotFound | Self::UnknownSession)
+    }
+
     /// Stable name for conditions, Events and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -274,15 +281,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_agent_rejects_a_token() {
-        for (why, rejected) in [
-            (FreshReason::NoResumeToken, false),
-            (FreshReason::ProfileHasNoNativeResume, false),
-            (FreshReason::RestoreUnsupportedByAgent, true),
-            (FreshReason::MethodNotFound, true),
-            (FreshReason::UnknownSession, true),
+    fn only_the_agent_rejects_a_token_and_only_a_refused_offer_warns() {
+        for (why, rejected, warns) in [
+            (FreshReason::NoResumeToken, false, false),
+            (FreshReason::ProfileHasNoNativeResume, false, false),
+            (FreshReason::RestoreUnsupportedByAgent, true, false),
+            (FreshReason::MethodNotFound, true, true),
+            (FreshReason::UnknownSession, true, true),
         ] {
             assert_eq!(why.agent_rejected_token(), rejected, "{why}");
+            assert_eq!(why.warns(), warns, "{why}");
         }
     }
     use RestoreErrorClass as C;

@@ -518,6 +518,15 @@ impl Sessions {
     /// operator's `eventTime` (microseconds), else `creationTimestamp` (whole seconds). A repeat
     /// folded into an Event's series (its count and `lastObservedTime`) keeps the Event's place.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        self.events(name)
+            .await
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    /// The session's Events, oldest first.
+    pub async fn events(&self, name: &str) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut list = events
             .list(&ListParams::default().fields(&format!(
@@ -527,7 +536,7 @@ impl Sessions {
             .expect("list events")
             .items;
         list.sort_by_key(occurred);
-        list.into_iter().filter_map(|e| e.reason).collect()
+        list
     }
 
     /// Requests a resume with `token`, as a user would (see [`Sessions::annotate_as_user`]).
