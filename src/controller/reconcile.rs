@@ -28,7 +28,7 @@ use super::metrics::{self, Deadlines, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
-use crate::api::bounds::{AGENT_NAME_MAX, BRANCH_MAX, MESSAGE_MAX, cap};
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, MESSAGE_MAX, cap};
 use crate::api::conditions::{self, Want};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -1398,10 +1398,15 @@ impl<'a> Session<'a> {
                 ..w
             });
         let mut started_prompt = false;
+        // Why the task description, due now, could not be sent (it is not sent again).
+        let mut prompt_not_sent: Option<String> = None;
         if let RestoreOutcome::Fresh { session_id, .. } = &outcome
             && let InitialPrompt::Send(text) = request.initial_prompt_for_fresh_agent(false)
         {
-            started_prompt = client.start_prompt(session_id, &text).is_ok();
+            match client.start_prompt(session_id, &text) {
+                Ok(()) => started_prompt = true,
+                Err(e) => prompt_not_sent = Some(cap(&e.to_string(), AGENT_TEXT_MAX).into_owned()),
+            }
         }
         connection.close(Duration::from_secs(5)).await;
         // The stream closed before agentctl answered `initialize`: `agentctl connect` found no
@@ -1453,6 +1458,12 @@ impl<'a> Session<'a> {
                         "Started",
                         format!("started ACP session {session_id} and sent the task description"),
                     )
+                } else if let Some(error) = &prompt_not_sent {
+                    let message = format!(
+                        "started ACP session {session_id}, but its task description could not be sent ({error}); waiting for input: send it with `kubectl kandev prompt`"
+                    );
+                    self.event(EventType::Warning, "TaskNotSent", "Launch", &message);
+                    (SessionState::WaitingForInput, "Started", message)
                 } else {
                     (
                         SessionState::WaitingForInput,
