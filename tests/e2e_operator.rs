@@ -903,3 +903,60 @@ async fn a_stale_network_policy_is_set_back_and_a_foreign_one_refused() {
     };
     sessions.run(body).await;
 }
+
+/// An agent that takes longer to boot than the ACP timeout (here `initialize` answered after
+/// 6 s, with `--acp-timeout-seconds 2`) is waited for within the launch deadline and asked again,
+/// not failed: the first launch reaches WAITING_FOR_INPUT on its one pod, with no loss and no
+/// failed resume.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn an_agent_slow_to_boot_is_waited_for_within_the_launch_deadline() {
+    let sessions = setup().await;
+    let profiles = json!({"profiles": {"slow-boot": {
+        "launch": ["kandev-test-agent", "--on-initialize", "slow:6"],
+        "nativeSessionResume": true,
+    }}});
+    let _operator = Operator::builder()
+        .log_prefix("slow-boot-operator")
+        .profiles("slow-boot-profiles.yaml", &profiles.to_string())
+        .args(&["--acp-timeout-seconds", "2"])
+        .start();
+    let body = async {
+        let name = unique("slow-boot");
+        sessions.create_with_task(&name, "slow-boot", None).await;
+        let first = poll(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                sessions
+                    .live_pods(&name)
+                    .await
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| "no pod yet".to_string())
+            },
+        )
+        .await;
+        sessions
+            .wait_state_within(
+                &name,
+                SessionState::WaitingForInput,
+                Duration::from_secs(90),
+            )
+            .await;
+        let status = sessions.status(&name).await;
+        assert!(sessions.token_of(&name).await.is_some(), "{status:#?}");
+        assert!(!status.needs_resume, "{status:#?}");
+        let pods = sessions.live_pods(&name).await;
+        assert_eq!(pods.len(), 1, "one pod");
+        assert_eq!(pods[0].uid(), first.uid(), "the pod it started with");
+        let reasons = sessions.event_reasons(&name).await;
+        assert!(
+            !reasons
+                .iter()
+                .any(|r| r == "AgentLost" || r == "ResumeFailed" || r == "LaunchStalled"),
+            "{reasons:?}"
+        );
+    };
+    sessions.run(body).await;
+}

@@ -14,6 +14,7 @@
 //!   -32002 "Resource not found", like claude-agent-acp.
 //! - `error:<code>[:<message>]`: answer with that JSON-RPC error.
 //! - `hang`: never answer (a hanging `session/prompt` is answered `cancelled` on `session/cancel`).
+//! - `slow:<seconds>`: answer properly, that many seconds late (an agent slow to boot).
 //! - `crash`: exit with status 3 without answering.
 //! - `garbage`: print non-JSON lines instead of an answer, and never answer.
 //! - `malformed`: answer with a `result` that does not match the schema.
@@ -60,8 +61,13 @@ use serde_json::{Value, json};
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Behavior {
     Ok,
-    Error { code: i64, message: String },
+    Error {
+        code: i64,
+        message: String,
+    },
     Hang,
+    /// Answer normally, after this many seconds (an agent slow to boot).
+    Slow(u64),
     Crash,
     Garbage,
     Malformed,
@@ -77,6 +83,10 @@ impl FromStr for Behavior {
             "crash" => Ok(Self::Crash),
             "garbage" => Ok(Self::Garbage),
             "malformed" => Ok(Self::Malformed),
+            _ if text.starts_with("slow:") => text["slow:".len()..]
+                .parse()
+                .map(Self::Slow)
+                .map_err(|_| format!("bad seconds in {text:?}")),
             _ => {
                 let rest = text
                     .strip_prefix("error:")
@@ -292,6 +302,10 @@ impl Agent {
     fn misbehave(&mut self, behavior: &Behavior, id: &Value) -> bool {
         match behavior {
             Behavior::Ok => return false,
+            Behavior::Slow(seconds) => {
+                std::thread::sleep(std::time::Duration::from_secs(*seconds));
+                return false;
+            }
             Behavior::Error { code, message } => {
                 let message = message.clone();
                 self.error(id, *code, &message);

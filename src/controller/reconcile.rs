@@ -1411,10 +1411,12 @@ impl<'a> Session<'a> {
         connection.close(Duration::from_secs(5)).await;
         // The stream closed before agentctl answered `initialize`: `agentctl connect` found no
         // serve yet (it may still be cloning the repository) or serve just exited (the pod's
-        // status will say why). agentctl has not answered exec, so this is not a restore
-        // failure: the launch waits, within its deadline, like for an exec that cannot open.
+        // status will say why). Or `initialize` got no answer in time: agentctl answers it once
+        // its agent has booted, which may take longer than the ACP timeout. agentctl has not
+        // answered, so this is not a restore failure: the launch waits, within its deadline,
+        // like for an exec that cannot open, and asks again.
         if let RestoreOutcome::Failed {
-            class: RestoreErrorClass::Transport,
+            class: RestoreErrorClass::Transport | RestoreErrorClass::Timeout,
             reason,
             ..
         } = &outcome
