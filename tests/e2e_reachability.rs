@@ -114,6 +114,7 @@ struct Frozen(i32);
 
 impl Frozen {
     /// Freezes the process the harness plays `pod` with (agentctl serve).
+    #[allow(unsafe_code)]
     fn agentctl_of(pod: &Pod) -> Self {
         let pid = harness_pid(pod).expect("the harness's pid annotation") as i32;
         // SAFETY: kill(2) with a pid the harness started for this test's pod.
@@ -130,6 +131,7 @@ impl Frozen {
 }
 
 impl Drop for Frozen {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         if !self.gone() {
             // SAFETY: as above.

@@ -15,6 +15,7 @@ pub struct ProcSample {
     pub peak_rss_mib: f64,
 }
 
+#[allow(unsafe_code)]
 pub fn sample(pid: u32) -> Option<ProcSample> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

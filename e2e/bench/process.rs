@@ -8,6 +8,7 @@ use crate::BoxError;
 
 /// A child process that dies with the bench, even when the bench is killed (the operator and
 /// agent-sandbox must not outlive a run that was interrupted).
+#[allow(unsafe_code)]
 pub fn dies_with_us(cmd: &mut std::process::Command) -> &mut std::process::Command {
     use std::os::unix::process::CommandExt;
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
@@ -22,6 +23,7 @@ pub fn dies_with_us(cmd: &mut std::process::Command) -> &mut std::process::Comma
 }
 
 /// SIGTERM, up to 5 s to exit, then SIGKILL.
+#[allow(unsafe_code)]
 pub fn stop_child(child: &mut std::process::Child) {
     if let Ok(pid) = i32::try_from(child.id()) {
         // SAFETY: signalling our own child process.

@@ -22,6 +22,7 @@ use crate::plan::LaunchPlan;
 ///
 /// Must be called from the thread that stays alive for the harness's whole life (the harness
 /// runs a current-thread runtime): the parent-death signal fires when the *spawning thread* ends.
+#[allow(unsafe_code)]
 pub fn spawn(plan: &LaunchPlan) -> io::Result<Child> {
     for dir in &plan.dirs {
         std::fs::create_dir_all(dir)?;
@@ -121,6 +122,7 @@ pub fn pids_by_env(key: &str) -> HashMap<String, Vec<u32>> {
 }
 
 /// Sends `signal` to one process. Returns false when it no longer exists.
+#[allow(unsafe_code)]
 pub fn signal_pid(pid: u32, signal: libc::c_int) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;
@@ -133,6 +135,7 @@ pub fn signal_pid(pid: u32, signal: libc::c_int) -> bool {
 }
 
 /// Sends `signal` to the process group `pgid`. Returns false when the group no longer exists.
+#[allow(unsafe_code)]
 pub fn signal_group(pgid: u32, signal: libc::c_int) -> bool {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
         return false;

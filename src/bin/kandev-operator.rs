@@ -505,6 +505,7 @@ async fn connect(timeout: Duration) -> Result<Clients, String> {
 /// threads; `MALLOC_ARENA_MAX`, when set, decides instead. The image's build is glibc too (the
 /// Dockerfile's gnu target), so this holds in the image as well.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
 fn cap_malloc_arenas() {
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
         // SAFETY: mallopt only sets an allocator parameter; no other thread runs yet.

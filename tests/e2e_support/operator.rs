@@ -76,6 +76,7 @@ impl Operator {
 
     /// Sends SIGTERM (a rollout, a node drain) and waits for the operator to exit, returning its
     /// exit code.
+    #[allow(unsafe_code)]
     pub async fn terminate(&mut self, within: Duration) -> Option<i32> {
         if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
             // SAFETY: kill(2) on our own child's pid, which has not been reaped yet.
