@@ -120,11 +120,6 @@ impl AcpClient {
     }
 
     /// Replaces the deadlines used by the individual calls.
-    pub fn with_timeouts(mut self, timeouts: AcpTimeouts) -> Self {
-        self.timeouts = timeouts;
-        self
-    }
-
     pub fn set_timeouts(&mut self, timeouts: AcpTimeouts) {
         self.timeouts = timeouts;
     }

@@ -381,10 +381,6 @@ impl Deadline {
     pub fn passed(&self) -> bool {
         Instant::now() >= self.at
     }
-
-    pub fn remaining(&self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
-    }
 }
 
 /// kubectl's identity flags: `--token` replaces whatever the kubeconfig authenticates with
