@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kandev_operator::acp::AcpLimits;
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::endpoints::{self, HttpState, Routes};
@@ -132,10 +133,10 @@ struct RunArgs {
     /// Size limit of every agent pod's /tmp emptyDir (a Kubernetes quantity); past it the
     /// kubelet evicts the pod.
     #[arg(long, value_name = "QUANTITY", default_value = pods::TMP_SIZE_LIMIT, value_parser = size_quantity)]
-    tmp_size_limit: String,
+    tmp_size_limit: Quantity,
     /// Size limit of every agent pod's /run/kandev emptyDir (agentctl's socket).
     #[arg(long, value_name = "QUANTITY", default_value = pods::RUN_SIZE_LIMIT, value_parser = size_quantity)]
-    run_size_limit: String,
+    run_size_limit: Quantity,
     /// Toleration added to every agent pod, as KEY[=VALUE]:EFFECT (repeatable).
     #[arg(long = "pod-toleration", value_name = "KEY[=VALUE]:EFFECT")]
     pod_tolerations: Vec<String>,
@@ -339,18 +340,12 @@ fn parse_toleration(text: &str) -> Result<k8s_openapi::api::core::v1::Toleration
 }
 
 /// `NAME=QUANTITY` pairs as a resource list (`None` when empty).
-fn parse_resources(
-    list: &[String],
-) -> Result<Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, String>
-{
+fn parse_resources(list: &[String]) -> Result<Option<BTreeMap<String, Quantity>>, String> {
     let mut out = BTreeMap::new();
     for text in list {
         match text.split_once('=') {
             Some((name, quantity)) if !name.is_empty() && !quantity.is_empty() => {
-                out.insert(
-                    name.to_string(),
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(quantity.to_string()),
-                );
+                out.insert(name.to_string(), Quantity(quantity.to_string()));
             }
             _ => {
                 return Err(format!(
@@ -364,7 +359,7 @@ fn parse_resources(
 
 /// A size as Kubernetes writes it: digits, an optional fraction, an optional binary or decimal
 /// suffix (`512Mi`, `1Gi`, `1.5G`, `1000000`).
-fn size_quantity(text: &str) -> Result<String, String> {
+fn size_quantity(text: &str) -> Result<Quantity, String> {
     let number = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let suffix = &text[number.len()..];
     let suffixes = [
@@ -373,7 +368,7 @@ fn size_quantity(text: &str) -> Result<String, String> {
     let (whole, fraction) = number.split_once('.').unwrap_or((number, "0"));
     let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
     if digits(whole) && digits(fraction) && suffixes.contains(&suffix) {
-        Ok(text.to_string())
+        Ok(Quantity(text.to_string()))
     } else {
         Err(format!("{text:?} is not a size such as 512Mi or 1Gi"))
     }
@@ -570,12 +565,8 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
                 ingress: args.ingress_allow_cidrs.clone(),
             }),
             scratch: ScratchLimits {
-                tmp: k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                    args.tmp_size_limit.clone(),
-                ),
-                run: k8s_openapi::apimachinery::pkg::api::resource::Quantity(
-                    args.run_size_limit.clone(),
-                ),
+                tmp: args.tmp_size_limit.clone(),
+                run: args.run_size_limit.clone(),
             },
             trace_env: telemetry::pod_env(),
         },
@@ -713,12 +704,15 @@ mod tests {
             })
         );
         assert_eq!(
-            (args.tmp_size_limit.as_str(), args.run_size_limit.as_str()),
+            (
+                args.tmp_size_limit.0.as_str(),
+                args.run_size_limit.0.as_str()
+            ),
             ("1Gi", "16Mi")
         );
         assert!(args.ingress_allow_cidrs.is_empty(), "no ingress by default");
         for good in ["1Gi", "512Mi", "1.5G", "1000000", "64k"] {
-            assert_eq!(size_quantity(good).as_deref(), Ok(good));
+            assert_eq!(size_quantity(good).map(|q| q.0).as_deref(), Ok(good));
         }
         for bad in ["", "Gi", "1 Gi", "-1Gi", "1gb", "1.Gi", "1e3"] {
             assert!(size_quantity(bad).is_err(), "{bad:?}");
