@@ -20,7 +20,8 @@ use e2e_support::{
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{
-    ExecutorPhase, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState, TaskState,
+    ExecutorPhase, PROMPTED_ANNOTATION, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState,
+    TaskState,
 };
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -697,10 +698,20 @@ async fn an_idle_session_holds_no_stream_and_the_journal_fills_the_gap() {
             .and_then(|s| s.last_message_uuid);
         assert_ne!(before_gap.as_deref(), Some(gap_message.as_str()));
 
+        // The plugin nudged the operator (kandev.dev/prompted-at): a nudge not handled yet is
+        // why the restarted operator reads this idle agent's journal at all.
+        let nudge = sessions
+            .get(&name)
+            .await
+            .annotations()
+            .get(PROMPTED_ANNOTATION)
+            .cloned()
+            .expect("kubectl kandev prompt sets kandev.dev/prompted-at");
         let operator = start_operator();
         let caught_up = executor_status_where(|s| {
             s.journal_cursor.is_some_and(|c| c >= last)
                 && s.last_message_uuid.as_deref() == Some(gap_message.as_str())
+                && s.handled_prompted_at.as_deref() == Some(nudge.as_str())
         });
         sessions
             .wait_executor(&name, "the journal caught up", caught_up)

@@ -1,5 +1,6 @@
 //! End-to-end: DESIGN §3 status case 1 is "running **and reachable**". An agentctl that stops
-//! answering (its process frozen with SIGSTOP) and a pod whose node is deleted both end
+//! answering (its process frozen with SIGSTOP: the pod's readiness probe, which the harness runs
+//! as a kubelet would, fails and the pod turns not Ready) and a pod whose node is deleted both end
 //! NeedsResume, with the cause (`AgentUnreachable`, `NodeLost`) as the reason, only after the
 //! operator deleted the pod; then a resume restores the same ACP session. Against the real
 //! control plane (kwok + harness) with the scriptable `kandev-test-agent`. Run by
@@ -17,7 +18,7 @@ use e2e_support::support::process::run_with_stdin;
 use e2e_support::{harness_pid, kubectl, poll_until, unique, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kandev_operator::api::conditions;
-use kandev_operator::api::{PROMPTED_ANNOTATION, SessionState, TaskSession};
+use kandev_operator::api::{SessionState, TaskSession};
 use kube::api::{Api, DeleteParams};
 use kube::runtime::wait::Condition;
 use kube::{Client, ResourceExt};
@@ -30,8 +31,8 @@ const NODE: &str = "kwok-node-0";
 /// may take.
 const LOSS_WITHIN: Duration = Duration::from_secs(120);
 
-/// An operator that declares an agent unreachable after 4 s without an answer (each contact
-/// waits 10 s for one) and a node lost after 2 s; its agent `reach-agent`
+/// An operator that declares a pod unreachable after 4 s not Ready (the probe turns it not Ready
+/// after 3 failures 10 s apart) and a node lost after 2 s; its agent `reach-agent`
 /// (`tests/data/profiles/reach.yaml`) has one known session.
 fn operator() -> OperatorBuilder {
     Operator::builder()
@@ -108,6 +109,27 @@ async fn assert_lost_then_resumed(sessions: &Sessions, name: &str, uid: &str, re
     assert_eq!(sessions.live_pods(name).await.len(), 1);
 }
 
+/// Waits until `pod` is not Ready (its readiness probe failed 3 times, 10 s apart).
+async fn wait_not_ready(sessions: &Sessions, pod: &Pod) {
+    let pods: Api<Pod> = Api::namespaced(sessions.client.clone(), &sessions.namespace);
+    let name = pod.name_any();
+    poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        "the pod of a frozen agentctl did not turn not Ready",
+        async || {
+            pods.get(&name).await.is_ok_and(|p| {
+                p.status
+                    .and_then(|s| s.conditions)
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "False")
+            })
+        },
+    )
+    .await;
+}
+
 /// A process frozen by the test; SIGKILLed when the guard goes (also on panic), so that nothing
 /// stopped outlives the test.
 struct Frozen(i32);
@@ -152,14 +174,18 @@ async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
         let pod = running_session(&sessions, &name).await;
         let uid = pod.uid().expect("uid");
 
-        // agentctl serve stops answering; a client's nudge makes the operator read its journal.
+        // agentctl serve stops answering; nothing else tells the operator: the readiness probe
+        // fails, and the pod turns not Ready after 3 failures.
         let frozen = Frozen::agentctl_of(&pod);
-        let nudge = json!({"metadata": {"annotations": {PROMPTED_ANNOTATION: "after-freeze"}}});
-        sessions.merge(&name, nudge).await.expect("nudge");
+        wait_not_ready(&sessions, &pod).await;
         // Not declared before the limit: the pod still runs and the session is not lost yet.
-        tokio::time::sleep(Duration::from_secs(3)).await;
         let status = sessions.status(&name).await;
         assert!(!status.needs_resume, "{status:#?}");
+        assert_eq!(
+            sessions.live_pods(&name).await.len(),
+            1,
+            "the pod is deleted only after --agent-unreachable-seconds"
+        );
 
         // kwok removes a deleted pod's object at once, while the harness stops its process within
         // its grace period (a frozen serve needs the SIGKILL): a real kubelet keeps the pod until
@@ -178,10 +204,9 @@ async fn an_agentctl_that_stops_answering_is_lost_after_its_pod_is_deleted() {
     sessions.run(body).await;
 }
 
-/// DESIGN §3 case 1 is "running and reachable": a resume request on a running pod whose
-/// agentctl does not answer is not "already running". agentctl is contacted first; the request
-/// stays unhandled while it does not answer, and once the pod counts as lost and is gone the
-/// same request resumes the session.
+/// DESIGN §3 case 1 is "running and reachable": a resume request on a running pod that is not
+/// Ready is not "already running". The request stays unhandled, and once the pod counts as lost
+/// and is gone the same request resumes the session.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone() {
@@ -191,15 +216,16 @@ async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone()
         let name = unique("frozen-request");
         let pod = running_session(&sessions, &name).await;
 
-        // Healthy: a request is acknowledged as already running, after agentctl answered.
+        // Healthy (Ready): a request is acknowledged as already running.
         let ts = sessions.resume(&name, "r-healthy").await;
         let status = ts.status.expect("status");
         let resumed = condition(&status, conditions::RESUMED);
         assert_eq!(resumed.reason, "AlreadyRunning", "{resumed:?}");
 
         let frozen = Frozen::agentctl_of(&pod);
+        wait_not_ready(&sessions, &pod).await;
         sessions.annotate(&name, "r-frozen").await;
-        // The request seen (agentctl contacted) and looked at again: still no answer.
+        // The request seen and looked at again: the pod is still not Ready.
         operator.await_reconciles(3).await;
         let status = sessions.status(&name).await;
         assert_eq!(

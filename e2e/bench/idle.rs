@@ -52,13 +52,13 @@ pub async fn run(bench: &Bench, k: usize, idle: Duration) -> Result<Vec<PhaseRes
     let identity = bench.identity("operator").await?;
     let mut startup = PhaseResult::new(OURS, "idle-fleet startup", k);
     let window = bench.window(None, None).await?;
-    // No process answers in these pods: with unreachable agents declared lost, the fleet would
-    // be deleted after --agent-unreachable-seconds instead of idling.
+    // The default reachability settings: kwok reports these pods Ready (no readiness probe
+    // runs in them), so nothing is unreachable, and an idle, caught-up session is never read.
     let operator = OperatorProcess::start_with(
         bench,
         &format!("operator-idle-{k}"),
         &identity.kubeconfig,
-        &["--agent-unreachable-seconds", "0"],
+        &[],
     )
     .await?;
     // Every session evaluated once: it carries the operator's AgentRunning condition.

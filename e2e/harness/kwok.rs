@@ -215,6 +215,7 @@ mod tests {
             dirs: vec![],
             log_file: PathBuf::from("/s/pods/u/container.log"),
             restart_policy: "Always".into(),
+            readiness: None,
         };
         let obj = exec_object(&plan, &[("A".into(), "1".into())]);
         assert_eq!(obj["metadata"]["ownerReferences"][0]["uid"], "u");

@@ -21,6 +21,7 @@ mod pod_status;
 mod preflight;
 mod process;
 mod provisioner;
+mod readiness;
 mod supervisor;
 
 use std::path::PathBuf;

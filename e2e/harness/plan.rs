@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::readiness::ReadinessProbe;
+
 /// Environment variables the harness adds to every process it starts (and to the pod's `Exec`).
 pub const ENV_POD_NAME: &str = "KANDEV_POD_NAME";
 pub const ENV_POD_NAMESPACE: &str = "KANDEV_POD_NAMESPACE";
@@ -36,6 +38,8 @@ pub struct LaunchPlan {
     pub log_file: PathBuf,
     /// `spec.restartPolicy` (defaults to `Always`, like the API server).
     pub restart_policy: String,
+    /// The container's exec readiness probe, played by [`crate::readiness`].
+    pub readiness: Option<ReadinessProbe>,
 }
 
 /// Why a pod cannot be played by the harness.
@@ -191,6 +195,7 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
         pod_dir,
         dirs,
         restart_policy,
+        readiness: ReadinessProbe::of(container),
     })
 }
 

@@ -50,6 +50,7 @@ use crate::pod_status::{
 use crate::preflight;
 use crate::process;
 use crate::provisioner;
+use crate::readiness;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -687,7 +688,8 @@ impl Supervisor {
 /// until an exec through the API server really reaches it (kwok reads Exec objects through an
 /// informer), then the pid annotation on which kwok marks the pod Running, so that "Running"
 /// implies "exec works"; after a restart, the container is marked running again. Without an
-/// Exec the process is of no use: its uid goes to `unannounced` to be stopped.
+/// Exec the process is of no use: its uid goes to `unannounced` to be stopped. Then it plays
+/// the container's readiness probe for as long as the pod runs.
 async fn announce(
     client: Client,
     plan: LaunchPlan,
@@ -711,7 +713,7 @@ async fn announce(
             warn!(pod = %key, error = %e, "exec does not reach the pod yet; marking it Running anyway")
         }
     }
-    let pods: Api<Pod> = Api::namespaced(client, &plan.namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &plan.namespace);
     let patch = json!({"metadata": {"annotations": {HARNESS_PID_ANNOTATION: pid.to_string()}}});
     match pods
         .patch(&plan.name, &PatchParams::default(), &Patch::Merge(patch))
@@ -730,6 +732,17 @@ async fn announce(
         {
             warn!(pod = %key, error = %e, "cannot mark the restarted container running");
         }
+    }
+    // From here on, the pod's readiness is its probe's (until this task is aborted).
+    if let Some(probe) = plan.readiness.clone() {
+        let target = readiness::Target {
+            namespace: plan.namespace,
+            pod: plan.name,
+            container: plan.container,
+            workdir: plan.workdir,
+            env: exec_env,
+        };
+        readiness::play(client, target, probe).await;
     }
 }
 

@@ -12,6 +12,8 @@ pub const SESSION_ID_MAX: usize = 128;
 pub const AGENT_TEXT_MAX: usize = 512;
 /// An agent's name, title, version, or a configuration value or name.
 pub const AGENT_NAME_MAX: usize = 128;
+/// A `kandev.dev/prompted-at` value recorded as handled (a longer one is not recorded).
+pub const NUDGE_MAX: usize = 128;
 /// A branch name reported back (`spec.repository.branch` allows 255).
 pub const BRANCH_MAX: usize = 255;
 /// Configuration options, modes or models kept of an agent's session.

@@ -5,7 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::bounds::{AGENT_NAME_MAX, BRANCH_MAX, CONFIG_ITEMS_MAX, SESSION_ID_MAX};
+use super::bounds::{AGENT_NAME_MAX, BRANCH_MAX, CONFIG_ITEMS_MAX, NUDGE_MAX, SESSION_ID_MAX};
 
 /// Runtime record of a TaskSession's executor (owned by the session through an ownerReference).
 /// It holds what must survive an operator restart, above all the ACP resume token.
@@ -136,6 +136,12 @@ pub struct ExecutorRunningStatus {
     /// catches up with `agentctl events --since <journalCursor>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_cursor: Option<u64>,
+    /// The value of the TaskSession's `kandev.dev/prompted-at` annotation for which the journal
+    /// was last read up to an idle agent: a restarted operator reads the journal of an idle
+    /// agent again only for a new value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = NUDGE_MAX))]
+    pub handled_prompted_at: Option<String>,
     /// ACP capabilities negotiated at the last `initialize`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<NegotiatedCapabilities>,

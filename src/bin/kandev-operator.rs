@@ -178,11 +178,10 @@ struct RunArgs {
     /// prompt is cancelled and the agent stopped.
     #[arg(long, default_value_t = 600)]
     end_grace_seconds: u64,
-    /// Seconds a Running agent pod's agentctl may leave the operator's contacts (reading its
-    /// event journal over exec) unanswered before the pod counts as lost: its status says
-    /// AgentUnreachable, then the pod is deleted, and once it is gone the session needs a
-    /// resume. An idle session's agentctl is contacted at least this often (at most every
-    /// 600 s). 0: never.
+    /// Seconds a Running agent pod may stay not Ready (its readiness probe, agentctl events
+    /// --once, run by the kubelet, gets no answer) before the pod counts as lost: its status
+    /// says AgentUnreachable, then the pod is deleted, and once it is gone the session needs a
+    /// resume. Costs no exec and no API request (the pod watch shows Ready). 0: never.
     #[arg(long, default_value_t = 300)]
     agent_unreachable_seconds: u64,
     /// Seconds a Running agent pod's node may be gone or not Ready before the pod counts as
@@ -197,6 +196,12 @@ struct RunArgs {
     /// instead of opening one exec each at once. Restores never wait for it. 0: no limit.
     #[arg(long, default_value_t = kandev_operator::controller::gate::DEFAULT_EXECS_PER_SECOND)]
     catch_up_execs_per_second: u32,
+    /// Seconds between reads of an idle agent's event journal (an exec each), for prompts sent
+    /// by clients that do not set the kandev.dev/prompted-at annotation afterwards (kubectl
+    /// kandev prompt does). 0 (the default): only when that annotation changes, so that an
+    /// idle session costs no exec and no API request.
+    #[arg(long, default_value_t = 0)]
+    journal_catch_up_seconds: u64,
     /// Do not elect a leader (only for a single replica, e.g. local development).
     #[arg(long)]
     no_leader_election: bool,
@@ -587,6 +592,8 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         node_lost_after: (args.node_lost_seconds > 0)
             .then(|| Duration::from_secs(args.node_lost_seconds)),
         catch_up_execs_per_second: args.catch_up_execs_per_second,
+        journal_catch_up_every: (args.journal_catch_up_seconds > 0)
+            .then(|| Duration::from_secs(args.journal_catch_up_seconds)),
     };
     runtime.block_on(async move {
         // The endpoints come first: liveness holds while the startup checks and the wait for the

@@ -39,9 +39,6 @@ struct Expected {
     deleted_pods: Vec<(String, Instant)>,
     /// Failed reconciles in a row.
     failures: u32,
-    /// A resume request token that found the agent's pod running, and when this operator
-    /// first saw it: it waits for agentctl to answer after that.
-    request_seen: Option<(String, Timestamp)>,
 }
 
 impl Expected {
@@ -50,7 +47,6 @@ impl Expected {
             && self.created_pod.is_none()
             && self.deleted_pods.is_empty()
             && self.failures == 0
-            && self.request_seen.is_none()
     }
 }
 
@@ -219,23 +215,6 @@ impl Expectations {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(uid.to_string())
-    }
-
-    /// When this operator first saw the resume request `token` of `session` on a running pod
-    /// (`now` the first time).
-    pub fn request_seen(&self, session: &str, token: &str, now: Timestamp) -> Timestamp {
-        self.with(session, |e| match &e.request_seen {
-            Some((seen, at)) if seen == token => *at,
-            _ => {
-                e.request_seen = Some((token.to_string(), now));
-                now
-            }
-        })
-    }
-
-    /// The request is being answered: its first sight is not needed any more.
-    pub fn request_answered(&self, session: &str) {
-        self.with(session, |e| e.request_seen = None);
     }
 
     /// The session is gone.

@@ -8,10 +8,13 @@
 //! follower catches up with `agentctl events --since <journalCursor>` and holds its exec stream
 //! only while the agent works: once the agent is idle it ends, and an idle session costs the API
 //! server nothing. A follower starts when a launch leaves the agent working (a launch that leaves
-//! it idle counts as a catch-up: its restore was the contact), when the operator first sees a
-//! running pod, when a client nudges it (annotation [`PROMPTED_ANNOTATION`], which `kubectl
-//! kandev prompt` sets after it sent a prompt), and at most every [`CATCH_UP_EVERY`] otherwise,
-//! for prompts from clients that do not nudge. A dropped stream reconnects with backoff.
+//! it idle counts as a catch-up: its restore was the contact), when a client nudges it
+//! (annotation [`PROMPTED_ANNOTATION`], which `kubectl kandev prompt` sets after it sent a
+//! prompt), and, only where `--journal-catch-up-seconds` asks for it, periodically, for prompts
+//! from clients that do not nudge. An operator that starts beside running pods reads the journal
+//! of those whose agent was working and of those with a nudge not yet handled
+//! (`handledPromptedAt`), at the pace of the [`ExecGate`]; an idle, caught-up session costs no
+//! exec and no API request. A dropped stream reconnects with backoff.
 //!
 //! Lines are read as [`EventLine`]s, the type agentctl writes them with
 //! ([`crate::agentctl::events`]).
@@ -37,18 +40,15 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::agentctl::events::{Event, EventLine};
 pub use crate::api::PROMPTED_ANNOTATION;
-use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, SESSION_ID_MAX, cap, session_id_problem};
+use crate::api::bounds::{
+    AGENT_NAME_MAX, AGENT_TEXT_MAX, NUDGE_MAX, SESSION_ID_MAX, cap, session_id_problem,
+};
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
 };
 use crate::controller::gate::{DEFAULT_EXECS_PER_SECOND, ExecGate};
 use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
 use crate::telemetry::WarnLimiter;
-
-/// An idle session's journal is read at least this often, for prompts from clients that do not
-/// nudge the operator (more often when `--agent-unreachable-seconds` is shorter: each read is
-/// also a contact that agentctl answers or not).
-pub const CATCH_UP_EVERY: Duration = Duration::from_secs(600);
 
 /// While a prompt runs, serve sends a heartbeat every 10 s on the open stream: a stream silent
 /// for this long is dropped and opened again, which tells a quiet agent from a serve that does
@@ -58,8 +58,8 @@ pub const LIVE_SILENCE_LIMIT: Duration = Duration::from_secs(35);
 /// How followers contact agentctl.
 #[derive(Clone, Copy, Debug)]
 pub struct Probe {
-    /// An idle session's journal is read at least this often.
-    pub catch_up_every: Duration,
+    /// An idle session's journal is read at least this often (`None`: only when nudged).
+    pub catch_up_every: Option<Duration>,
     /// agentctl answers a new `agentctl events` stream (its replay and snapshot) within this,
     /// or the contact counts as unanswered.
     pub answer_within: Duration,
@@ -71,57 +71,9 @@ pub struct Probe {
 impl Default for Probe {
     fn default() -> Self {
         Self {
-            catch_up_every: CATCH_UP_EVERY,
+            catch_up_every: None,
             answer_within: Duration::from_secs(30),
             execs_per_second: DEFAULT_EXECS_PER_SECOND,
-        }
-    }
-}
-
-/// What the followers know about a pod's agentctl.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ContactState {
-    /// When it last answered (sent any line).
-    pub answered_at: Option<Timestamp>,
-    /// Since when it has answered none of the contacts (`None`: it answered the last one).
-    pub unanswered_since: Option<Timestamp>,
-}
-
-/// By pod UID.
-type Contacts = Arc<Mutex<HashMap<String, ContactState>>>;
-
-/// One pod's entry in [`Contacts`].
-#[derive(Clone)]
-struct Contact {
-    contacts: Contacts,
-    uid: String,
-}
-
-impl Contact {
-    fn answered(&self, now: Timestamp) {
-        if let Ok(mut contacts) = self.contacts.lock() {
-            contacts.insert(
-                self.uid.clone(),
-                ContactState {
-                    answered_at: Some(now),
-                    unanswered_since: None,
-                },
-            );
-        }
-    }
-
-    /// A contact got no answer: the silence started now, unless it had started already.
-    fn unanswered(&self, now: Timestamp) {
-        if let Ok(mut contacts) = self.contacts.lock() {
-            let state = contacts.entry(self.uid.clone()).or_default();
-            state.unanswered_since.get_or_insert(now);
-        }
-    }
-
-    /// The pod no longer runs: what is known about it stops mattering.
-    fn forget(&self) {
-        if let Ok(mut contacts) = self.contacts.lock() {
-            contacts.remove(&self.uid);
         }
     }
 }
@@ -289,13 +241,11 @@ pub fn status_patch_for(
     Some((json!({ "status": status }), next))
 }
 
-/// The followers, by pod UID: the running ones, when each pod's journal was last read, and
-/// whether its agentctl answered.
+/// The followers, by pod UID: the running ones, and when each pod's journal was last read.
 pub struct Followers {
     running: Mutex<HashMap<String, JoinHandle<()>>>,
     /// When a follower last started for the pod, and the nudge it started for.
     started: Mutex<HashMap<String, (Instant, Option<String>)>>,
-    contacts: Contacts,
     /// The operator's pod cache: a follower stops when its pod is gone from it.
     pods: Store<Pod>,
     probe: Probe,
@@ -311,26 +261,16 @@ impl Followers {
         Self {
             running: Mutex::default(),
             started: Mutex::default(),
-            contacts: Arc::default(),
             pods,
             probe,
             gate,
         }
     }
 
-    /// What this operator run knows about the answers of the pod's agentctl (nothing before
-    /// its first contact).
-    pub fn contact(&self, uid: &str) -> ContactState {
-        self.contacts
-            .lock()
-            .ok()
-            .and_then(|c| c.get(uid).copied())
-            .unwrap_or_default()
-    }
-
     /// Reads the pod's journal, and follows it while the agent works, unless a follower runs
-    /// already or one started less than [`CATCH_UP_EVERY`] ago for the same `nudge` (the
-    /// session's [`PROMPTED_ANNOTATION`]). `status` is what its ExecutorRunning holds now.
+    /// already, or one started for the same `nudge` (the session's [`PROMPTED_ANNOTATION`])
+    /// and the periodic catch-up is off or not due, or this operator run has not read it yet
+    /// and need not ([`reads_at_first_sight`]). `status` is what its ExecutorRunning holds now.
     pub fn ensure(
         &self,
         client: &Client,
@@ -353,29 +293,35 @@ impl Followers {
         if running.contains_key(&uid) {
             return;
         }
-        let every = self.probe.catch_up_every;
-        let recent = started
-            .get(&uid)
-            .is_some_and(|(at, seen)| seen.as_deref() == nudge && at.elapsed() < every);
-        if recent {
+        let skip = match started.get(&uid) {
+            Some((at, seen)) => {
+                seen.as_deref() == nudge
+                    && self
+                        .probe
+                        .catch_up_every
+                        .is_none_or(|every| at.elapsed() < every)
+            }
+            None => !reads_at_first_sight(status, nudge),
+        };
+        started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
+        if skip {
             return;
         }
-        started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
         // A root of its own, linked to the reconcile that started it: the follower outlives the
         // reconcile, and a child would keep the reconcile's span (and its trace) open.
         let span = info_span!(parent: None, "agentctl.events", pod = %name, namespace = %ns);
         span.follows_from(tracing::Span::current());
-        let contact = Contact {
-            contacts: self.contacts.clone(),
-            uid: uid.clone(),
+        let nudges = Nudges {
+            handled: status.handled_prompted_at.clone(),
+            current: nudge.map(str::to_string),
         };
         let task = follow(
             client.clone(),
             self.pods.clone(),
             ObjectRef::from_obj(pod),
             executor.to_string(),
-            Known::from_status(status),
-            (contact, self.probe.answer_within),
+            (Known::from_status(status), nudges),
+            self.probe.answer_within,
             self.gate.clone(),
         )
         .instrument(span);
@@ -385,20 +331,14 @@ impl Followers {
     /// A launch's restore has just been answered over exec and left the agent idle: the pod's
     /// journal holds nothing the restore's answer did not tell, but the restore's own entries
     /// (the next catch-up applies them, changing nothing but the cursor). So no second exec
-    /// now: the contact counts as answered, and the clock of the periodic catch-up starts as
-    /// if a follower had just read the journal for `nudge`.
+    /// now: it is as if a follower had just read the journal for `nudge`.
     pub fn caught_up(&self, pod: &Pod, nudge: Option<&str>) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
         if let Ok(mut started) = self.started.lock() {
-            started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
+            started.insert(uid, (Instant::now(), nudge.map(str::to_string)));
         }
-        Contact {
-            contacts: self.contacts.clone(),
-            uid,
-        }
-        .answered(Timestamp::now());
     }
 
     /// Keeps only the pods for which `keep(uid)` holds (and whose follower lives).
@@ -415,9 +355,33 @@ impl Followers {
         if let Ok(mut started) = self.started.lock() {
             started.retain(|uid, _| keep(uid));
         }
-        if let Ok(mut contacts) = self.contacts.lock() {
-            contacts.retain(|uid, _| keep(uid));
-        }
+    }
+}
+
+/// Whether an operator run that has not read a running pod's journal yet reads it now: when its
+/// agent was working (its prompt may have finished meanwhile), or when a client nudged it after
+/// the last catch-up that reached an idle agent (`handledPromptedAt`). An idle session whose
+/// nudges were all handled is not read: an operator that restarts beside thousands of them
+/// opens no exec.
+pub fn reads_at_first_sight(status: &ExecutorRunningStatus, nudge: Option<&str>) -> bool {
+    status.activity == Some(AgentActivity::Working)
+        || nudge.is_some_and(|n| status.handled_prompted_at.as_deref() != Some(n))
+}
+
+/// The session's nudge ([`PROMPTED_ANNOTATION`]) a follower started for, and the one its
+/// ExecutorRunning records as handled.
+struct Nudges {
+    handled: Option<String>,
+    current: Option<String>,
+}
+
+impl Nudges {
+    /// The patch that records the current nudge as handled, once the journal was read up to an
+    /// idle agent (`None`: it is recorded already, or too long to record).
+    fn handled_patch(&self) -> Option<serde_json::Value> {
+        let current = self.current.as_ref().filter(|n| n.len() <= NUDGE_MAX)?;
+        (self.handled.as_ref() != Some(current))
+            .then(|| json!({"status": {"handledPromptedAt": current}}))
     }
 }
 
@@ -431,16 +395,16 @@ enum StreamEnd {
 
 /// Catches up with the pod's journal and follows it while the agent works; ends when the agent
 /// is idle, or when the pod is gone from the cache or stops running. A dropped stream reconnects
-/// with exponential backoff (1 s … 30 s), from the cursor. Every line agentctl sends is an
-/// answer; an attempt without one (the exec fails, nothing within `answer_within`) is a contact
-/// it did not answer. Each exec waits for its turn at the `gate`.
+/// with exponential backoff (1 s … 30 s), from the cursor: a stream that sends nothing within
+/// `answer_within` counts as dropped. Each exec waits for its turn at the `gate`. Once the
+/// journal is read up to an idle agent, the nudge it started for is recorded as handled.
 async fn follow(
     client: Client,
     cache: Store<Pod>,
     pod: ObjectRef<Pod>,
     executor: String,
-    mut known: Known,
-    (contact, answer_within): (Contact, Duration),
+    (mut known, nudges): (Known, Nudges),
+    answer_within: Duration,
     gate: Arc<ExecGate>,
 ) {
     let ns = pod.namespace.clone().unwrap_or_default();
@@ -454,7 +418,6 @@ async fn follow(
         });
         if !running {
             info!("pod is gone or not running; stopping the event follower");
-            contact.forget();
             return;
         }
         gate.enter(known.activity == Some(AgentActivity::Working))
@@ -464,15 +427,19 @@ async fn follow(
             (&pods, &pod.name),
             (&executors, &executor),
             &mut known,
-            (&contact, answer_within, &mut answered),
+            (answer_within, &mut answered),
         )
         .await;
-        if !answered {
-            contact.unanswered(Timestamp::now());
-        }
         match streamed {
             Ok(StreamEnd::Idle) => {
                 debug!(cursor = known.cursor, "agent idle; journal caught up");
+                if let Some(patch) = nudges.handled_patch()
+                    && let Err(err) = executors
+                        .patch_status(&executor, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                {
+                    warn!(error = %err, "could not record the handled nudge; a restarted operator reads this journal again");
+                }
                 return;
             }
             Ok(StreamEnd::Dropped) => debug!(answered, "event stream ended"),
@@ -487,7 +454,7 @@ async fn stream_events(
     (pods, pod): (&Api<Pod>, &str),
     (executors, executor): (&Api<ExecutorRunning>, &str),
     known: &mut Known,
-    (contact, answer_within, answered): (&Contact, Duration, &mut bool),
+    (answer_within, answered): (Duration, &mut bool),
 ) -> Result<StreamEnd, kube::Error> {
     let params = AttachParams::default()
         .stdin(false)
@@ -525,10 +492,7 @@ async fn stream_events(
             return Ok(StreamEnd::Dropped);
         };
         match next {
-            Ok(Frame::Line) => {
-                *answered = true;
-                contact.answered(Timestamp::now());
-            }
+            Ok(Frame::Line) => *answered = true,
             Ok(Frame::TooLong { len }) => {
                 warn!(
                     len,
@@ -578,40 +542,8 @@ async fn stream_events(
 mod tests {
     use super::*;
 
-    #[test]
-    fn contacts_count_the_silence_from_the_first_unanswered_one() {
-        let at = |s| Timestamp::from_second(s).expect("ts");
-        let contacts = Contacts::default();
-        let contact = Contact {
-            contacts: contacts.clone(),
-            uid: "u1".into(),
-        };
-        let state = || contacts.lock().expect("lock").get("u1").copied();
-        assert_eq!(state(), None, "nothing known before the first contact");
-        contact.unanswered(at(10));
-        contact.unanswered(at(20));
-        assert_eq!(
-            state(),
-            Some(ContactState {
-                answered_at: None,
-                unanswered_since: Some(at(10)),
-            })
-        );
-        contact.answered(at(30));
-        contact.unanswered(at(40));
-        assert_eq!(
-            state(),
-            Some(ContactState {
-                answered_at: Some(at(30)),
-                unanswered_since: Some(at(40)),
-            })
-        );
-        contact.forget();
-        assert_eq!(state(), None);
-    }
-
-    /// A launch that left the agent idle starts no follower and counts as an answered contact;
-    /// a new nudge still reads the journal.
+    /// A launch that left the agent idle starts no follower; a new nudge still reads the
+    /// journal.
     #[tokio::test]
     async fn an_idle_launch_is_a_catch_up_without_an_exec() {
         let (store, _writer) = kube::runtime::reflector::store::<Pod>();
@@ -623,13 +555,91 @@ mod tests {
         }))
         .expect("pod");
         followers.caught_up(&pod, Some("n1"));
-        assert!(followers.contact("u1").answered_at.is_some());
         let status = ExecutorRunningStatus::default();
         followers.ensure(&client, &pod, "er", &status, Some("n1"));
         let running = |uid: &str| followers.running.lock().expect("lock").contains_key(uid);
         assert!(!running("u1"), "no exec for the nudge the launch saw");
         followers.ensure(&client, &pod, "er", &status, Some("n2"));
         assert!(running("u1"), "a new nudge reads the journal");
+        followers.retain(|_| false);
+    }
+
+    /// (agent working, nudge, handled nudge) → read at first sight
+    #[test]
+    fn first_sight_reads_only_working_agents_and_unhandled_nudges() {
+        #[rustfmt::skip]
+        let table: &[(bool, Option<&str>, Option<&str>, bool)] = &[
+            (false, None, None, false),
+            (false, Some("n1"), Some("n1"), false),
+            (false, Some("n2"), Some("n1"), true),
+            (false, Some("n1"), None, true),
+            (true, None, None, true),
+            (true, Some("n1"), Some("n1"), true),
+        ];
+        for (working, nudge, handled, expected) in table {
+            let status = ExecutorRunningStatus {
+                activity: Some(if *working {
+                    AgentActivity::Working
+                } else {
+                    AgentActivity::Idle
+                }),
+                handled_prompted_at: handled.map(String::from),
+                ..Default::default()
+            };
+            assert_eq!(
+                reads_at_first_sight(&status, *nudge),
+                *expected,
+                "{working} {nudge:?} {handled:?}"
+            );
+        }
+        let nudges = |handled: Option<&str>, current: Option<String>| Nudges {
+            handled: handled.map(String::from),
+            current,
+        };
+        assert_eq!(
+            nudges(Some("n1"), Some("n2".into())).handled_patch(),
+            Some(json!({"status": {"handledPromptedAt": "n2"}}))
+        );
+        assert_eq!(nudges(Some("n1"), Some("n1".into())).handled_patch(), None);
+        assert_eq!(nudges(None, None).handled_patch(), None);
+        assert_eq!(
+            nudges(None, Some("n".repeat(NUDGE_MAX + 1))).handled_patch(),
+            None,
+            "too long to record: read again after a restart"
+        );
+    }
+
+    /// An operator that starts beside an idle, caught-up session opens no exec into its pod,
+    /// and none later (periodic catch-ups are off by default); a working one is read at once.
+    #[tokio::test]
+    async fn a_restart_reads_only_the_journals_that_may_hold_news() {
+        let (store, _writer) = kube::runtime::reflector::store::<Pod>();
+        let followers = Followers::new(store, Probe::default());
+        let url = "http://127.0.0.1:9".parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let pod = |uid: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid}
+            }))
+            .expect("pod")
+        };
+        let running = |uid: &str| followers.running.lock().expect("lock").contains_key(uid);
+        let idle = ExecutorRunningStatus {
+            activity: Some(AgentActivity::Idle),
+            handled_prompted_at: Some("n1".into()),
+            ..Default::default()
+        };
+        followers.ensure(&client, &pod("idle"), "er", &idle, Some("n1"));
+        followers.ensure(&client, &pod("idle"), "er", &idle, Some("n1"));
+        assert!(!running("idle"));
+        let working = ExecutorRunningStatus {
+            activity: Some(AgentActivity::Working),
+            ..Default::default()
+        };
+        followers.ensure(&client, &pod("working"), "er", &working, None);
+        assert!(running("working"));
+        followers.ensure(&client, &pod("idle"), "er", &idle, Some("n2"));
+        assert!(running("idle"), "a new nudge reads the journal");
         followers.retain(|_| false);
     }
 

@@ -23,12 +23,12 @@ use tracing::{Instrument, info, warn};
 
 use super::events::{OutgoingEvent, Publisher, Queue as EventQueue};
 use super::expectations::Expectations;
-use super::follower::{self, Followers, Probe};
+use super::follower::{Followers, Probe};
 use super::metrics::{self, Deadlines, ResumeOutcome};
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
-use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, MESSAGE_MAX, cap};
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, MESSAGE_MAX, NUDGE_MAX, cap};
 use crate::api::conditions::{self, Want};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -44,7 +44,7 @@ use crate::resume::{
     NodeHealth, PodLiveness, RECHECK, ReachFacts, RequestAnswer, Requeue, RestoreErrorClass,
     ResumeRequest, ResumeRequestFacts, RunningRequest, SessionObjects, Transition, answer_request,
     bounded, build_resume_request, end_step, is_controlled_by, is_new_resume_request, launch_stall,
-    launch_step, loaded_at_rest, node_health, observe, pod_liveness as liveness,
+    launch_step, loaded_at_rest, node_health, not_ready_since, observe, pod_liveness as liveness,
     previous_pod_alive, remember_handled, running_request,
 };
 
@@ -168,19 +168,16 @@ pub struct OperatorSettings {
     /// Journal catch-ups (`agentctl events` execs) opened per second, at most, working
     /// sessions first; 0: no limit.
     pub catch_up_execs_per_second: u32,
+    /// An idle session's journal is read at least this often, for prompts from clients that
+    /// do not nudge; `None`: only when nudged.
+    pub journal_catch_up_every: Option<Duration>,
 }
 
 impl OperatorSettings {
-    /// How the event followers contact agentctl: an idle session's journal is read at least
-    /// every `--agent-unreachable-seconds` (at most every [`follower::CATCH_UP_EVERY`]), and
-    /// agentctl answers within the ACP timeout.
+    /// How the event followers contact agentctl.
     pub fn probe(&self) -> Probe {
         Probe {
-            catch_up_every: self
-                .agent_unreachable_after
-                .map_or(follower::CATCH_UP_EVERY, |after| {
-                    after.min(follower::CATCH_UP_EVERY)
-                }),
+            catch_up_every: self.journal_catch_up_every,
             answer_within: self.acp_timeout,
             execs_per_second: self.catch_up_execs_per_second,
         }
@@ -731,10 +728,8 @@ impl<'a> Session<'a> {
             return self.end_session(end).await;
         }
         if let Some(token) = self.new_resume_request() {
-            match self.request_on_running_pod(&token) {
-                Some(RunningRequest::Probe) => return Ok(Requeue::After(Duration::from_secs(1))),
-                Some(RunningRequest::Wait) => return self.observe().await,
-                Some(RunningRequest::AlreadyRunning) | None => {}
+            if self.request_on_running_pod() == Some(RunningRequest::Wait) {
+                return self.observe().await;
             }
             let latched_pod = self.launch_pod().map(ResourceExt::name_any);
             match answer_request(
@@ -762,31 +757,14 @@ impl<'a> Session<'a> {
     }
 
     /// A new resume request while the session's pod runs and no request is latched: "already
-    /// running" only when agentctl answered after the request came ([`running_request`]).
-    /// Until then the request stays unhandled: agentctl is contacted now and the request looked
-    /// at again in a second, or, when it does not answer (or its node is in doubt), the steady
-    /// state goes on (it deletes a pod that counts as lost) until the pod is gone and the
-    /// request resumes it.
-    fn request_on_running_pod(&self, token: &str) -> Option<RunningRequest> {
-        let on_running_pod = self.status.active_resume_request.is_none()
-            && !self.status.state.is_terminal()
-            && self.objects.running_pod().is_some();
-        let (Some(pod), Some(facts)) = (
-            self.objects.running_pod().filter(|_| on_running_pod),
-            self.reach_facts(),
-        ) else {
-            self.ctx.expectations.request_answered(&self.uid);
-            return None;
-        };
-        let now = Timestamp::now();
-        let seen = self.ctx.expectations.request_seen(&self.uid, token, now);
-        let answer = running_request(&facts, now, seen);
-        match answer {
-            RunningRequest::Probe => self.follow(pod, Some(&format!("resume:{token}"))),
-            RunningRequest::AlreadyRunning => self.ctx.expectations.request_answered(&self.uid),
-            RunningRequest::Wait => {}
-        }
-        Some(answer).filter(|a| *a != RunningRequest::AlreadyRunning)
+    /// running" only while the pod is Ready and its node not in doubt ([`running_request`]).
+    /// Otherwise the request stays unhandled and the steady state goes on (it deletes a pod
+    /// that counts as lost) until the pod is Ready again or gone, and the request resumes it.
+    fn request_on_running_pod(&self) -> Option<RunningRequest> {
+        let on_running_pod =
+            self.status.active_resume_request.is_none() && !self.status.state.is_terminal();
+        let facts = self.reach_facts().filter(|_| on_running_pod)?;
+        Some(running_request(&facts, Timestamp::now()))
     }
 
     /// `spec.end`: one step per pass (the pure [`end_step`]) until nothing runs, then the
@@ -1578,6 +1556,16 @@ impl<'a> Session<'a> {
         if token != self.objects.resume_token() {
             patch["status"]["lastMessageUUID"] = serde_json::Value::Null;
         }
+        // A launch that leaves the agent idle is a catch-up ([`Followers::caught_up`]): the
+        // client's nudge so far is handled, and a restarted operator does not read the journal
+        // for it.
+        if let Some(nudge) = self
+            .objects
+            .annotation(PROMPTED_ANNOTATION)
+            .filter(|n| !prompt_started && n.len() <= NUDGE_MAX)
+        {
+            patch["status"]["handledPromptedAt"] = json!(nudge);
+        }
         let recorded = api
             .patch_status(
                 &names::executor_name(&self.ts),
@@ -1796,8 +1784,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// What the operator knows about the reachability of the session's running pod: agentctl's
-    /// answers to its event followers, and the pod's node from the node cache.
+    /// What the operator knows about the reachability of the session's running pod: its Ready
+    /// condition (the kubelet's readiness probe of agentctl) and its node, from the caches.
     fn reach_facts(&self) -> Option<ReachFacts> {
         let pod = self.objects.running_pod()?;
         let settings = &self.ctx.settings;
@@ -1817,17 +1805,16 @@ impl<'a> Session<'a> {
             }
             _ => NodeHealth::Unknown,
         };
-        let contact = pod
-            .metadata
-            .uid
-            .as_deref()
-            .map(|uid| self.ctx.followers.contact(uid))
-            .unwrap_or_default();
+        // The launch's restore answered at the executor's lastSeenAt (of this pod only).
+        let executor = self.objects.executor_status();
+        let seen_alive = executor
+            .last_seen_at
+            .filter(|_| executor.pod_uid.is_some() && executor.pod_uid == pod.metadata.uid)
+            .map(|t| t.0);
         Some(ReachFacts {
             pod: pod.name_any(),
             node_name,
-            unanswered_since: contact.unanswered_since,
-            answered_at: contact.answered_at,
+            not_ready_since: not_ready_since(pod, seen_alive),
             unreachable_after: settings.agent_unreachable_after,
             node,
             node_lost_after: settings.node_lost_after,
@@ -2098,30 +2085,6 @@ fn describe_launch(launch_id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn idle_agents_are_contacted_at_least_as_often_as_they_may_stay_silent() {
-        let settings = |unreachable: Option<u64>| OperatorSettings {
-            pod: PodSettings::default(),
-            watch_namespaces: Vec::new(),
-            resync: Duration::from_secs(60),
-            acp_timeout: Duration::from_secs(30),
-            restore_timeout: Duration::from_secs(120),
-            acp_limits: AcpLimits::default(),
-            max_concurrent_reconciles: 1,
-            launch_deadline: Duration::from_secs(120),
-            end_grace: Duration::from_secs(600),
-            agent_unreachable_after: unreachable.map(Duration::from_secs),
-            node_lost_after: None,
-            catch_up_execs_per_second: 20,
-        };
-        for (unreachable, every) in [(Some(300), 300), (Some(3600), 600), (None, 600)] {
-            let probe = settings(unreachable).probe();
-            assert_eq!(probe.catch_up_every, Duration::from_secs(every));
-            assert_eq!(probe.answer_within, Duration::from_secs(30));
-            assert_eq!(probe.execs_per_second, 20);
-        }
-    }
 
     #[test]
     fn admission_refusals_are_final_rbac_refusals_are_not() {

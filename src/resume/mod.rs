@@ -32,7 +32,8 @@ pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
 pub use reach::{
-    LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, running_request,
+    LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, not_ready_since,
+    running_request,
 };
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use rest::{RECHECK, Unrest, at_rest, bounded, loaded_at_rest, unrest};

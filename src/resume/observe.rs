@@ -20,8 +20,8 @@ use super::{PodLiveness, SessionObjects, evaluate_resume_eligibility, pod_livene
 ///   `resumeReason` and the conditions `AgentRunning`, `NeedsResume`, `Ready`, `Reconciling`.
 /// - A loss seen for the first time marks the ExecutorRunning `Lost`, counts it, and says so
 ///   in a Warning Event; nothing is relaunched (lazy recovery).
-/// - A running pod is also judged by `reach` (what the operator knows of agentctl's answers
-///   and of the pod's node, see [`judge`]): one that counts as lost gets `AgentRunning=False`
+/// - A running pod is also judged by `reach` (its `Ready` condition, which the kubelet's
+///   readiness probe of agentctl decides, and its node, see [`judge`]): one that counts as lost gets `AgentRunning=False`
 ///   with the cause as reason (`AgentUnreachable`, `NodeLost`) and a Warning Event, written
 ///   before the pod is deleted. The loss itself is declared once the pod is deleted
 ///   (terminating or gone), with the same cause as the `NeedsResume` reason (the
@@ -261,12 +261,11 @@ mod tests {
         }
     }
 
-    fn reach(unanswered_since: Option<i64>, node: NodeHealth) -> ReachFacts {
+    fn reach(not_ready_since: Option<i64>, node: NodeHealth) -> ReachFacts {
         ReachFacts {
             pod: "s-agent-1".into(),
             node_name: "n1".into(),
-            unanswered_since: unanswered_since.map(at),
-            answered_at: None,
+            not_ready_since: not_ready_since.map(at),
             unreachable_after: Some(Duration::from_secs(60)),
             node,
             node_lost_after: Some(Duration::from_secs(30)),

@@ -1,16 +1,17 @@
 //! DESIGN §3 status case 1 says "running **and reachable**": a pod that Kubernetes reports
 //! Running is not enough. Two things make a Running agentctl pod count as lost:
 //!
-//! - **`AgentUnreachable`** (kandev's "stale execution"): agentctl has not answered the
-//!   operator (its event journal read over exec, with serve's heartbeats while a prompt runs)
-//!   for the configured time, continuously.
+//! - **`AgentUnreachable`** (kandev's "stale execution"): the pod has not been `Ready` for the
+//!   configured time, continuously. Its kubelet decides `Ready` with the pod's readiness probe
+//!   (`agentctl events --once`, which serve answers over its socket), so knowing costs the
+//!   operator no exec and no API request: the pod watch brings it.
 //! - **`NodeLost`**: the pod's node is gone, or has not been Ready for the configured grace
 //!   period, so its kubelet may never confirm that the pod stopped.
 //!
 //! Either way the operator first writes the status that explains it, then deletes the pod (a
 //! lost node's pod with grace period 0: its kubelet cannot confirm anything); the session is
 //! lost only once the pod is gone, so two agentctls never share the workspace. Pure: the
-//! reconciler gathers [`ReachFacts`] from its follower and node caches, [`judge`] decides.
+//! reconciler gathers [`ReachFacts`] from its pod and node caches, [`judge`] decides.
 
 use std::time::Duration;
 
@@ -73,11 +74,9 @@ pub struct ReachFacts {
     /// The pod's name and node, for the messages.
     pub pod: String,
     pub node_name: String,
-    /// Since when agentctl has failed every contact (`None`: its last contact answered, or
-    /// none was tried yet).
-    pub unanswered_since: Option<Timestamp>,
-    /// When agentctl last answered a contact (`None`: not in this operator run).
-    pub answered_at: Option<Timestamp>,
+    /// Since when the pod has not been `Ready` ([`not_ready_since`]; `None`: it is Ready, or
+    /// nothing is known).
+    pub not_ready_since: Option<Timestamp>,
     /// `None`: unreachable agents are never declared lost.
     pub unreachable_after: Option<Duration>,
     pub node: NodeHealth,
@@ -138,13 +137,13 @@ pub fn judge(facts: &ReachFacts, now: Timestamp) -> Reach {
             suspect(grace - for_how_long);
         }
     }
-    if let (Some(limit), Some(since)) = (facts.unreachable_after, facts.unanswered_since) {
+    if let (Some(limit), Some(since)) = (facts.unreachable_after, facts.not_ready_since) {
         let silent = elapsed(Some(since));
         if silent >= limit {
             return Reach::Lost {
                 cause: LossCause::AgentUnreachable,
                 message: format!(
-                    "agentctl in pod {} has answered none of the operator's contacts since {since} (limit {}): the pod counts as lost and is deleted",
+                    "pod {} has not been Ready since {since} (its readiness probe, agentctl events --once, gets no answer from agentctl; limit {}): the pod counts as lost and is deleted",
                     facts.pod,
                     secs(limit)
                 ),
@@ -162,30 +161,39 @@ pub fn judge(facts: &ReachFacts, now: Timestamp) -> Reach {
 /// and reachable").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunningRequest {
-    /// agentctl answered since the request was first seen, or unreachable agents are not
-    /// looked for: the request is handled as "already running".
+    /// The pod is Ready (or unreachable agents are not looked for) and its node is not in doubt:
+    /// the request is handled as "already running".
     AlreadyRunning,
-    /// agentctl has not answered lately: contact it now and answer the request once it did
-    /// (or did not).
-    Probe,
     /// The pod is suspect or counts as lost: the request waits, unhandled, until the pod is
-    /// gone (then it resumes) or agentctl answers again.
+    /// gone (then it resumes) or it is Ready again.
     Wait,
 }
 
-/// Decides [`RunningRequest`] from what is known at `now` about a request first seen at `seen`.
-pub fn running_request(facts: &ReachFacts, now: Timestamp, seen: Timestamp) -> RunningRequest {
+/// Decides [`RunningRequest`] from what is known at `now`.
+pub fn running_request(facts: &ReachFacts, now: Timestamp) -> RunningRequest {
     match judge(facts, now) {
+        Reach::Reachable => RunningRequest::AlreadyRunning,
         Reach::Lost { .. } | Reach::Suspect { .. } => RunningRequest::Wait,
-        Reach::Reachable if facts.unreachable_after.is_none() => RunningRequest::AlreadyRunning,
-        Reach::Reachable => {
-            let fresh = facts.answered_at.is_some_and(|at| at >= seen);
-            if fresh {
-                RunningRequest::AlreadyRunning
-            } else {
-                RunningRequest::Probe
-            }
-        }
+    }
+}
+
+/// Since when `pod` has not been `Ready`, as its kubelet reports it: the `Ready` condition's
+/// last transition when its status is not `True`, but never before `seen_alive` (when the
+/// operator last had an answer from this pod's agentctl, e.g. its launch's restore: a probe's
+/// first success may come a period after that). `None`: Ready, or no `Ready` condition yet.
+pub fn not_ready_since(pod: &Pod, seen_alive: Option<Timestamp>) -> Option<Timestamp> {
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))?;
+    if ready.status == "True" {
+        return None;
+    }
+    let since = ready.last_transition_time.as_ref().map(|t| t.0);
+    match (since, seen_alive) {
+        (Some(since), Some(alive)) => Some(since.max(alive)),
+        (since, alive) => since.or(alive),
     }
 }
 
@@ -245,19 +253,18 @@ mod tests {
         Timestamp::from_second(secs).expect("timestamp")
     }
 
-    fn facts(unanswered: Option<i64>, node: NodeHealth) -> ReachFacts {
+    fn facts(not_ready: Option<i64>, node: NodeHealth) -> ReachFacts {
         ReachFacts {
             pod: "s-agent-1".into(),
             node_name: "n1".into(),
-            unanswered_since: unanswered.map(at),
-            answered_at: None,
+            not_ready_since: not_ready.map(at),
             unreachable_after: Some(Duration::from_secs(60)),
             node,
             node_lost_after: Some(Duration::from_secs(30)),
         }
     }
 
-    /// (unanswered since, node, now) → Ok(lost cause) | Err(recheck; zero: reachable)
+    /// (not Ready since, node, now) → Ok(lost cause) | Err(recheck; zero: reachable)
     type Row = (Option<i64>, NodeHealth, i64, Result<LossCause, Duration>);
 
     #[test]
@@ -275,7 +282,7 @@ mod tests {
             // Healthy, or nothing known.
             (None, NodeHealth::Ready, 1000, suspect(0)),
             (None, NodeHealth::Unknown, 1000, suspect(0)),
-            // agentctl silent: suspect until the limit, lost from it on.
+            // Not Ready: suspect until the limit, lost from it on.
             (Some(100), NodeHealth::Ready, 130, suspect(30)),
             (Some(100), NodeHealth::Ready, 159, suspect(1)),
             (Some(100), NodeHealth::Ready, 160, Ok(AgentUnreachable)),
@@ -295,9 +302,9 @@ mod tests {
             (None, missing(Some(100)), 131, Ok(NodeLost)),
             (None, missing(None), 10_000, suspect(30)),
         ];
-        for (unanswered, node, now, expected) in table {
-            let got = judge(&facts(*unanswered, *node), at(*now));
-            let row = format!("{unanswered:?} {node:?} at {now}");
+        for (not_ready, node, now, expected) in table {
+            let got = judge(&facts(*not_ready, *node), at(*now));
+            let row = format!("{not_ready:?} {node:?} at {now}");
             match (expected, &got) {
                 (Ok(cause), Reach::Lost { cause: c, message }) => {
                     assert_eq!(c, cause, "{row}");
@@ -310,46 +317,76 @@ mod tests {
         }
     }
 
-    /// (answered at, unanswered since, node, unreachable limit on, now, answer); the request
-    /// was first seen at 80.
-    type RequestRow = (
-        Option<i64>,
-        Option<i64>,
-        NodeHealth,
-        bool,
-        i64,
-        RunningRequest,
-    );
+    /// (not Ready since, node, unreachable limit on, now, answer)
+    type RequestRow = (Option<i64>, NodeHealth, bool, i64, RunningRequest);
 
     #[test]
     fn a_resume_request_on_a_running_pod_table() {
-        use RunningRequest::{AlreadyRunning, Probe, Wait};
+        use RunningRequest::{AlreadyRunning, Wait};
         #[rustfmt::skip]
         let table: &[RequestRow] = &[
-            // Answered since the request came: already running.
-            (Some(90), None, NodeHealth::Ready, true, 100, AlreadyRunning),
-            (Some(80), None, NodeHealth::Ready, true, 100, AlreadyRunning),
-            // Not since, or never in this operator run: ask it first.
-            (Some(79), None, NodeHealth::Ready, true, 100, Probe),
-            (None, None, NodeHealth::Unknown, true, 100, Probe),
-            // It does not answer, or its node is in doubt: wait for the verdict.
-            (Some(10), Some(95), NodeHealth::Ready, true, 100, Wait),
-            (Some(10), Some(20), NodeHealth::Ready, true, 100, Wait),
-            (Some(99), None, NodeHealth::NotReady { since: Some(at(95)) }, true, 100, Wait),
-            // Unreachable agents not looked for: the old answer, unless the node is lost.
-            (None, Some(0), NodeHealth::Ready, false, 100, AlreadyRunning),
-            (None, None, NodeHealth::Missing { scheduled: Some(at(0)) }, false, 100, Wait),
+            // Ready, or nothing known: already running.
+            (None, NodeHealth::Ready, true, 100, AlreadyRunning),
+            (None, NodeHealth::Unknown, true, 100, AlreadyRunning),
+            // Not Ready, or its node in doubt: wait for the verdict.
+            (Some(95), NodeHealth::Ready, true, 100, Wait),
+            (Some(20), NodeHealth::Ready, true, 100, Wait),
+            (None, NodeHealth::NotReady { since: Some(at(95)) }, true, 100, Wait),
+            // Unreachable agents not looked for: running, unless the node is lost.
+            (Some(0), NodeHealth::Ready, false, 100, AlreadyRunning),
+            (None, NodeHealth::Missing { scheduled: Some(at(0)) }, false, 100, Wait),
         ];
-        for (answered, unanswered, node, limit, now, expected) in table {
-            let mut f = facts(*unanswered, *node);
-            f.answered_at = answered.map(at);
+        for (not_ready, node, limit, now, expected) in table {
+            let mut f = facts(*not_ready, *node);
             if !limit {
                 f.unreachable_after = None;
             }
             assert_eq!(
-                running_request(&f, at(*now), at(80)),
+                running_request(&f, at(*now)),
                 *expected,
-                "{answered:?} {unanswered:?} {node:?} {limit} at {now}"
+                "{not_ready:?} {node:?} {limit} at {now}"
+            );
+        }
+    }
+
+    fn pod_ready(ready: Option<(&str, Option<i64>)>) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                conditions: ready.map(|(status, since)| {
+                    vec![PodCondition {
+                        type_: "Ready".into(),
+                        status: status.into(),
+                        last_transition_time: since.map(|s| Time(at(s))),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn not_ready_since_from_the_ready_condition() {
+        type Row<'a> = (Option<(&'a str, Option<i64>)>, Option<i64>, Option<i64>);
+        #[rustfmt::skip]
+        let table: &[Row] = &[
+            // (Ready condition, seen alive, not Ready since)
+            (Some(("True", Some(5))), Some(50), None),
+            (None, Some(50), None),
+            (Some(("False", Some(5))), None, Some(5)),
+            (Some(("Unknown", Some(5))), None, Some(5)),
+            // Not before the operator's own answer from agentctl (a launch's restore).
+            (Some(("False", Some(5))), Some(50), Some(50)),
+            (Some(("False", Some(60))), Some(50), Some(60)),
+            (Some(("False", None)), Some(50), Some(50)),
+            (Some(("False", None)), None, None),
+        ];
+        for (ready, alive, expected) in table {
+            assert_eq!(
+                not_ready_since(&pod_ready(*ready), alive.map(at)),
+                expected.map(at),
+                "{ready:?} {alive:?}"
             );
         }
     }
@@ -368,9 +405,8 @@ mod tests {
             panic!("lost");
         };
         assert!(
-            message.contains(
-                "none of the operator's contacts since 1970-01-01T00:00:00Z (limit 1m0s)"
-            ),
+            message.contains("has not been Ready since 1970-01-01T00:00:00Z")
+                && message.contains("limit 1m0s"),
             "{message}"
         );
         let Reach::Lost { message, .. } = judge(
