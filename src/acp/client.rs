@@ -33,8 +33,9 @@ use crate::jsonrpc::method;
 pub struct AcpTimeouts {
     /// `initialize`: claude-agent-acp needs about a second to boot node and answer.
     pub initialize: Duration,
-    /// Each of `session/new`, `session/load`, `session/resume`. A load replays the whole
-    /// transcript before answering, so this is generous.
+    /// The whole restore (`session/resume`, then `session/load`, then `session/new`, as far as
+    /// it goes): each call gets what the earlier ones left. A load replays the whole transcript
+    /// before answering, so this is generous.
     pub session: Duration,
     /// `session/prompt`: `None` = no limit, since a turn may legitimately run for hours.
     pub prompt: Option<Duration>,
@@ -495,6 +496,15 @@ pub(super) mod tests {
     pub(crate) fn scripted_agent(
         script: impl Fn(&str, &Value, &Value) -> Vec<String> + Send + 'static,
     ) -> AcpClient {
+        slow_scripted_agent(move |method, id, params| {
+            (std::time::Duration::ZERO, script(method, id, params))
+        })
+    }
+
+    /// [`scripted_agent`] whose script also says how long the agent thinks before it answers.
+    pub(crate) fn slow_scripted_agent(
+        script: impl Fn(&str, &Value, &Value) -> (std::time::Duration, Vec<String>) + Send + 'static,
+    ) -> AcpClient {
         let (client_read, mut agent_write) = duplex(64 * 1024);
         let (agent_read, client_write) = duplex(64 * 1024);
         tokio::spawn(async move {
@@ -502,7 +512,9 @@ pub(super) mod tests {
             while let Ok(Some(line)) = lines.next_line().await {
                 let message: Value = serde_json::from_str(&line).expect("client sends JSON");
                 let method = message["method"].as_str().unwrap_or_default().to_owned();
-                for out in script(&method, &message["id"], &message["params"]) {
+                let (delay, answer) = script(&method, &message["id"], &message["params"]);
+                tokio::time::sleep(delay).await;
+                for out in answer {
                     agent_write.write_all(out.as_bytes()).await.expect("write");
                     agent_write.write_all(b"\n").await.expect("write");
                 }

@@ -7,6 +7,8 @@
 
 use std::path::Path;
 
+use tokio::time::Instant;
+
 use tracing::Instrument;
 
 use crate::api::bounds::{MESSAGE_MAX, cap};
@@ -86,6 +88,8 @@ impl AcpClient {
             };
         }
         let capabilities = self.restore_capabilities();
+        // One deadline for the whole restore: each step gets what the earlier ones left.
+        let deadline = Instant::now() + timeouts.session;
         // The user's explicit fresh start ignores the token; it is not deleted (DESIGN §3).
         let candidate = if fresh_requested { None } else { saved };
         let mut step = select_restore_method(capabilities, profile_native_resume, candidate);
@@ -93,14 +97,15 @@ impl AcpClient {
         let mut history: Vec<String> = Vec::new();
         loop {
             let method = step.method();
+            let left = deadline.saturating_duration_since(Instant::now());
             let attempt = match &step {
                 RestorePlan::Resume(id) => self
-                    .resume_session_within(id, cwd, timeouts.session)
+                    .resume_session_within(id, cwd, left)
                     .instrument(tracing::info_span!("acp.session.resume", session_id = %id))
                     .await
                     .map(|()| id.clone()),
                 RestorePlan::Load(id) => self
-                    .load_session_within(id, cwd, timeouts.session)
+                    .load_session_within(id, cwd, left)
                     .instrument(tracing::info_span!("acp.session.load", session_id = %id))
                     .await
                     .map(|replayed| {
@@ -112,7 +117,7 @@ impl AcpClient {
                         id.clone()
                     }),
                 RestorePlan::New { why } => {
-                    self.new_session_within(cwd, timeouts.session)
+                    self.new_session_within(cwd, left)
                         .instrument(tracing::info_span!("acp.session.new", why = why.as_str()))
                         .await
                 }
@@ -127,11 +132,7 @@ impl AcpClient {
                 Err(error) => error.into_failure(),
             };
             let class = classify_restore_error(&failure);
-            let what = format!(
-                "{} {}",
-                method.method_name(),
-                failure.describe(Some(timeouts.session))
-            );
+            let what = format!("{} {}", method.method_name(), failure.describe(Some(left)));
             tracing::warn!(method = method.method_name(), %class, "{what}");
             let next = next_step_after_failure(method, &class, capabilities);
             step = match (step, next) {
@@ -195,7 +196,7 @@ mod tests {
 
     use super::*;
     use crate::acp::AcpLimits;
-    use crate::acp::client::tests::{ok, scripted_agent};
+    use crate::acp::client::tests::{ok, scripted_agent, slow_scripted_agent};
     use crate::jsonrpc::AgentLimit;
     use pretty_assertions::assert_eq;
     use serde_json::json;
@@ -267,6 +268,56 @@ mod tests {
             );
             assert!(client.is_closed());
         }
+    }
+
+    /// The restore has one deadline: a `session/resume` that takes 1.5 s of a 2 s restore to
+    /// say it is not supported leaves 0.5 s to `session/load`, not another 2 s.
+    #[tokio::test(start_paused = true)]
+    async fn each_step_gets_what_the_earlier_ones_left_of_one_deadline() {
+        let mut client = slow_scripted_agent(|method, id, _| match method {
+            "initialize" => (
+                Duration::ZERO,
+                vec![ok(
+                    id,
+                    json!({"protocolVersion": 1, "agentCapabilities": {
+                        "loadSession": true, "sessionCapabilities": {"resume": {}}}}),
+                )],
+            ),
+            "session/resume" => (
+                Duration::from_millis(1500),
+                vec![
+                    json!({"jsonrpc": "2.0", "id": id,
+                    "error": {"code": -32601, "message": "Method not found"}})
+                    .to_string(),
+                ],
+            ),
+            // session/load: thinks for longer than anyone waits.
+            _ => (Duration::from_secs(3600), vec![]),
+        });
+        let started = tokio::time::Instant::now();
+        let outcome = client
+            .restore(
+                Some("tok"),
+                Path::new("/w"),
+                NativeSessionResume::Auto,
+                false,
+                AcpTimeouts::uniform(Duration::from_secs(2)),
+            )
+            .await;
+        assert_eq!(started.elapsed(), Duration::from_secs(2), "{outcome:?}");
+        let RestoreOutcome::Failed {
+            class,
+            token_kept,
+            reason,
+            ..
+        } = &outcome
+        else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!(*class, RestoreErrorClass::Timeout);
+        assert!(*token_kept);
+        assert!(reason.contains("session/load"), "{reason}");
+        assert!(reason.contains("500ms"), "{reason}");
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ use kandev_operator::controller::leader::{self, LeaseSettings};
 use kandev_operator::controller::metrics_access::MetricsAuth;
 use kandev_operator::controller::pods::{self, Cidr, NetworkRules, PodSettings, ScratchLimits};
 use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
+use kandev_operator::resume::defaults;
 use kandev_operator::telemetry::{self, LogSettings};
 use tokio::time::Instant;
 
@@ -147,11 +148,12 @@ struct RunArgs {
     #[arg(long, default_value_t = 60)]
     resync_seconds: u64,
     /// Timeout of opening the exec into an agent pod and of the ACP `initialize` call, in seconds.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = defaults::ACP_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     acp_timeout_seconds: u64,
-    /// Timeout of the ACP restore (`session/resume`, `session/load` — which replays the whole
-    /// transcript before it answers — or `session/new`), in seconds.
-    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Timeout of the whole ACP restore, in seconds: `session/resume`, then `session/load`
+    /// (which replays the whole transcript before it answers), then `session/new`, as far as the
+    /// rules go; each call gets what the earlier ones left.
+    #[arg(long, default_value_t = defaults::RESTORE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     acp_restore_timeout_seconds: u64,
     /// Longest line an agent may write while a session/load replays its transcript, in MiB
     /// (every other line: 1 MiB). An agent that writes a longer line is cut off and the restore
@@ -172,7 +174,7 @@ struct RunArgs {
     /// Seconds from creating an agent pod to agentctl answering in it, at most; then the launch
     /// is stalled with the pod's reason (image pull, missing Secret, unschedulable, …), the pod
     /// is removed and a resume keeps its token.
-    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = defaults::LAUNCH_DEADLINE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     launch_deadline_seconds: u64,
     /// Seconds a session that ends Completed (spec.end) lets a running prompt finish before the
     /// prompt is cancelled and the agent stopped.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
@@ -591,12 +592,21 @@ fn readiness_probe() -> Probe {
         exec: Some(ExecAction {
             command: Some(["agentctl", "events", "--once"].map(String::from).to_vec()),
         }),
-        period_seconds: Some(10),
-        timeout_seconds: Some(5),
-        failure_threshold: Some(3),
+        period_seconds: Some(PROBE_PERIOD_SECONDS),
+        timeout_seconds: Some(PROBE_TIMEOUT_SECONDS),
+        failure_threshold: Some(PROBE_FAILURES),
         ..Default::default()
     }
 }
+
+const PROBE_PERIOD_SECONDS: i32 = 10;
+const PROBE_TIMEOUT_SECONDS: i32 = 5;
+const PROBE_FAILURES: i32 = 3;
+
+/// How long after agentctl stops answering its pod is not Ready, at most: the readiness probe's
+/// failures in a row, each a period apart, the last one after its timeout.
+pub const NOT_READY_WITHIN: Duration =
+    Duration::from_secs((PROBE_PERIOD_SECONDS * PROBE_FAILURES + PROBE_TIMEOUT_SECONDS) as u64);
 
 fn sized_empty_dir(limit: &Quantity) -> EmptyDirVolumeSource {
     EmptyDirVolumeSource {

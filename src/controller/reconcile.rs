@@ -39,6 +39,7 @@ use crate::api::{
     PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionEnd, SessionState,
     TaskSession, TaskSessionStatus, TaskState, WorkspaceRetention, WorktreeStatus,
 };
+use crate::resume::defaults::launch_within;
 use crate::resume::{
     EndFacts, EndStep, InitialPrompt, LaunchFacts, LaunchStall, LaunchStep, Metric, NextAction,
     NodeHealth, PodLiveness, RECHECK, ReachFacts, RequestAnswer, Requeue, RestoreErrorClass,
@@ -147,8 +148,8 @@ pub struct OperatorSettings {
     pub resync: Duration,
     /// Timeout of opening the exec into an agent pod and of `initialize`.
     pub acp_timeout: Duration,
-    /// Timeout of `session/new`, `session/load` and `session/resume` (a load replays the whole
-    /// transcript before it answers).
+    /// Timeout of the whole restore, `session/resume` → `session/load` → `session/new` (a load
+    /// replays the whole transcript before it answers).
     pub restore_timeout: Duration,
     /// Memory bounds of each ACP connection (lines, replay budget).
     pub acp_limits: AcpLimits,
@@ -186,10 +187,10 @@ impl OperatorSettings {
     /// The longest a session may go on doing the same thing without being at rest, by this
     /// operator's own deadlines, each with two rechecks more; past it `kandev_sessions_overdue`
     /// counts the session, which is stuck:
-    /// - a new token on a running pod waits for agentctl's answer, or for the pod to count as
-    ///   lost (the longest reachability limit; at once where none is set);
+    /// - a new token on a running pod waits for the pod to be Ready again or to count as lost
+    ///   (the readiness probe's failures, then the longest reachability limit);
     /// - a launch waits for a previous pod's deletion and for its own pod's start (a launch
-    ///   deadline each), then the exec's opening, `initialize` and up to three restore calls;
+    ///   deadline each), then the exec's opening, `initialize` and the restore;
     /// - an end lets a `Completed` prompt finish, cancels it, and waits for the pod to go.
     pub fn deadlines(&self) -> Deadlines {
         let settle = RECHECK * 2;
@@ -199,10 +200,8 @@ impl OperatorSettings {
             .max()
             .unwrap_or_default();
         Deadlines {
-            requested: reach + self.acp_timeout + settle,
-            launching: self.launch_deadline * 2
-                + self.acp_timeout * 2
-                + self.restore_timeout * 3
+            requested: reach + pods::NOT_READY_WITHIN + settle,
+            launching: launch_within(self.launch_deadline, self.acp_timeout, self.restore_timeout)
                 + settle,
             ending: self.end_grace + self.acp_timeout + self.launch_deadline + settle,
         }

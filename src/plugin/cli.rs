@@ -184,8 +184,9 @@ pub struct ResumeArgs {
     pub wait: bool,
     /// How long --wait waits: 90s, 2m, 1m30s, 1h 30m, 500ms, 2 minutes, PT1M30S (ISO 8601) or
     /// a bare number of seconds. The default outlasts what the operator allows a resume with
-    /// its default settings (a 120 s launch deadline, 30 s for the exec and `initialize`, up to
-    /// three restore calls of 120 s). While waiting, where the session stands is printed on
+    /// its default settings (a 120 s launch deadline for an earlier pod to go and one for the
+    /// new pod to start, 30 s each for the exec and `initialize`, 120 s for the restore). While
+    /// waiting, where the session stands is printed on
     /// stderr at each change, and every 30 s.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -345,6 +346,29 @@ mod tests {
             let err = parse(&[verb, "demo", "-o", "jsonpath={.state"]).expect_err("bad");
             assert_eq!(err.exit_code(), 2);
             assert!(err.to_string().contains("unclosed"), "{err}");
+        }
+    }
+
+    /// The plugin's default waits outlast what the operator allows a resume with its default
+    /// settings ([`crate::resume::defaults`]), with a minute to spare for the watch and the
+    /// status write.
+    #[test]
+    fn default_waits_outlast_the_operators_own_deadlines() {
+        use crate::resume::defaults::{
+            ACP_TIMEOUT, LAUNCH_DEADLINE, RESTORE_TIMEOUT, launch_within,
+        };
+        let operator = launch_within(LAUNCH_DEADLINE, ACP_TIMEOUT, RESTORE_TIMEOUT);
+        let spare = Duration::from_secs(60);
+        for argv in [&["resume", "demo"][..], &["prompt", "demo", "hi"][..]] {
+            let timeout = match parse(argv).expect("parse").command {
+                Command::Resume(args) => args.timeout,
+                Command::Prompt(args) => args.timeout,
+                other => panic!("{other:?}"),
+            };
+            assert!(
+                timeout >= operator + spare,
+                "{argv:?}: {timeout:?} < {operator:?}"
+            );
         }
     }
 

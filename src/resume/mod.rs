@@ -27,6 +27,7 @@ pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,
     is_new_resume_request, remember_handled,
 };
+pub mod defaults;
 pub use launch::{LaunchFacts, LaunchStep, launch_step, previous_pod_alive};
 pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
