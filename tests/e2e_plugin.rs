@@ -14,8 +14,8 @@ use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{Sessions, assert_condition, executor_status_where};
 use e2e_support::support::process::Output;
 use e2e_support::{
-    PLUGIN, agentctl_exec, finish_plugin, kubeconfig_path, kubectl, plugin, poll_until, unique,
-    wait_for,
+    Frozen, PLUGIN, agentctl_exec, finish_plugin, kubeconfig_path, kubectl, plugin, poll_until,
+    unique, wait_for,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
@@ -413,11 +413,20 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
     drop(operator);
 }
 
-/// The pod dies while the agent works on the prompt (its first agent never answers): the
-/// plugin resumes the session once and sends the prompt again to the new pod's agent.
+/// How often `history` shows the user message `text`.
+async fn times_in_history(ns: &str, name: &str, text: &str) -> usize {
+    let run = plugin(&["history", name, "-n", ns]).await.expect_code(0);
+    let line = format!("[USER]: {text}");
+    run.stdout.lines().filter(|l| *l == line).count()
+}
+
+/// At most once: the pod dies while the agent works on the prompt (its first agent never
+/// answers). The prompt had reached the agent (agentctl journaled it with the plugin's prompt
+/// id), so the plugin resumes the session but does not send it again: exit 7, and the history
+/// holds the message once. During the turn the session is RUNNING with its task IN_PROGRESS.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
-async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
+async fn a_prompt_that_reached_the_agent_is_not_sent_again_when_the_pod_dies_mid_turn() {
     let sessions = setup().await;
     let ns = sessions.namespace.clone();
     let operator = start_operator();
@@ -427,25 +436,88 @@ async fn prompt_resumes_and_retries_once_when_the_pod_dies_mid_turn() {
             .create_with_task(&name, "plugin-hang-once", None)
             .await;
         let token = started(&sessions, &name).await;
+        let status = sessions.status(&name).await;
+        assert_eq!(status.task_state, TaskState::Review, "{status:#?}");
 
         let child = plugin_command(&["prompt", &name, "are you there", "-n", &ns])
             .spawn()
             .expect("start kubectl-kandev");
         // The prompt reached the agent (agentctl events → RUNNING); then the pod goes.
         sessions.wait_state(&name, SessionState::Running).await;
+        let status = sessions.status(&name).await;
+        assert_eq!(status.task_state, TaskState::InProgress, "{status:#?}");
         lose_pod(&sessions, &name).await;
         let run = finish_plugin(child, "kubectl-kandev prompt (pod deleted mid-turn)")
             .await
-            .expect_code(0);
-        assert_eq!(run.stdout, "echo: are you there\n");
+            .expect_code(7);
+        assert_eq!(
+            run.stdout, "",
+            "no second answer: the prompt was not sent again"
+        );
         assert_prints(
             &run.stderr,
-            &["vanished", "resumed (restored)", "[stop reason: end_turn]"],
+            &[
+                "vanished after the prompt was sent",
+                "resumed (restored)",
+                "the agent received the prompt",
+                "not sent again",
+                &format!("kubectl kandev history {name} -n {ns}"),
+            ],
         );
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
         );
+        let status = sessions.status(&name).await;
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_eq!(status.task_state, TaskState::Review, "{status:#?}");
+        assert_eq!(times_in_history(&ns, &name, "are you there").await, 1);
+    };
+    sessions.run(body).await;
+    drop(operator);
+}
+
+/// The pod dies before the prompt reached the agent (its agentctl is frozen while the plugin
+/// connects, then the pod is deleted): the plugin resumes the session and sends the prompt
+/// once; the history holds it once.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_prompt_whose_pod_dies_before_delivery_is_sent_once_after_the_resume() {
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
+    let name = unique("undelivered");
+    let body = async {
+        sessions.create_with_task(&name, "plugin-echo", None).await;
+        let token = started(&sessions, &name).await;
+        let pod = sessions.the_pod(&name).await;
+
+        let frozen = Frozen::agentctl_of(&pod);
+        let child = plugin_command(&["prompt", &name, "hello again", "-n", &ns])
+            .spawn()
+            .expect("start kubectl-kandev");
+        // The plugin's exec is open and its initialize unanswered; then the pod goes, and its
+        // frozen agentctl with it (the kubelet's part: kwok drops the pod object at once).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        sessions.delete_pod(&pod).await;
+        drop(frozen);
+        let run = finish_plugin(child, "kubectl-kandev prompt (pod deleted before delivery)")
+            .await
+            .expect_code(0);
+        assert_eq!(run.stdout, "echo: hello again\n");
+        assert_prints(
+            &run.stderr,
+            &[
+                "vanished before the prompt was sent",
+                "resumed (restored)",
+                "[stop reason: end_turn]",
+            ],
+        );
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
+        assert_eq!(times_in_history(&ns, &name, "hello again").await, 1);
     };
     sessions.run(body).await;
     drop(operator);

@@ -15,7 +15,7 @@ use e2e_support::sessions::{
     Sessions, assert_condition, condition, condition_is, has_condition, status_where,
 };
 use e2e_support::support::process::run_with_stdin;
-use e2e_support::{harness_pid, kubectl, poll_until, unique, wait_for};
+use e2e_support::{Frozen, kubectl, poll_until, unique, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kandev_operator::api::conditions;
 use kandev_operator::api::{SessionState, TaskSession};
@@ -128,40 +128,6 @@ async fn wait_not_ready(sessions: &Sessions, pod: &Pod) {
         },
     )
     .await;
-}
-
-/// A process frozen by the test; SIGKILLed when the guard goes (also on panic), so that nothing
-/// stopped outlives the test.
-struct Frozen(i32);
-
-impl Frozen {
-    /// Freezes the process the harness plays `pod` with (agentctl serve).
-    #[allow(unsafe_code)]
-    fn agentctl_of(pod: &Pod) -> Self {
-        let pid = harness_pid(pod).expect("the harness's pid annotation") as i32;
-        // SAFETY: kill(2) with a pid the harness started for this test's pod.
-        let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
-        assert_eq!(rc, 0, "SIGSTOP {pid}");
-        Self(pid)
-    }
-
-    fn gone(&self) -> bool {
-        // A reaped process has no /proc entry; a zombie's state is Z.
-        std::fs::read_to_string(format!("/proc/{}/stat", self.0))
-            .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
-    }
-}
-
-impl Drop for Frozen {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        if !self.gone() {
-            // SAFETY: as above.
-            unsafe {
-                libc::kill(self.0, libc::SIGKILL);
-            }
-        }
-    }
 }
 
 #[tokio::test]

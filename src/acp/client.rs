@@ -24,7 +24,7 @@ use crate::resume::AgentRestoreCapabilities;
 
 use super::rpc::{Replayed, RpcConnection};
 use super::updates::SessionUpdateEvent;
-use super::{AcpError, LAUNCH_META, SESSION_CONFIG_META};
+use super::{AcpError, LAUNCH_META, PROMPT_ID_META, SESSION_CONFIG_META};
 use crate::jsonrpc::method;
 
 /// Per-call deadlines. Every restore step has one because an agent that never answers must not
@@ -102,6 +102,8 @@ pub struct AcpClient {
     launch: Option<String>,
     /// The saved session configuration a restore carries ([`SESSION_CONFIG_META`]).
     saved_config: Option<SessionConfigState>,
+    /// The id the next `session/prompt` carries ([`PROMPT_ID_META`]).
+    prompt_id: Option<String>,
 }
 
 impl AcpClient {
@@ -117,6 +119,7 @@ impl AcpClient {
             timeouts: AcpTimeouts::default(),
             launch: None,
             saved_config: None,
+            prompt_id: None,
         }
     }
 
@@ -143,6 +146,12 @@ impl AcpClient {
     /// so that agentctl carries out each of them once per launch.
     pub fn set_launch(&mut self, launch: &str) {
         self.launch = Some(launch.to_owned());
+    }
+
+    /// Tags the `session/prompt` requests that follow with `id` ([`PROMPT_ID_META`]): agentctl
+    /// journals it with `prompt_started` before the agent gets the prompt.
+    pub fn set_prompt_id(&mut self, id: &str) {
+        self.prompt_id = Some(id.to_owned());
     }
 
     /// Sends `config` with the `session/load` and `session/resume` that follow
@@ -184,6 +193,9 @@ impl AcpClient {
             (&self.saved_config, method)
         {
             meta.insert(SESSION_CONFIG_META.to_owned(), serde_json::json!(config));
+        }
+        if let (Some(id), method::SESSION_PROMPT) = (&self.prompt_id, method) {
+            meta.insert(PROMPT_ID_META.to_owned(), serde_json::json!(id));
         }
         if let (false, Some(object)) = (meta.is_empty(), params.as_object_mut())
             && let Some(existing) = object

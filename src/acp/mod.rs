@@ -39,6 +39,12 @@ use crate::jsonrpc::CallFailure;
 /// sends at most one prompt per launch: the agent sees each launch's restore once.
 pub const LAUNCH_META: &str = "kandev.dev/launch";
 
+/// Key in the `_meta` of a `session/prompt` request with the client's id of that prompt:
+/// agentctl journals it with `prompt_started` (before the agent gets the prompt) and drops the
+/// key, so that a client whose connection broke can tell whether the agent received it.
+/// `kubectl kandev prompt` sets it.
+pub const PROMPT_ID_META: &str = "kandev.dev/prompt-id";
+
 /// Key in the `_meta` of `session/load|resume` requests with the session's saved mode, model
 /// and config options (ExecutorRunning `status.sessionConfig`): agentctl sets back what the
 /// restored session reports differently, then drops the key (the agent never sees it).

@@ -41,10 +41,7 @@ pub enum Event {
         last_message_id: Option<String>,
     },
     /// A successful `session/new`, `session/load` or `session/resume`.
-    SessionCreated {
-        session_id: String,
-        method: String,
-    },
+    SessionCreated { session_id: String, method: String },
     /// The session's mode, model and config options changed (a session setup answer, a
     /// `session/update`, or a value set back after a restore).
     SessionConfig {
@@ -59,6 +56,9 @@ pub enum Event {
     },
     PromptStarted {
         session_id: String,
+        /// The client's id of the prompt ([`crate::acp::PROMPT_ID_META`]), when it gave one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt_id: Option<String>,
     },
     PromptFinished {
         session_id: String,
@@ -78,9 +78,7 @@ pub enum Event {
     Heartbeat,
     /// The journal no longer holds every entry after the subscriber's cursor `since`: what
     /// follows the replay's snapshot is the state to rely on. Written without a timestamp.
-    JournalGap {
-        since: u64,
-    },
+    JournalGap { since: u64 },
     /// A kind this version does not know (from a newer agentctl): read, and ignored.
     #[serde(other, skip_serializing)]
     Other,
@@ -195,7 +193,7 @@ mod tests {
             ),
             (
                 r#"{"event":"prompt_started","sessionId":"s1","timestamp":"T"}"#,
-                Event::PromptStarted { session_id: "s1".into() },
+                Event::PromptStarted { session_id: "s1".into(), prompt_id: None },
             ),
             (
                 r#"{"event":"prompt_finished","sessionId":"s","stopReason":"end_turn","timestamp":"T","lastMessageId":"m-4"}"#,
@@ -257,7 +255,7 @@ mod tests {
             // A journal entry: its seq is read, launch and pod are not.
             (
                 r#"{"event":"prompt_started","sessionId":"s1","timestamp":"T","seq":6,"launch":"r1","pod":"p-1"}"#,
-                Some(EventLine { seq: Some(6), event: Event::PromptStarted { session_id: "s1".into() } }),
+                Some(EventLine { seq: Some(6), event: Event::PromptStarted { session_id: "s1".into(), prompt_id: None } }),
             ),
             (
                 r#"{"event":"session_created","sessionId":"s1","method":"session/load","somethingNew":{"a":1}}"#,

@@ -191,6 +191,7 @@ mod tests {
     fn started() -> Event {
         Event::PromptStarted {
             session_id: "s1".into(),
+            prompt_id: None,
         }
     }
 

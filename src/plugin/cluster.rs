@@ -432,7 +432,7 @@ pub fn resume_patch(token: &str, fresh: bool, current_fresh: Option<&str>) -> Va
     json!({"metadata": {"annotations": annotations}})
 }
 
-fn new_token() -> String {
+pub(super) fn new_token() -> String {
     use std::hash::{BuildHasher, Hasher};
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

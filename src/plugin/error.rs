@@ -20,6 +20,9 @@ pub enum ExitCode {
     Timeout = 5,
     /// The cluster is unreachable, the kubeconfig is unusable, or the API refused a call.
     Cluster = 6,
+    /// `prompt`: the agent's pod was lost after the prompt was sent, and the prompt may have
+    /// reached the agent: the session was resumed, the prompt not sent again.
+    NotResent = 7,
 }
 
 impl ExitCode {
@@ -38,7 +41,9 @@ Exit codes:
   4  not resumable: a terminal session (COMPLETED, CANCELLED, FAILED without a resumable
      executor), or no running agent pod where one is needed (history)
   5  timed out (--timeout) waiting for the operator or the agent
-  6  cluster unreachable, kubeconfig unusable, or an API error";
+  6  cluster unreachable, kubeconfig unusable, or an API error
+  7  prompt: the agent's pod was lost after the prompt was sent and the agent may have received
+     it; the session was resumed and the prompt not sent again (see kubectl kandev history)";
 
 /// Everything that can end a plugin command early. Each variant names what was being done, so
 /// the one line printed on stderr is enough to act on.
@@ -97,6 +102,15 @@ pub enum PluginError {
     },
     #[error("interrupted; {0}")]
     Interrupted(String),
+    #[error(
+        "prompt to tasksession {name:?}: the agent's pod {pod} was lost before the turn ended, and {what}; the prompt was not sent again (at most once). The session was resumed: see how far the agent got with kubectl kandev history {name} -n {namespace}"
+    )]
+    NotResent {
+        name: String,
+        namespace: String,
+        pod: String,
+        what: String,
+    },
 }
 
 /// An error and its causes, `a: b: c`, each said once: a client error alone ("client error
@@ -122,6 +136,7 @@ impl PluginError {
             Self::NotFound { .. } => ExitCode::NotFound,
             Self::NotResumable { .. } | Self::NoRunningPod { .. } => ExitCode::NotResumable,
             Self::Timeout { .. } => ExitCode::Timeout,
+            Self::NotResent { .. } => ExitCode::NotResent,
             Self::Kubeconfig { .. } | Self::Kube { .. } | Self::CrdMissing { .. } => {
                 ExitCode::Cluster
             }
@@ -323,6 +338,15 @@ mod tests {
                 1,
             ),
             (PluginError::Interrupted("i".into()), 1),
+            (
+                PluginError::NotResent {
+                    name: "x".into(),
+                    namespace: "y".into(),
+                    pod: "p".into(),
+                    what: "w".into(),
+                },
+                7,
+            ),
         ];
         for (error, code) in cases {
             assert_eq!(error.exit_code().code(), code, "{error}");

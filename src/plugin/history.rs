@@ -81,23 +81,27 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
         });
     };
     let action = format!("reading {} in pod {pod}", history_path(&name));
-    let (stdout, stderr, success, exit_code) =
-        match tokio::time::timeout(READ_TIMEOUT, read(cluster, &pod, &name)).await {
-            Ok(result) => result.map_err(|e| match e {
-                ReadError::Kube(source) => cluster.kube_error(action.clone(), source),
-                ReadError::Io(source) => PluginError::Io {
-                    context: action.clone(),
-                    source,
-                },
-            })?,
-            Err(_) => {
-                return Err(PluginError::Timeout {
-                    what: action,
-                    waited: READ_TIMEOUT,
-                    last_seen: format!("pod {pod} did not finish the read"),
-                });
-            }
-        };
+    let (stdout, stderr, success, exit_code) = match tokio::time::timeout(
+        READ_TIMEOUT,
+        exec_read(cluster, &pod, &history_command(&name)),
+    )
+    .await
+    {
+        Ok(result) => result.map_err(|e| match e {
+            ReadError::Kube(source) => cluster.kube_error(action.clone(), source),
+            ReadError::Io(source) => PluginError::Io {
+                context: action.clone(),
+                source,
+            },
+        })?,
+        Err(_) => {
+            return Err(PluginError::Timeout {
+                what: action,
+                waited: READ_TIMEOUT,
+                last_seen: format!("pod {pod} did not finish the read"),
+            });
+        }
+    };
     match read_outcome(success, exit_code, &String::from_utf8_lossy(&stderr)) {
         ReadOutcome::Printed => {}
         ReadOutcome::NoHistory => {
@@ -125,17 +129,22 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
     Ok(ExitCode::Ok)
 }
 
-enum ReadError {
+pub(super) enum ReadError {
     Kube(kube::Error),
     Io(std::io::Error),
 }
 
 /// What an exec'd command left: stdout, stderr, whether it exited with success, and its exit
 /// code when the transport reported one.
-type Exited = (Vec<u8>, Vec<u8>, bool, Option<i32>);
+pub(super) type Exited = (Vec<u8>, Vec<u8>, bool, Option<i32>);
 
-/// Execs `agentctl history` in the agentctl container.
-async fn read(cluster: &Cluster, pod: &str, session: &str) -> Result<Exited, ReadError> {
+/// Execs `command` (an agentctl subcommand that ends by itself) in the agentctl container and
+/// reads what it leaves.
+pub(super) async fn exec_read(
+    cluster: &Cluster,
+    pod: &str,
+    command: &[&str],
+) -> Result<Exited, ReadError> {
     let params = AttachParams::default()
         .container(CONTAINER)
         .stdin(false)
@@ -143,7 +152,7 @@ async fn read(cluster: &Cluster, pod: &str, session: &str) -> Result<Exited, Rea
         .stderr(true);
     let mut process = cluster
         .exec_pods()
-        .exec(pod, history_command(session), &params)
+        .exec(pod, command.iter().copied(), &params)
         .await
         .map_err(ReadError::Kube)?;
     let status = process.take_status();

@@ -2,22 +2,29 @@
 //! `kubectl exec <pod> -- agentctl connect` and stream its answer.
 //!
 //! Two halves: first the pure rules — when a prompt may be sent ([`prompt_readiness`]), what to
-//! do after a failed attempt ([`after_failure`]), which stop reasons succeed
-//! ([`stop_reason_succeeded`]), table-tested at the end of the file — then the command, which
-//! talks to the cluster and the agent.
+//! do after a failed attempt ([`after_failure`]), whether the agent received a prompt
+//! ([`prompt_received`]), which stop reasons succeed ([`stop_reason_succeeded`]), table-tested
+//! at the end of the file — then the command, which talks to the cluster and the agent.
+//!
+//! A prompt is delivered at most once. Each carries an id of this command's
+//! ([`crate::acp::PROMPT_ID_META`]), which agentctl journals with `prompt_started` on the
+//! workspace volume before the agent gets the prompt. After a pod lost mid-turn, the session is
+//! resumed and the new pod's journal read: only a prompt whose id is not there is sent again.
 
 use std::io::Write;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::cluster::{Cluster, Deadline};
+use super::cluster::{Cluster, Deadline, new_token};
 use super::error::{ExitCode, PluginError};
+use super::history::{ReadError, exec_read};
 use super::resume::{ResumePlan, interpret_outcome, plan_resume};
 use super::status::{Snapshot, liveness_name};
 use super::watch::SessionWatch;
 use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
+use crate::agentctl::events::{Event, EventLine};
 use crate::api::names::CONTAINER;
 use crate::api::{SessionState, TaskSessionStatus};
 use crate::jsonrpc::CallFailure;
@@ -79,17 +86,23 @@ pub enum AttemptStage {
 /// What to do after a failed prompt attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AfterFailure {
-    /// The executor vanished: request a resume, wait for the agent, send again.
+    /// The executor vanished before anything was sent: request a resume, wait for the agent,
+    /// send again.
     ResumeAndRetry,
+    /// The executor vanished after the prompt was sent: request a resume, wait for the agent,
+    /// and send again only if the journal proves that the agent never received it.
+    ResumeAndCheck,
     /// The pod still runs and nothing was sent: connect again.
     RetrySamePod,
     /// Stop and report.
     GiveUp,
 }
 
-/// DESIGN §4 "retries once if the executor vanished": one retry per command. A prompt already
-/// delivered to a still-running agent is never sent twice (the agent keeps working on it and
-/// the answer lands in the history); an error answer from the agent is final.
+/// DESIGN §4 "retries once if the executor vanished": one retry per command, and a prompt is
+/// never sent twice. A prompt already sent to a still-running agent is not sent again (the agent
+/// keeps working on it and the answer lands in the history); one sent to an agent whose pod
+/// vanished is sent again only once the journal shows it never arrived; an error answer from the
+/// agent is final.
 pub fn after_failure(
     stage: AttemptStage,
     stream_lost: bool,
@@ -100,10 +113,22 @@ pub fn after_failure(
         return AfterFailure::GiveUp;
     }
     match (stage, stream_lost, pod_lost) {
-        (_, _, true) => AfterFailure::ResumeAndRetry,
+        (AttemptStage::Connect, _, true) => AfterFailure::ResumeAndRetry,
+        (AttemptStage::Prompt, _, true) => AfterFailure::ResumeAndCheck,
         (AttemptStage::Connect, _, false) => AfterFailure::RetrySamePod,
         (AttemptStage::Prompt, _, false) => AfterFailure::GiveUp,
     }
+}
+
+/// Whether agentctl's journal (`agentctl events` lines) shows that prompt `id` reached the agent:
+/// a `prompt_started` entry with that id. Lines that are not events are skipped.
+pub fn prompt_received(journal: &str, id: &str) -> bool {
+    journal
+        .lines()
+        .filter_map(|line| serde_json::from_str::<EventLine>(line).ok())
+        .any(
+            |line| matches!(line.event, Event::PromptStarted { prompt_id: Some(p), .. } if p == id),
+        )
 }
 
 /// The exit code of a finished turn, from its ACP `stopReason`: the turn ran to its end
@@ -126,11 +151,13 @@ const LOSS_GRACE_AFTER_CONNECT: Duration = Duration::from_secs(3);
 /// Resume requests one `prompt` may make while getting the session ready.
 const MAX_REQUESTS: usize = 2;
 
-/// A session ready for a prompt: its running pod and the agent's ACP session id.
+/// A session ready for a prompt: its running pod, the agent's ACP session id, and the journal
+/// cursor of its ExecutorRunning (entries after it are newer than this readiness).
 struct Ready {
     pod: String,
     pod_uid: Option<String>,
     session_id: String,
+    cursor: u64,
 }
 
 /// How one attempt ended.
@@ -152,11 +179,36 @@ pub async fn prompt(
     text: &str,
     timeout: Duration,
 ) -> Result<ExitCode, PluginError> {
+    let prompt_id = new_token();
     let mut retried = false;
+    // The pod a sent prompt was lost with, and the journal cursor before it was sent.
+    let mut lost_with: Option<(String, u64)> = None;
     let mut printer = Printer::default();
     loop {
         let ready = ensure_ready(cluster, name, Deadline::after(timeout)).await?;
-        let failure = match attempt(cluster, name, &ready, text, &mut printer).await {
+        if let Some((pod, cursor)) = lost_with.take() {
+            let what = match delivery(cluster, &ready.pod, &prompt_id, cursor).await {
+                Ok(false) => None,
+                Ok(true) => Some(format!(
+                    "agentctl's journal shows that the agent received the prompt (prompt_started, id {prompt_id})"
+                )),
+                Err(reason) => Some(format!(
+                    "whether the agent received the prompt cannot be told ({reason})"
+                )),
+            };
+            if let Some(what) = what {
+                return Err(PluginError::NotResent {
+                    name: name.to_string(),
+                    namespace: cluster.namespace.clone(),
+                    pod,
+                    what,
+                });
+            }
+            eprintln!(
+                "kubectl-kandev: agentctl's journal shows that the prompt never reached the agent in pod {pod}; sending it once more"
+            );
+        }
+        let failure = match attempt(cluster, name, &ready, text, &prompt_id, &mut printer).await {
             Attempt::Done { stop_reason } => {
                 printer.finish();
                 eprintln!("[stop reason: {stop_reason}]");
@@ -186,9 +238,16 @@ pub async fn prompt(
         let pod_lost = pod_lost_within(cluster, name, &ready, grace).await?;
         match after_failure(failure.stage, failure.stream_lost, pod_lost, retried) {
             AfterFailure::ResumeAndRetry => eprintln!(
-                "kubectl-kandev: the agent's pod {} vanished ({}); resuming the session and sending the prompt once more",
+                "kubectl-kandev: the agent's pod {} vanished before the prompt was sent ({}); resuming the session and sending the prompt once more",
                 ready.pod, failure.reason
             ),
+            AfterFailure::ResumeAndCheck => {
+                eprintln!(
+                    "kubectl-kandev: the agent's pod {} vanished after the prompt was sent ({}); resuming the session to read in agentctl's journal whether the agent received it",
+                    ready.pod, failure.reason
+                );
+                lost_with = Some((ready.pod.clone(), ready.cursor));
+            }
             AfterFailure::RetrySamePod => {
                 eprintln!(
                     "kubectl-kandev: could not reach the agent in pod {} ({}); trying once more",
@@ -325,7 +384,32 @@ fn ready_target(snapshot: &Snapshot) -> Option<Ready> {
         pod: pod.metadata.name.clone()?,
         pod_uid: pod.metadata.uid.clone(),
         session_id: snapshot.resume_token()?.to_string(),
+        cursor: snapshot.executor_status().journal_cursor.unwrap_or(0),
     })
+}
+
+/// How long reading the journal may take.
+const JOURNAL_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether prompt `id` reached the agent, from agentctl's journal (on the workspace volume,
+/// read through `pod`) after `cursor`; `Err` says why that cannot be told.
+async fn delivery(cluster: &Cluster, pod: &str, id: &str, cursor: u64) -> Result<bool, String> {
+    let since = cursor.to_string();
+    let command = ["agentctl", "events", "--since", since.as_str(), "--once"];
+    let read = tokio::time::timeout(JOURNAL_READ_TIMEOUT, exec_read(cluster, pod, &command));
+    match read.await {
+        Ok(Ok((stdout, _, true, _))) => Ok(prompt_received(&String::from_utf8_lossy(&stdout), id)),
+        Ok(Ok((_, stderr, false, code))) => Err(format!(
+            "agentctl events in pod {pod} failed (exit {}): {}",
+            code.map_or("?".to_string(), |c| c.to_string()),
+            String::from_utf8_lossy(&stderr).trim()
+        )),
+        Ok(Err(ReadError::Kube(e))) => Err(format!("exec into pod {pod}: {e}")),
+        Ok(Err(ReadError::Io(e))) => Err(format!("reading agentctl events in pod {pod}: {e}")),
+        Err(_) => Err(format!(
+            "agentctl events in pod {pod} did not finish within {JOURNAL_READ_TIMEOUT:?}"
+        )),
+    }
 }
 
 /// One connection: `initialize` (agentctl answers from its cache), `session/prompt` on the
@@ -339,6 +423,7 @@ async fn attempt(
     name: &str,
     ready: &Ready,
     text: &str,
+    prompt_id: &str,
     printer: &mut Printer,
 ) -> Attempt {
     let mut connection =
@@ -357,6 +442,7 @@ async fn attempt(
         session: CONNECT_TIMEOUT,
         prompt: None,
     });
+    connection.client.set_prompt_id(prompt_id);
     if let Err(error) = connection.client.initialize().await {
         connection.close(CLOSE_GRACE).await;
         return Attempt::Failed(Failure {
@@ -490,6 +576,7 @@ mod tests {
     use PodLiveness as P;
     use SessionState as S;
     use pretty_assertions::assert_eq;
+    use serde_json::json;
 
     #[test]
     fn prompt_readiness_rules() {
@@ -543,9 +630,11 @@ mod tests {
         #[rustfmt::skip]
         let rows = [
             // (stage, stream lost, pod lost, retried) → next
+            // Lost before anything was sent: resume and send.
             (Connect, true, true, false, ResumeAndRetry),
-            (Prompt, true, true, false, ResumeAndRetry),
-            (Prompt, false, true, false, ResumeAndRetry),
+            // Lost after the prompt was sent: resume, then send only if it never arrived.
+            (Prompt, true, true, false, ResumeAndCheck),
+            (Prompt, false, true, false, ResumeAndCheck),
             (Connect, true, false, false, RetrySamePod),
             (Connect, false, false, false, RetrySamePod),
             // Delivered to a live agent: never sent twice.
@@ -561,6 +650,37 @@ mod tests {
                 after_failure(stage, stream, pod, retried),
                 expected,
                 "{stage:?} stream_lost={stream} pod_lost={pod} retried={retried}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_prompt_counts_as_received_only_with_its_own_journal_entry() {
+        let started = |id: Option<&str>| {
+            let mut line = json!({"event": "prompt_started", "sessionId": "s1", "seq": 7,
+                "launch": "l1", "pod": "p", "timestamp": "T"});
+            if let Some(id) = id {
+                line["promptId"] = json!(id);
+            }
+            line.to_string()
+        };
+        let snapshot = r#"{"event":"snapshot","sessionId":"s1","promptActive":false,"seq":9}"#;
+        #[rustfmt::skip]
+        let rows: &[(Vec<String>, bool)] = &[
+            (vec![started(Some("kandev-1-a")), snapshot.into()], true),
+            (vec!["not json".into(), started(Some("kandev-1-a"))], true),
+            // Another prompt's, an id-less client's, or none at all.
+            (vec![started(Some("kandev-1-b")), snapshot.into()], false),
+            (vec![started(None)], false),
+            (vec![snapshot.into()], false),
+            (vec![], false),
+        ];
+        for (lines, received) in rows {
+            let journal = lines.join("\n");
+            assert_eq!(
+                prompt_received(&journal, "kandev-1-a"),
+                *received,
+                "{journal}"
             );
         }
     }

@@ -333,6 +333,40 @@ pub fn harness_pid(pod: &Pod) -> Option<u32> {
         .and_then(|p| p.parse().ok())
 }
 
+/// A process frozen by the test; SIGKILLed when the guard goes (also on panic), so that nothing
+/// stopped outlives the test.
+pub struct Frozen(i32);
+
+impl Frozen {
+    /// Freezes the process the harness plays `pod` with (agentctl serve).
+    #[allow(unsafe_code)]
+    pub fn agentctl_of(pod: &Pod) -> Self {
+        let pid = harness_pid(pod).expect("the harness's pid annotation") as i32;
+        // SAFETY: kill(2) with a pid the harness started for this test's pod.
+        let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(rc, 0, "SIGSTOP {pid}");
+        Self(pid)
+    }
+
+    pub fn gone(&self) -> bool {
+        // A reaped process has no /proc entry; a zombie's state is Z.
+        std::fs::read_to_string(format!("/proc/{}/stat", self.0))
+            .map_or(true, |stat| stat.split_whitespace().nth(2) == Some("Z"))
+    }
+}
+
+impl Drop for Frozen {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        if !self.gone() {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+            }
+        }
+    }
+}
+
 /// Running, and played by the e2e harness (its pid annotation is there).
 pub fn is_played() -> impl Condition<Pod> {
     |pod: Option<&Pod>| {

@@ -39,8 +39,9 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use super::events::Event;
-use crate::acp::{LAUNCH_META, SESSION_CONFIG_META};
+use crate::acp::{LAUNCH_META, PROMPT_ID_META, SESSION_CONFIG_META};
 use crate::api::SessionConfigState;
+use crate::api::bounds::session_id_problem;
 use crate::history::HistoryEntry;
 use crate::jsonrpc::AgentLimit;
 use crate::jsonrpc::{self, Message, code, method};
@@ -470,7 +471,12 @@ impl Hub {
             .and_then(|p| p.get("sessionId"))
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let (launch, trace, saved_config) = take_meta(&mut raw);
+        let OwnMeta {
+            launch,
+            trace,
+            saved_config,
+            prompt_id,
+        } = take_meta(&mut raw);
         let launch = launch.map(|launch| (launch, method.clone(), session_id.clone()));
         if let Some(key) = &launch
             && let Some(out) = self.repeated_launch_request(conn, &id, key)
@@ -510,8 +516,11 @@ impl Hub {
         let mut out = Vec::new();
         match (method.as_str(), &session_id) {
             (method::SESSION_PROMPT, Some(session_id)) => {
+                // Journaled before the agent gets the prompt: an entry with the client's id is
+                // the proof that the prompt may have reached it.
                 out.push(Output::Event(Event::PromptStarted {
                     session_id: session_id.clone(),
+                    prompt_id,
                 }));
                 let history_session = self.history_session(session_id);
                 let text = prompt_text(raw.get("params"));
@@ -765,38 +774,46 @@ fn str_field<'a>(value: &'a Value, field: &str) -> Option<&'a str> {
 /// The W3C trace context keys of `_meta` (ACP reserves them for exactly this).
 const TRACE_META: [&str; 2] = ["traceparent", "tracestate"];
 
-/// Removes [`LAUNCH_META`] and the trace context from the request's `_meta` (the agent has no
-/// use for the launch, and gets agentctl's own trace context; `_meta` goes when nothing else is
-/// in it) and returns them.
-fn take_meta(
-    raw: &mut Map<String, Value>,
-) -> (
-    Option<String>,
-    HashMap<String, String>,
-    Option<SessionConfigState>,
-) {
-    let mut trace = HashMap::new();
+/// What a client's request carries in `_meta` for agentctl alone.
+#[derive(Default)]
+struct OwnMeta {
+    launch: Option<String>,
+    trace: HashMap<String, String>,
+    saved_config: Option<SessionConfigState>,
+    /// [`PROMPT_ID_META`], when it is a short id (at most 128 bytes, no control
+    /// characters): it goes into the journal.
+    prompt_id: Option<String>,
+}
+
+/// Removes [`LAUNCH_META`], [`SESSION_CONFIG_META`], [`PROMPT_ID_META`] and the trace context
+/// from the request's `_meta` (the agent has no use for them, and gets agentctl's own trace
+/// context; `_meta` goes when nothing else is in it) and returns them.
+fn take_meta(raw: &mut Map<String, Value>) -> OwnMeta {
+    let mut own = OwnMeta::default();
     let Some(params) = raw.get_mut("params").and_then(Value::as_object_mut) else {
-        return (None, trace, None);
+        return own;
     };
     let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) else {
-        return (None, trace, None);
+        return own;
     };
-    let launch = meta
-        .remove(LAUNCH_META)
-        .and_then(|launch| launch.as_str().map(str::to_owned));
-    let saved_config = meta
+    let text = |value: Value| value.as_str().map(str::to_owned);
+    own.launch = meta.remove(LAUNCH_META).and_then(text);
+    own.saved_config = meta
         .remove(SESSION_CONFIG_META)
         .and_then(|config| serde_json::from_value(config).ok());
+    own.prompt_id = meta
+        .remove(PROMPT_ID_META)
+        .and_then(text)
+        .filter(|id| session_id_problem(id).is_none());
     for key in TRACE_META {
         if let Some(Value::String(value)) = meta.remove(key) {
-            trace.insert(key.to_owned(), value);
+            own.trace.insert(key.to_owned(), value);
         }
     }
     if meta.is_empty() {
         params.remove("_meta");
     }
-    (launch, trace, saved_config)
+    own
 }
 
 /// Puts `context` (from [`telemetry::inject`]; empty without an exporter) into `_meta`.

@@ -324,6 +324,42 @@ fn prompt(id: u64, session: &str, text: &str) -> String {
     )
 }
 
+/// A client's prompt id is journaled with `prompt_started`, before the prompt goes to the agent,
+/// which never sees it; one that could not be journaled safely is dropped.
+#[test]
+fn a_prompt_id_is_journaled_before_the_agent_gets_the_prompt() {
+    let long = "p".repeat(129);
+    for (id, journaled) in [
+        (json!("p-1"), Some("p-1")),
+        (json!(long), None),
+        (json!("a\nb"), None),
+        (json!(7), None),
+    ] {
+        let mut hub = ready_hub(HubConfig::default());
+        hub.attach(1, false).ok();
+        let request = json!({"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{
+            "sessionId":"s1","prompt":[{"type":"text","text":"hi"}],
+            "_meta":{"kandev.dev/prompt-id": id}}});
+        let out = hub.client_line(1, &line(request));
+        assert_eq!(
+            events(&out),
+            vec![Event::PromptStarted {
+                session_id: "s1".into(),
+                prompt_id: journaled.map(String::from),
+            }],
+            "{id}"
+        );
+        let event_at = out.iter().position(|o| matches!(o, Output::Event(_)));
+        let sent_at = out
+            .iter()
+            .position(|o| matches!(o, Output::ToAgent(_) | Output::InjectHistoryThenSend { .. }));
+        assert!(event_at < sent_at, "journaled first: {out:?}");
+        let sent = to_agent(&out);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0]["params"].get("_meta"), None, "{id}: {sent:?}");
+    }
+}
+
 #[test]
 fn prompt_turn_events_and_history() {
     let mut hub = ready_hub(HubConfig::default());
@@ -332,7 +368,8 @@ fn prompt_turn_events_and_history() {
     assert_eq!(
         events(&out),
         vec![Event::PromptStarted {
-            session_id: "s1".into()
+            session_id: "s1".into(),
+            prompt_id: None,
         }]
     );
     assert_eq!(
