@@ -462,3 +462,56 @@ fn repository_credentials_stay_out_of_the_agents_reach() {
         "the agent has a KANDEV_GIT_ variable"
     );
 }
+
+/// An idle agent (no prompt, no client) is stopped after `--suspend-idle-after`: serve journals
+/// `suspended`, writes `Suspended: …` as the termination message and exits 0. A connected
+/// client and a running prompt (even one whose client left) hold the suspension off.
+#[test]
+fn an_idle_agent_is_suspended_and_activity_holds_it_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("termination-log");
+    let log_arg = path_str(&log);
+    let mut serve = Serve::start_agent_in(
+        dir,
+        &["--suspend-idle-after", "2", "--termination-log", &log_arg],
+        &["--on-prompt", "hang"],
+    );
+    let events = serve.events();
+    // A connected client: not idle, however long it stays.
+    let mut client = serve.connect();
+    client.new_session(1, &serve.workspace);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(serve.is_running(), "suspended while a client was connected");
+    // A prompt that goes on after its client left: not idle either.
+    client.send_raw(
+        &json!({"jsonrpc":"2.0","id":2,"method":"session/prompt","params":{
+            "sessionId":"test-session-1","prompt":[{"type":"text","text":"work"}]}})
+        .to_string(),
+    );
+    events.until("prompt_started");
+    assert!(client.disconnect().success());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(serve.is_running(), "suspended while a prompt ran");
+    // The prompt ends (cancelled): idle from then on, suspended 2 s later.
+    let mut canceller = serve.connect();
+    canceller.initialize(1);
+    canceller.send_raw(
+        &json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"test-session-1"}})
+            .to_string(),
+    );
+    events.until("prompt_finished");
+    assert!(canceller.disconnect().success());
+    let suspended = events.until("suspended");
+    assert!(
+        suspended["idleSeconds"].as_u64().is_some_and(|s| s >= 2),
+        "{suspended}"
+    );
+    let status = wait_exit(&mut serve.child, WAIT, "serve after the suspension");
+    assert!(
+        status.success(),
+        "a suspension ends serve with success: {status}"
+    );
+    let message = std::fs::read_to_string(&log).expect("the termination message");
+    assert!(message.starts_with("Suspended: idle for "), "{message}");
+    assert!(!serve.socket.exists(), "the socket is removed");
+}

@@ -231,10 +231,21 @@ pub struct ServeArgs {
     /// How long the clone may take before it is killed.
     #[arg(long, value_name = "SECS", default_value_t = 90)]
     pub clone_timeout: u64,
-    /// Where to write why the workspace could not be prepared ("<Reason>: <message>"), for
-    /// the container's termination message (the operator passes /dev/termination-log).
+    /// Where to write why the workspace could not be prepared ("<Reason>: <message>"), or that
+    /// the session was suspended ("Suspended: …"), for the container's termination message (the
+    /// operator passes /dev/termination-log).
     #[arg(long, value_name = "FILE")]
     pub termination_log: Option<PathBuf>,
+    /// Seconds the agent may stay idle (initialized, no prompt, no client connected) before
+    /// serve stops it and exits 0: the session is suspended, and a resume brings it back. 0:
+    /// never.
+    #[arg(
+        long,
+        env = "KANDEV_SUSPEND_IDLE_AFTER",
+        value_name = "SECS",
+        default_value_t = 0
+    )]
+    pub suspend_idle_after: u64,
     #[command(flatten)]
     pub limits: LimitArgs,
     /// The agent command, instead of (or overriding) the profile's launch command.
@@ -499,6 +510,9 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         },
         initialize_timeout: Duration::from_secs(args.initialize_timeout),
         replay_line_limit: args.limits.replay_line_limit(),
+        suspend_idle_after: (args.suspend_idle_after > 0)
+            .then(|| Duration::from_secs(args.suspend_idle_after)),
+        termination_log: args.termination_log.clone(),
     };
     serve(options).await
 }

@@ -54,6 +54,8 @@ pub enum Event {
         method: String,
         error: AgentError,
     },
+    /// agentctl stopped its agent after it was idle (no prompt, no client) this long, and ends.
+    Suspended { idle_seconds: u64 },
     PromptStarted {
         session_id: String,
         /// The client's id of the prompt ([`crate::acp::PROMPT_ID_META`]), when it gave one.

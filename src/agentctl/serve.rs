@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +40,7 @@ use super::journal::Journal;
 use super::launch::LaunchPlan;
 use super::socket::{self, Hello, Mode};
 use super::time::now_rfc3339;
+use crate::api::SUSPENDED;
 use crate::history::{HistoryEntry, HistoryStore};
 use crate::jsonrpc;
 use crate::jsonrpc::AgentLimit;
@@ -92,6 +93,11 @@ pub struct ServeOptions {
     pub initialize_timeout: Duration,
     /// Longest line from the agent while a `session/load` is open (`--replay-line-limit-mib`).
     pub replay_line_limit: usize,
+    /// An agent idle ([`Hub::idle`]) this long is stopped and serve ends with success: the
+    /// session is suspended (`--suspend-idle-after`). `None`: never.
+    pub suspend_idle_after: Option<Duration>,
+    /// Where the suspension is written for the container's termination message.
+    pub termination_log: Option<PathBuf>,
 }
 
 /// Runs serve until the agent exits (an error: the pod must die) or SIGTERM/SIGINT stops it
@@ -130,11 +136,7 @@ async fn run(options: &ServeOptions, listener: UnixListener) -> Result<(), Agent
     };
     let started = driver.hub.start();
     let result = match driver.apply(started).await {
-        Ok(()) => {
-            driver
-                .main_loop(&listener, options.initialize_timeout)
-                .await
-        }
+        Ok(()) => driver.main_loop(&listener, options).await,
         Err(error) => Err(error),
     };
     driver.shutdown().await;
@@ -408,8 +410,9 @@ impl Driver {
     async fn main_loop(
         &mut self,
         listener: &UnixListener,
-        initialize_timeout: Duration,
+        options: &ServeOptions,
     ) -> Result<(), AgentctlError> {
+        let initialize_timeout = options.initialize_timeout;
         let mut sigterm =
             signal(SignalKind::terminate()).map_err(AgentctlError::io("cannot handle SIGTERM"))?;
         let mut sigint =
@@ -423,8 +426,29 @@ impl Driver {
         // Heartbeats come from this loop, so they stop when serve stops serving.
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Armed while the agent is idle, for `suspend_idle_after`; moved on by any activity.
+        let mut idle_since: Option<tokio::time::Instant> = None;
+        let suspend_at = tokio::time::sleep(Duration::from_secs(100 * 365 * 86_400));
+        tokio::pin!(suspend_at);
         loop {
+            if let Some(after) = options.suspend_idle_after {
+                match (self.hub.idle() && !stopping, idle_since) {
+                    (true, None) => {
+                        let now = tokio::time::Instant::now();
+                        idle_since = Some(now);
+                        suspend_at.as_mut().reset(now + after);
+                    }
+                    (false, Some(_)) => idle_since = None,
+                    _ => {}
+                }
+            }
             tokio::select! {
+                _ = &mut suspend_at, if idle_since.is_some() && !stopping => {
+                    stopping = true;
+                    let idle = idle_since.map_or(Duration::ZERO, |since| since.elapsed());
+                    self.suspend(idle, options.termination_log.as_deref()).await?;
+                    self.begin_stop(stop_deadline.as_mut(), "idle");
+                }
                 _ = heartbeat.tick() => self.heartbeat(),
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => self.accept(stream),
@@ -468,6 +492,23 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// The agent was idle for `idle`: the journal and the termination message say the session
+    /// is suspended (the operator tells it from a loss by them), then the agent is stopped.
+    async fn suspend(&mut self, idle: Duration, log: Option<&Path>) -> Result<(), AgentctlError> {
+        let idle_seconds = idle.as_secs();
+        tracing::info!(idle_seconds, "the agent was idle; suspending the session");
+        if let Some(path) = log {
+            let message = format!(
+                "{SUSPENDED}: idle for {idle_seconds}s (no prompt, no client); the agent was stopped and the session can be resumed"
+            );
+            if let Err(error) = std::fs::write(path, message) {
+                tracing::warn!(%error, path = %path.display(), "cannot write the termination message");
+            }
+        }
+        self.apply(vec![Output::Event(Event::Suspended { idle_seconds })])
+            .await
     }
 
     /// `{"event":"heartbeat","timestamp":…}` to the live subscribers (not

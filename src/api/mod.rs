@@ -31,6 +31,11 @@ pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
 /// periodic catch-up. `kubectl kandev prompt` sets it.
 pub const PROMPTED_ANNOTATION: &str = "kandev.dev/prompted-at";
 
+/// The reason of an idle session's suspension: agentctl, idle for `spec.idle.suspendAfter`,
+/// stops its agent and exits 0 with the termination message `Suspended: …`; the operator's
+/// `Suspended` condition and Normal Event carry the same word.
+pub const SUSPENDED: &str = "Suspended";
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 

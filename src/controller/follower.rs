@@ -184,6 +184,7 @@ pub fn status_patch_for(
             next.session_config = Some(config.clone().bounded());
         }
         Event::ConfigSetBackFailed { .. }
+        | Event::Suspended { .. }
         | Event::AgentExited { .. }
         | Event::Heartbeat
         | Event::JournalGap { .. }

@@ -227,6 +227,12 @@ impl Hub {
         ))]
     }
 
+    /// Whether the agent is idle: initialized, no client connected, and nothing asked of it
+    /// that it has not answered (a prompt whose client left included).
+    pub fn idle(&self) -> bool {
+        !self.initializing() && self.client.is_none() && self.pending.is_empty()
+    }
+
     /// Whether agentctl is still waiting for the agent's `initialize` response.
     pub fn initializing(&self) -> bool {
         matches!(self.init, InitState::Waiting { .. } | InitState::NotStarted)
