@@ -45,7 +45,8 @@ if [[ -z "$engine" ]]; then
   elif command -v buildah >/dev/null; then engine=buildah
   elif [[ $EUID == 0 ]] && command -v apt-get >/dev/null; then
     log "no image engine (docker, podman, buildah): installing podman from Debian's packages"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah >/dev/null || die "apt-get install podman failed"
+    # runc too: Debian's podman brings crun, and our containers.conf names runc (below).
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman buildah runc >/dev/null || die "apt-get install podman failed"
     engine=podman
   else
     die "no image engine: install docker, podman or buildah"
@@ -53,6 +54,14 @@ if [[ -z "$engine" ]]; then
 fi
 log "engine: $engine ($("$engine" --version | head -n 1))"
 
+if [[ "$engine" != docker ]] && ! command -v runc >/dev/null; then
+  if [[ $EUID == 0 ]] && command -v apt-get >/dev/null; then
+    log "installing runc from Debian's packages (the OCI runtime our containers.conf names)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q runc >/dev/null || die "apt-get install runc failed"
+  else
+    die "$engine needs runc here (containers.conf: runtime = \"runc\"); install it"
+  fi
+fi
 if [[ "$engine" != docker ]]; then
   # What podman and buildah need on machines like this one: no CAP_SYS_RESOURCE (so explicit
   # ulimits no higher than ours), cgroup v1 without systemd (cgroupfs), runc, events to a file.

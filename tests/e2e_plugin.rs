@@ -11,7 +11,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{Sessions, assert_condition, executor_status_where};
+use e2e_support::sessions::{
+    Sessions, assert_condition, executor_status_where, has_condition, status_where,
+    template_workspace,
+};
 use e2e_support::support::process::Output;
 use e2e_support::{
     Frozen, PLUGIN, agentctl_exec, finish_plugin, kubeconfig_path, kubectl, plugin, poll_until,
@@ -20,8 +23,8 @@ use e2e_support::{
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{
-    ExecutorPhase, PROMPTED_ANNOTATION, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SessionState,
-    TaskState,
+    ExecutorPhase, IdleSpec, PROMPTED_ANNOTATION, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION,
+    ResumeReason, SessionState, TaskState,
 };
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -408,6 +411,93 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
             "{}",
             run.stdout
         );
+    };
+    sessions.run(body).await;
+    drop(operator);
+}
+
+/// Idle suspension (`spec.idle.suspendAfter: 10s`): not while a 15 s prompt runs; once the
+/// agent is idle for 10 s, agentctl stops it and the session is Suspended (needsResume,
+/// resumeReason suspended, a Normal Event, no AgentLost), without a pod; `kubectl kandev
+/// prompt` brings it back with the same token.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn an_idle_session_is_suspended_and_a_prompt_brings_it_back() {
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
+    let name = unique("idle");
+    let body = async {
+        let mut ts =
+            sessions.new_session_with_task(&name, "plugin-slow", None, template_workspace());
+        ts.spec.idle = Some(IdleSpec {
+            suspend_after: Some("10s".into()),
+        });
+        sessions.create_session(&ts).await;
+        let token = started(&sessions, &name).await;
+
+        // A prompt that runs longer than the idle limit: no suspension meanwhile.
+        let child = plugin_command(&["prompt", &name, "take your time", "-n", &ns])
+            .spawn()
+            .expect("start kubectl-kandev");
+        let run = finish_plugin(child, "kubectl-kandev prompt (15 s turn)")
+            .await
+            .expect_code(0);
+        assert_eq!(run.stdout, "echo: take your time\n");
+        let status = sessions.status(&name).await;
+        assert!(!status.needs_resume, "suspended during a turn: {status:#?}");
+
+        // Idle from now on: suspended after 10 s.
+        let suspended = status_where(|s| {
+            s.needs_resume
+                && s.resume_reason == Some(ResumeReason::Suspended)
+                && has_condition(s, conditions::SUSPENDED, "True", "Idle")
+                && has_condition(s, conditions::NEEDS_RESUME, "True", "Suspended")
+        });
+        let ts = sessions
+            .wait_within(&name, "Suspended", Duration::from_secs(90), suspended)
+            .await;
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_condition(&status, conditions::AGENT_RUNNING, ("False", "Suspended"));
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+            "the suspended session's pod is not gone",
+            async || sessions.live_pods(&name).await.is_empty(),
+        )
+        .await;
+        let events = sessions.events(&name).await;
+        let suspended_event = events
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("Suspended"))
+            .expect("a Suspended Event");
+        assert_eq!(suspended_event.type_.as_deref(), Some("Normal"));
+        assert!(
+            events
+                .iter()
+                .all(|e| e.reason.as_deref() != Some("AgentLost")),
+            "a suspension is not a loss"
+        );
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
+
+        let run = plugin(&["prompt", &name, "welcome back", "-n", &ns])
+            .await
+            .expect_code(0);
+        assert_eq!(run.stdout, "echo: welcome back\n");
+        assert_prints(
+            &run.stderr,
+            &["needs a resume (suspended)", "resumed (restored)"],
+        );
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
+        let status = sessions.status(&name).await;
+        assert_condition(&status, conditions::SUSPENDED, ("False", "Resuming"));
     };
     sessions.run(body).await;
     drop(operator);

@@ -12,6 +12,8 @@ pub const STALLED: &str = "Stalled";
 pub const AGENT_RUNNING: &str = "AgentRunning";
 pub const NEEDS_RESUME: &str = "NeedsResume";
 pub const RESUMED: &str = "Resumed";
+/// True while the session is suspended after being idle ([`super::SUSPENDED`]).
+pub const SUSPENDED: &str = super::SUSPENDED;
 
 /// One condition the reconciler wants, before timestamps are settled.
 #[derive(Clone, Debug, PartialEq, Eq)]

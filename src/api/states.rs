@@ -109,6 +109,9 @@ pub enum ResumeReason {
     /// No longer written: a terminating pod now counts as lost (`agent_not_running`). Kept so
     /// that a status written by an earlier version still reads.
     AgentStopping,
+    /// The agent was idle for `spec.idle.suspendAfter` and was stopped; its token and workspace
+    /// are kept, and a resume restores the session like after a loss.
+    Suspended,
 }
 
 impl ResumeReason {
@@ -121,6 +124,7 @@ impl ResumeReason {
             Self::TerminalState => "terminal_state",
             Self::NoExecutor => "no_executor",
             Self::AgentStopping => "agent_stopping",
+            Self::Suspended => "suspended",
         }
     }
 }

@@ -140,6 +140,10 @@ pub struct TaskSessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<CapabilityOverrides>,
 
+    /// What happens to the agent while it waits for input: `suspendAfter` stops an idle one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleSpec>,
+
     /// Ends the session, once: `Completed` lets a running prompt finish (up to the operator's
     /// end grace period), `Cancelled` cancels it. Then the agent is stopped, the session and its
     /// task become COMPLETED or CANCELLED, and resume requests are refused.
@@ -422,6 +426,67 @@ pub struct CredentialRef {
     pub key: String,
 }
 
+/// `spec.idle`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleSpec {
+    /// How long the agent may stay idle (waiting for input, no prompt running, no client
+    /// connected) before it is stopped and its pod ends: the session is then `Suspended`,
+    /// `needsResume` with its token and workspace kept, and any resume brings it back. A
+    /// duration such as `30m`, `1h30m` or `90s` (at least 10s), or `off`. Unset: the operator's
+    /// default (`--suspend-idle-after`). Read when a pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        regex(pattern = r"^(off|([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}s)?)$"),
+        length(min = 2, max = 32)
+    )]
+    #[x_kube(validation = Rule::new("self == 'off' || duration(self) >= duration('10s')").message(
+        "idle.suspendAfter must be off or a duration of at least 10s, e.g. 30m or 1h30m"
+    ))]
+    pub suspend_after: Option<String>,
+}
+
+/// `off`, or a duration of hours, minutes and seconds (`1h30m`, `90s`): `Ok(None)` for off.
+/// At least 10 s: a shorter one would stop an agent between a client's two calls.
+pub fn parse_idle_duration(text: &str) -> Result<Option<std::time::Duration>, String> {
+    if text == "off" {
+        return Ok(None);
+    }
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    let mut units = Vec::new();
+    for c in text.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => {
+                return Err(format!(
+                    "{text:?}: unknown unit {c:?} (use h, m, s, or off)"
+                ));
+            }
+        };
+        if digits.is_empty() || units.last().is_some_and(|last| *last <= unit) {
+            return Err(format!("{text:?}: expected e.g. 30m, 1h30m, 90s or off"));
+        }
+        units.push(unit);
+        let n: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
+        total = total.saturating_add(n.saturating_mul(unit));
+        digits.clear();
+    }
+    if !digits.is_empty() || units.is_empty() {
+        return Err(format!("{text:?}: expected e.g. 30m, 1h30m, 90s or off"));
+    }
+    if total < 10 {
+        return Err(format!("{text:?}: at least 10s"));
+    }
+    Ok(Some(std::time::Duration::from_secs(total)))
+}
+
 /// Per-session overrides of the agent profile (see the agent capability registry).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -481,4 +546,36 @@ pub struct TaskSessionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use std::time::Duration;
+
+    use super::parse_idle_duration;
+
+    #[test]
+    fn idle_durations_parse_like_the_crd_accepts_them() {
+        let secs = |s| Ok(Some(Duration::from_secs(s)));
+        #[rustfmt::skip]
+        let rows: &[(&str, Result<Option<Duration>, ()>)] = &[
+            ("off", Ok(None)),
+            ("30m", secs(1800)),
+            ("1h30m", secs(5400)),
+            ("90s", secs(90)),
+            ("2h0m10s", secs(7210)),
+            ("10s", secs(10)),
+            ("9s", Err(())),
+            ("0s", Err(())),
+            ("30", Err(())),
+            ("m", Err(())),
+            ("30m1h", Err(())),
+            ("1d", Err(())),
+            ("", Err(())),
+        ];
+        for (text, expected) in rows {
+            let got = parse_idle_duration(text).map_err(|_| ());
+            assert_eq!(&got, expected, "{text:?}");
+        }
+    }
 }

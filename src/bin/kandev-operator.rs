@@ -198,6 +198,14 @@ struct RunArgs {
     /// instead of opening one exec each at once. Restores never wait for it. 0: no limit.
     #[arg(long, default_value_t = kandev_operator::controller::gate::DEFAULT_EXECS_PER_SECOND)]
     catch_up_execs_per_second: u32,
+    /// How long an agent may stay idle (waiting for input, no prompt, no client connected)
+    /// before agentctl stops it and the session is Suspended (needsResume, token and workspace
+    /// kept; any resume brings it back), for sessions whose spec.idle.suspendAfter does not
+    /// say: a duration such as 30m or 1h30m (at least 10s), or off.
+    #[arg(long, value_name = "DURATION", default_value = "off",
+        value_parser = kandev_operator::api::parse_idle_duration)]
+    // Spelled out: clap would take a plain `Option` for "the flag may be missing".
+    suspend_idle_after: std::option::Option<Duration>,
     /// Seconds between reads of an idle agent's event journal (an exec each), for prompts sent
     /// by clients that do not set the kandev.dev/prompted-at annotation afterwards (kubectl
     /// kandev prompt does). 0 (the default): only when that annotation changes, so that an
@@ -558,6 +566,7 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
             run_as_user: args.run_as_user,
             replay_line_limit_mib: args.acp_replay_line_limit_mib,
             default_resources: default_resources(&args)?,
+            suspend_idle_after: args.suspend_idle_after,
             runtime_class_name: args.runtime_class_name.clone().filter(|n| !n.is_empty()),
             user_namespace: !args.host_users,
             allowed_image_prefixes: args

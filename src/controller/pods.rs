@@ -30,7 +30,7 @@ use crate::api::names::{
     TERMINATION_LOG, executor_name, network_policy_name, pod_name, session_label_value, short_hash,
     workspace_claim_name,
 };
-use crate::api::{ExecutorRunning, ExecutorRunningSpec, TaskSession};
+use crate::api::{ExecutorRunning, ExecutorRunningSpec, TaskSession, parse_idle_duration};
 
 /// Operator-wide settings that shape every agentctl pod.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -64,6 +64,23 @@ pub struct PodSettings {
     /// The operator's own OTel variables ([`crate::telemetry::POD_ENV`]) that are set: agentctl
     /// exports its spans to the same receiver. Empty while traces are off.
     pub trace_env: Vec<(String, String)>,
+    /// How long an agent may stay idle before agentctl suspends the session, where
+    /// `spec.idle.suspendAfter` does not say (`--suspend-idle-after`); `None`: never.
+    pub suspend_idle_after: Option<Duration>,
+}
+
+/// The session's idle suspension: `spec.idle.suspendAfter`, else the operator's default. A value
+/// the CRD's rules let through but that does not parse is the default too.
+pub fn suspend_idle_after(ts: &TaskSession, settings: &PodSettings) -> Option<Duration> {
+    match ts
+        .spec
+        .idle
+        .as_ref()
+        .and_then(|i| i.suspend_after.as_deref())
+    {
+        Some(text) => parse_idle_duration(text).unwrap_or(settings.suspend_idle_after),
+        None => settings.suspend_idle_after,
+    }
 }
 
 /// The network of agent pods. Egress: DNS to kube-dns, and the `allow` CIDRs minus the `deny`
@@ -356,6 +373,18 @@ pub fn build_agentctl_pod(
                 }
             }
         }
+    }
+    // agentctl says why it ended (a checkout that failed, a suspension) in the container's
+    // termination message.
+    let suspend = suspend_idle_after(ts, settings);
+    if let Some(after) = suspend {
+        env.push(env_value(
+            "KANDEV_SUSPEND_IDLE_AFTER",
+            &after.as_secs().to_string(),
+        ));
+    }
+    let says_why = ts.spec.repository.is_some() || suspend.is_some();
+    if says_why {
         args.extend(["--termination-log".to_string(), TERMINATION_LOG.to_string()]);
     }
     env.extend(
@@ -376,11 +405,7 @@ pub fn build_agentctl_pod(
         image: Some(agent_image(ts, settings)),
         command: Some(vec!["agentctl".to_string()]),
         args: Some(args),
-        termination_message_path: ts
-            .spec
-            .repository
-            .as_ref()
-            .map(|_| TERMINATION_LOG.to_string()),
+        termination_message_path: says_why.then(|| TERMINATION_LOG.to_string()),
         working_dir: Some(mount_path.clone()),
         env: Some(env),
         resources: ts

@@ -1082,13 +1082,18 @@ impl<'a> Session<'a> {
             "launching agentctl pod {pod} for {}",
             describe_launch(self.launch_id())
         );
-        self.set_conditions(&[
+        let mut wanted = vec![
             Want::new(conditions::RECONCILING, true, "Starting", &message),
             Want::new(conditions::READY, false, "Starting", &message),
             Want::new(conditions::STALLED, false, "Starting", ""),
             // A new launch: the cause of an earlier loss (AgentUnreachable, NodeLost) is over.
             Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
-        ]);
+        ];
+        // And a suspension is over (the condition stays, False, once a session had it).
+        if conditions::find(&self.status.conditions, conditions::SUSPENDED).is_some() {
+            wanted.push(Want::new(conditions::SUSPENDED, false, "Resuming", ""));
+        }
+        self.set_conditions(&wanted);
         self.write_status().await?;
         // One Event per launch start: a resume's says which request it handles.
         match self.status.active_resume_request.as_deref() {

@@ -26,7 +26,7 @@ use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
 use crate::agentctl::events::{Event, EventLine};
 use crate::api::names::CONTAINER;
-use crate::api::{SessionState, TaskSessionStatus};
+use crate::api::{ResumeReason, SessionState, TaskSessionStatus};
 use crate::jsonrpc::CallFailure;
 use crate::resume::{PodLiveness, ResumeEvaluation, pod_liveness};
 
@@ -344,7 +344,11 @@ async fn ensure_ready(
                         ),
                     });
                 } else {
-                    let reason = snapshot.evaluation().reason;
+                    // The operator's word for a suspended session; otherwise the rules'.
+                    let reason = status
+                        .resume_reason
+                        .filter(|r| *r == ResumeReason::Suspended)
+                        .unwrap_or(snapshot.evaluation().reason);
                     let token = cluster.request_resume(&snapshot, false).await?;
                     eprintln!(
                         "kubectl-kandev: tasksession {name:?} needs a resume ({reason}); requested it (request {token}); waiting up to {}",

@@ -5,7 +5,10 @@
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{self, Want};
-use crate::api::{AgentActivity, RESUME_ANNOTATION, SessionState, TaskState};
+use crate::api::{
+    AgentActivity, RESUME_ANNOTATION, ResumeReason, SUSPENDED, SessionState, TaskState,
+};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::reach::{LossCause, Reach, ReachFacts, judge};
 use super::transition::{Metric, NextAction, Note, Requeue, Transition};
@@ -35,6 +38,12 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         Some(facts) => judge(facts, now),
         None => Reach::Reachable,
     };
+    // A suspension: said by agentctl's termination message while the pod is there, then
+    // carried by the Suspended condition until the next launch.
+    let suspended_by = pod.and_then(suspension);
+    let suspended = !running
+        && (suspended_by.is_some()
+            || conditions::is_true(&loaded.conditions, conditions::SUSPENDED));
     // The cause of a loss, carried by AgentRunning from the pass that deleted the pod.
     let carried = conditions::find(&loaded.conditions, conditions::AGENT_RUNNING)
         .filter(|c| c.status == "False")
@@ -60,10 +69,25 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
     }
     let eval = evaluate_resume_eligibility(&objects.facts_with(&status, pod));
     let newly_lost = eval.needs_resume && !status.needs_resume;
+    let suspended = suspended && eval.needs_resume;
+    let suspension_message = conditions::find(&loaded.conditions, conditions::SUSPENDED)
+        .filter(|c| c.status == "True")
+        .map(|c| c.message.clone())
+        .or(suspended_by.clone())
+        .unwrap_or_default();
     status.needs_resume = eval.needs_resume;
     status.is_resumable = eval.is_resumable || eval.needs_resume;
-    status.resume_reason = Some(eval.reason);
-    let (ready_reason, needs_message) = if eval.needs_resume {
+    status.resume_reason = Some(if suspended {
+        ResumeReason::Suspended
+    } else {
+        eval.reason
+    });
+    let (ready_reason, needs_message) = if suspended {
+        (
+            conditions::SUSPENDED.to_string(),
+            format!("{suspension_message}; annotate {RESUME_ANNOTATION} to resume"),
+        )
+    } else if eval.needs_resume {
         let why = match &carried {
             Some((cause, _)) => format!("{}, {}", eval.reason, cause.reason()),
             None => eval.reason.to_string(),
@@ -87,9 +111,16 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             Want::new(conditions::AGENT_RUNNING, false, cause.reason(), message)
         }
         (None, None) if running => Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
+        (None, None) if suspended => Want::new(
+            conditions::AGENT_RUNNING,
+            false,
+            conditions::SUSPENDED,
+            &suspension_message,
+        ),
         (None, None) => Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
     };
     let needs_reason = match &carried {
+        _ if suspended => conditions::SUSPENDED.to_string(),
         Some((cause, _)) if eval.needs_resume => cause.reason().to_string(),
         _ => conditions::camel(eval.reason.as_str()),
     };
@@ -102,6 +133,19 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         ),
     };
     let generation = objects.session.metadata.generation;
+    // Suspended is written once a session was suspended, and stays (False) after its resume.
+    let suspended_condition = if suspended {
+        Some(Want::new(
+            conditions::SUSPENDED,
+            true,
+            "Idle",
+            &suspension_message,
+        ))
+    } else {
+        conditions::find(&loaded.conditions, conditions::SUSPENDED)
+            .filter(|c| c.status == "True")
+            .map(|_| Want::new(conditions::SUSPENDED, false, "NotSuspended", ""))
+    };
     status.conditions = conditions::merge(
         &status.conditions,
         &[
@@ -114,7 +158,10 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             ),
             Want::new(conditions::READY, ready, ready_reason, &ready_message),
             Want::new(conditions::RECONCILING, false, "Idle", ""),
-        ],
+        ]
+        .into_iter()
+        .chain(suspended_condition)
+        .collect::<Vec<_>>(),
         generation,
         now,
     );
@@ -152,6 +199,25 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         if let Reach::Suspect { recheck } = verdict {
             transition.requeue = Requeue::After(recheck);
         }
+    } else if newly_lost && suspended {
+        // Not a loss: what was asked for. The pod goes at the next pass.
+        transition.action = Some(NextAction::MarkExecutorLost {
+            resumable: objects.resume_token().is_some(),
+        });
+        transition.event = Some(Note {
+            warning: false,
+            reason: conditions::SUSPENDED,
+            action: "Observe",
+            message: format!(
+                "{suspension_message}; pod {} ends, the token and the workspace are kept",
+                pod.and_then(|p| p.metadata.name.clone())
+                    .unwrap_or_default()
+            ),
+        });
+    } else if let Some(pod) = pod.filter(|_| suspended && suspended_by.is_some()) {
+        transition.action = Some(NextAction::DeletePod {
+            pod: pod.metadata.name.clone().unwrap_or_default(),
+        });
     } else if newly_lost {
         let pod_name = pod
             .and_then(|p| p.metadata.name.clone())
@@ -182,6 +248,24 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         });
     }
     transition
+}
+
+/// agentctl's word that it suspended the session: the pod ended, its container exited 0 with
+/// the termination message `Suspended: …` (which is returned).
+fn suspension(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+        .find(|t| t.exit_code == 0)
+        .and_then(|t| t.message.as_deref())
+        .filter(|m| m.starts_with(&format!("{SUSPENDED}:")))
+        .map(|m| m.trim().to_string())
 }
 
 #[cfg(test)]
@@ -257,6 +341,143 @@ mod tests {
                 conditions::is_true(&t.status.conditions, conditions::NEEDS_RESUME),
                 *needs_resume,
                 "{row}"
+            );
+        }
+    }
+
+    /// The session's pod as agentctl leaves it after a suspension (exit 0, `Suspended: …`), or
+    /// after another exit 0 without that word.
+    fn ended_pod(message: Option<&str>) -> (Given, Option<String>) {
+        let given = Given {
+            state: SessionState::WaitingForInput,
+            needs_resume: false,
+            token: Some("tok"),
+            activity: Some(AgentActivity::Idle),
+            pod: P::Failed,
+        };
+        (given, message.map(String::from))
+    }
+
+    fn with_ended_pod((given, message): &(Given, Option<String>)) -> SessionObjects {
+        let mut o = objects(given);
+        for pod in &mut o.pods {
+            let status = pod.status.get_or_insert_with(Default::default);
+            status.phase = Some("Succeeded".into());
+            status.container_statuses = Some(vec![
+                serde_json::from_value(serde_json::json!({
+                    "name": "agentctl", "image": "i", "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                                             "message": message}}
+                }))
+                .expect("container status"),
+            ]);
+        }
+        o
+    }
+
+    /// An idle session's agentctl suspended it: not a loss. The first pass says so (Normal
+    /// Event, Suspended, resumeReason suspended, the executor marked lost and resumable), the
+    /// next deletes the ended pod, and once it is gone the suspension is still what the status
+    /// says; a relaunched pod turns Suspended False.
+    #[test]
+    fn a_suspension_is_told_apart_from_a_loss() {
+        let message = "Suspended: idle for 600s (no prompt, no client)";
+        let given = ended_pod(Some(message));
+        let t = observe(&with_ended_pod(&given), None, at(100));
+        let status = &t.status;
+        assert!(status.needs_resume && t.write);
+        assert_eq!(status.resume_reason, Some(ResumeReason::Suspended));
+        let suspended =
+            conditions::find(&status.conditions, conditions::SUSPENDED).expect("Suspended");
+        assert_eq!(
+            (suspended.status.as_str(), suspended.reason.as_str()),
+            ("True", "Idle")
+        );
+        assert_eq!(suspended.message, message);
+        let needs =
+            conditions::find(&status.conditions, conditions::NEEDS_RESUME).expect("NeedsResume");
+        assert_eq!(
+            (needs.status.as_str(), needs.reason.as_str()),
+            ("True", "Suspended")
+        );
+        let running =
+            conditions::find(&status.conditions, conditions::AGENT_RUNNING).expect("AgentRunning");
+        assert_eq!(
+            (running.status.as_str(), running.reason.as_str()),
+            ("False", "Suspended")
+        );
+        assert_eq!(
+            t.action,
+            Some(NextAction::MarkExecutorLost { resumable: true })
+        );
+        assert_eq!(t.metric, None, "not counted as a loss");
+        let event = t.event.as_ref().expect("an Event");
+        assert!(!event.warning && event.reason == "Suspended", "{event:?}");
+        assert!(event.message.starts_with(message), "{event:?}");
+
+        // The next pass: the ended pod is deleted; nothing else changes.
+        let mut next = with_ended_pod(&given);
+        next.session.status = Some(t.status.clone());
+        let t2 = observe(&next, None, at(101));
+        assert_eq!(
+            t2.action,
+            Some(NextAction::DeletePod {
+                pod: "s-agent-1".into()
+            })
+        );
+        assert!(t2.event.is_none() && !t2.write, "{t2:?}");
+
+        // The pod is gone: still suspended.
+        let mut gone = objects(&Given {
+            pod: P::None,
+            ..given.0.clone()
+        });
+        gone.session.status = Some(t.status.clone());
+        let t3 = observe(&gone, None, at(102));
+        assert_eq!(t3.status.resume_reason, Some(ResumeReason::Suspended));
+        assert!(conditions::is_true(
+            &t3.status.conditions,
+            conditions::SUSPENDED
+        ));
+        assert!(
+            t3.event.is_none() && t3.action.is_none() && !t3.write,
+            "{t3:?}"
+        );
+
+        // Relaunched and running: Suspended False, the rest as for any running session.
+        let mut back = objects(&Given {
+            pod: P::Running,
+            needs_resume: false,
+            ..given.0.clone()
+        });
+        let mut status = t.status.clone();
+        status.needs_resume = false;
+        back.session.status = Some(status);
+        let t4 = observe(&back, None, at(103));
+        let suspended =
+            conditions::find(&t4.status.conditions, conditions::SUSPENDED).expect("Suspended");
+        assert_eq!(
+            (suspended.status.as_str(), suspended.reason.as_str()),
+            ("False", "NotSuspended")
+        );
+        assert_eq!(t4.status.resume_reason, Some(ResumeReason::AlreadyRunning));
+    }
+
+    /// An exit 0 without agentctl's word is a loss like any other.
+    #[test]
+    fn an_ended_pod_without_the_word_is_lost() {
+        for message in [None, Some("Completed"), Some("Suspended but not quite")] {
+            let t = observe(&with_ended_pod(&ended_pod(message)), None, at(100));
+            assert_eq!(
+                t.status.resume_reason,
+                Some(ResumeReason::AgentNotRunning),
+                "{message:?}"
+            );
+            assert!(conditions::find(&t.status.conditions, conditions::SUSPENDED).is_none());
+            assert_eq!(
+                t.event.as_ref().map(|e| (e.warning, e.reason)),
+                Some((true, "AgentLost"))
             );
         }
     }
