@@ -431,7 +431,7 @@ mod tests {
         // The pod is gone: still suspended.
         let mut gone = objects(&Given {
             pod: P::None,
-            ..given.0.clone()
+            ..given.0
         });
         gone.session.status = Some(t.status.clone());
         let t3 = observe(&gone, None, at(102));
@@ -449,7 +449,7 @@ mod tests {
         let mut back = objects(&Given {
             pod: P::Running,
             needs_resume: false,
-            ..given.0.clone()
+            ..given.0
         });
         let mut status = t.status.clone();
         status.needs_resume = false;
