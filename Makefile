@@ -94,11 +94,11 @@ bench:
 bench-idle:
 	BENCH_IDLE_FLEET=$${BENCH_IDLE_FLEET:-10000} bash e2e/bench/run.sh
 
-# 5 sessions through every phase of ours but idle (a storm of resume tokens included), the floor (alone and with the write
+# 5 sessions through every phase of ours but idle (a storm of resume tokens and an idle suspension included), the floor (alone and with the write
 # budget) and agent-sandbox: proves the bench still runs and measures (fails on an unfinished phase, uncounted in-pod
 # operations, an empty audit count, or a session the operator's watchdog counts as stuck).
 bench-smoke:
-	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_PROFILE=dev BENCH_N=5 BENCH_PHASES=launch,loss,resume,storm BENCH_OUT=target/bench-smoke \
+	env -u BENCH_SWEEP -u BENCH_IDLE_FLEET BENCH_PROFILE=dev BENCH_N=5 BENCH_PHASES=launch,loss,resume,storm,suspend BENCH_OUT=target/bench-smoke \
 	  BENCH_CONTENDERS=ours,floor,floor-budget,agent-sandbox bash e2e/bench/run.sh --require-complete
 
 # Not part of `make test`: needs a nightly toolchain and `cargo install cargo-fuzz`.

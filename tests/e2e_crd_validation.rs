@@ -69,6 +69,7 @@ const RESOURCE_OVER_LIMIT: &str = "resources.requests must not exceed resources.
 const IMAGE_EMPTY: &str = "image must not be empty: omit it to use the operator's default image";
 const IMAGE_WHITESPACE: &str = "image must not have leading or trailing whitespace";
 const TASK_ID_EMPTY: &str = "taskId must not be empty";
+const IDLE: &str = "idle.suspendAfter must be off or a duration of at least 10s, e.g. 30m or 1h30m";
 const AGENT_NAME: &str = "agent must be a profile name: lowercase letters, digits and '-'";
 const REPOSITORY_URL: &str = "repository.url must be https://host/path, ssh://host/path, git://host/path or git@host:path (file:// and local paths are not allowed)";
 const BRANCH: &str = "repository.branch and repository.baseBranch must be Git branch names: not empty, not starting with '-', without '..', whitespace or any of ~ ^ : ? * [ \\";
@@ -240,6 +241,9 @@ fn refused_cases() -> Vec<Refused> {
         case("git knownHostsKey .", git_credentials(json!({"secretName": "git", "sshKeyKey": "id", "knownHostsKey": "."})), "spec.repository.credentials.knownHostsKey", Rule(GIT_SECRET_KEY)),
         case("git caBundleKey starting with ..", git_credentials(json!({"secretName": "git", "caBundleKey": "..ca"})), "spec.repository.credentials.caBundleKey", Rule(GIT_SECRET_KEY)),
         case("baseBranch with a backslash", repository(json!({"url": "https://example.com/app.git", "baseBranch": "a\\b"})), "spec.repository.baseBranch", Rule(BRANCH)),
+        // idle
+        case("suspendAfter under 10s", json!({"spec": {"idle": {"suspendAfter": "9s"}}}), "spec.idle.suspendAfter", Rule(IDLE)),
+        case("suspendAfter 0m0s", json!({"spec": {"idle": {"suspendAfter": "0m0s"}}}), "spec.idle.suspendAfter", Rule(IDLE)),
         // the whole object
         case("name too long for <name>-workspace", json!({"metadata": {"name": long(244)}}), "", Rule(NAME_FOR_PVC)),
     ]
@@ -268,6 +272,9 @@ fn accepted_cases() -> Vec<(&'static str, Value)> {
             "capabilities": {"nativeSessionResume": true, "historyContextInjection": false},
         }})),
         ("requests only", resources(json!({"requests": {"cpu": 1, "memory": "512Mi"}}))),
+        ("suspendAfter off", json!({"spec": {"idle": {"suspendAfter": "off"}}})),
+        ("suspendAfter 10s", json!({"spec": {"idle": {"suspendAfter": "10s"}}})),
+        ("suspendAfter 1h30m", json!({"spec": {"idle": {"suspendAfter": "1h30m"}}})),
         ("mountPath beside /tmp", mount_path("/tmpfs")),
         ("mountPath beside /run/kandev", mount_path("/run/kandevx")),
         ("mountPath /run", mount_path("/run")),

@@ -58,8 +58,9 @@ struct Args {
     /// Fleet sizes to sweep, comma-separated (e.g. 50,100,200,400); overrides --n and draws plots.
     #[arg(long, env = "BENCH_SWEEP", value_delimiter = ',')]
     sweep: Vec<usize>,
-    /// Phases of our operator: launch, loss, resume, storm, idle (earlier ones run when a later
-    /// one needs them).
+    /// Phases of our operator: launch, loss, resume, storm, idle, suspend (earlier ones run when
+    /// a later one needs them; idle only when asked for). suspend: the fleet with
+    /// spec.idle.suspendAfter 10s, relaunched, then left idle until every session is suspended.
     #[arg(
         long,
         env = "BENCH_PHASES",

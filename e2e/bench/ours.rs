@@ -1,4 +1,4 @@
-//! Our operator through the fleet phases: launch, loss, resume, storm, idle.
+//! Our operator through the fleet phases: launch, loss, resume, storm, idle, suspend.
 //!
 //! The operator runs as a local process under a ServiceAccount of its own (so the audit log
 //! tells its requests apart), with the built-in profiles plus `bench-agent`: `kandev-test-agent`,
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use kandev_operator::api::{
-    MANAGED_LABEL, RESUME_ANNOTATION, SESSION_LABEL, SessionState, TaskSession,
+    MANAGED_LABEL, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionState, TaskSession,
 };
 use kube::ResourceExt;
 use kube::api::{
@@ -42,7 +42,7 @@ pub fn profiles_yaml() -> String {
 /// Requests in flight at once from the bench itself (creates, deletes; resume tokens go at once).
 const BENCH_CONCURRENCY: usize = 32;
 
-pub const PHASES: [&str; 5] = ["launch", "loss", "resume", "storm", "idle"];
+pub const PHASES: [&str; 6] = ["launch", "loss", "resume", "storm", "idle", "suspend"];
 
 /// The operator as a child process, stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct OperatorProcess {
@@ -164,13 +164,16 @@ pub async fn run(
     let mut results = Vec::new();
     let outcome = async {
         for (i, phase) in PHASES.iter().enumerate().take(last + 1) {
-            // Earlier phases run when a later one needs their state; only selected ones count.
+            // Earlier phases run when a later one needs their state (idle leaves none); only
+            // selected ones count.
             let result = match *phase {
                 "launch" => fleet.launch().await?,
                 "loss" => fleet.loss().await?,
                 "resume" => fleet.resume().await?,
                 "storm" => fleet.storm().await?,
-                _ => fleet.idle(idle).await?,
+                "idle" if wants(phase) => fleet.idle(idle).await?,
+                "idle" => continue,
+                _ => fleet.suspend().await?,
             };
             eprintln!(
                 "[bench] ours N={n} {phase}: {}/{} in {:.1}s{}",
@@ -521,6 +524,107 @@ impl<'a> Fleet<'a> {
         result.completed = self.names.len();
         self.close(window, &mut result).await?;
         Ok(result)
+    }
+
+    /// Idle suspension. Setup (untimed): the sessions get `spec.idle.suspendAfter: 10s`, lose
+    /// their pods and are resumed (the setting is read when a pod starts). Then nothing is asked
+    /// of them: timed from the last resumed session until every one is suspended (needsResume,
+    /// resumeReason suspended) and its pod gone; pods and operator RSS before and after are
+    /// noted. Then one session is resumed again (what `kubectl kandev prompt` does first), timed.
+    async fn suspend(&self) -> Result<PhaseResult, BoxError> {
+        const AFTER: &str = "10s";
+        self.ensure_lost().await?;
+        let api = self.api();
+        for_each(&self.names, |name| {
+            let api = api.clone();
+            async move {
+                let patch = json!({"spec": {"idle": {"suspendAfter": AFTER}}});
+                let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+                retrying(&format!("spec.idle of {name}"), || {
+                    api.patch(&name, &params, &patch)
+                })
+                .await?;
+                Ok(())
+            }
+        })
+        .await?;
+        let setup = "suspend-setup".to_string();
+        self.annotate(std::slice::from_ref(&setup)).await?;
+        let resumed = self.await_handled(&setup).await;
+        let pods_before = self.live_pods();
+        let rss_before = crate::probe::sample(self.operator.pid()).map(|s| s.rss_mib);
+        let mut result = PhaseResult::new(OURS, "suspend", self.names.len());
+        let window = self.window().await?;
+        let reached = self
+            .sessions
+            .until_all(&self.names, self.within, |ts| {
+                ts.status.as_ref().is_some_and(|s| {
+                    s.needs_resume && s.resume_reason == Some(ResumeReason::Suspended)
+                })
+            })
+            .await;
+        let deadline = Instant::now() + self.within;
+        while self.live_pods() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let pods_after = self.live_pods();
+        // From the last session resumed (idle from then on) to the last suspended.
+        if let (Some(idle_from), Some(suspended)) = (last(&resumed), last(&reached)) {
+            result.seconds = suspended.saturating_duration_since(idle_from).as_secs_f64();
+        }
+        result.record(&self.names, &resumed, &reached);
+        self.close(window, &mut result).await?;
+        self.running.store(false, Ordering::Relaxed);
+        let rss_after = crate::probe::sample(self.operator.pid()).map(|s| s.rss_mib);
+        let mib = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1} MiB"));
+        result.notes.push(format!(
+            "suspendAfter {AFTER}: live agent pods {pods_before} -> {pods_after}, operator RSS {} -> {}",
+            mib(rss_before),
+            mib(rss_after)
+        ));
+        if pods_after > 0 {
+            result
+                .notes
+                .push(format!("{pods_after} pods still live after the suspension"));
+        }
+        // One session back, as a prompt would bring it.
+        if let Some(one) = self.names.first() {
+            let token = "wake-1";
+            let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: token}}});
+            let started = Instant::now();
+            api.patch(one, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let back = self
+                .sessions
+                .until_all(std::slice::from_ref(one), self.within, |ts| {
+                    ts.status.as_ref().is_some_and(|s| {
+                        s.last_handled_resume_request.as_deref() == Some(token)
+                            && s.state == SessionState::WaitingForInput
+                            && !s.needs_resume
+                    })
+                })
+                .await;
+            match back.get(one) {
+                Some(at) => result.notes.push(format!(
+                    "one suspended session resumed in {:.2}s",
+                    at.saturating_duration_since(started).as_secs_f64()
+                )),
+                None => result
+                    .notes
+                    .push(format!("the suspended session {one} did not come back")),
+            }
+        }
+        Ok(result)
+    }
+
+    /// Live (not deleting) agent pods of the fleet.
+    fn live_pods(&self) -> usize {
+        self.pods
+            .store
+            .state()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count()
     }
 
     /// ACP calls beyond one `initialize` and one restore per pod, and prompts beyond one per

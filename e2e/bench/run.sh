@@ -4,7 +4,7 @@
 # agentctl pods, runs `kandev-bench`, and ALWAYS tears the cluster down (also on failure/Ctrl-C).
 #
 # Settings (environment): BENCH_N (default 200), BENCH_SWEEP (e.g. 50,100,200,400: several sizes
-# and plots), BENCH_PHASES (launch,loss,resume,storm,idle), BENCH_CONTENDERS
+# and plots), BENCH_PHASES (launch,loss,resume,storm,idle; also suspend), BENCH_CONTENDERS
 # (ours,floor,agent-sandbox), BENCH_IDLE_SECONDS (60), BENCH_IDLE_FLEET (e.g. 10000: only the
 # idle-fleet mode, without the harness), BENCH_OUT (target/bench), BENCH_PROFILE (release, the
 # default: what the image ships, optimised; dev: the debug build the tests use, for bench-smoke),

@@ -91,9 +91,10 @@ impl Verdicts {
     }
 }
 
-/// The pod status patch (strategic merge: conditions by type, containers by name) of a change
-/// of readiness.
-pub fn ready_patch(container: &str, ready: bool, now: Timestamp) -> serde_json::Value {
+/// The pod status patch of a change of readiness: a strategic merge, which merges conditions by
+/// type but replaces `containerStatuses` whole (the list has no merge key), so the pod's
+/// current container statuses go back with only `container`'s `ready` changed.
+pub fn ready_patch(pod: &Pod, container: &str, ready: bool, now: Timestamp) -> serde_json::Value {
     let status = if ready { "True" } else { "False" };
     let reason = (!ready).then_some("ContainersNotReady");
     let message = (!ready).then(|| format!("containers with unready status: [{container}]"));
@@ -101,9 +102,17 @@ pub fn ready_patch(container: &str, ready: bool, now: Timestamp) -> serde_json::
         json!({"type": type_, "status": status, "reason": reason, "message": message,
                "lastTransitionTime": Time(now)})
     };
+    let mut containers = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.clone())
+        .unwrap_or_default();
+    for c in containers.iter_mut().filter(|c| c.name == container) {
+        c.ready = ready;
+    }
     json!({"status": {
         "conditions": [condition("Ready"), condition("ContainersReady")],
-        "containerStatuses": [{"name": container, "ready": ready}],
+        "containerStatuses": containers,
     }})
 }
 
@@ -129,14 +138,32 @@ pub async fn play(client: Client, target: Target, probe: ReadinessProbe) {
             continue;
         };
         info!(pod = %key, ready, "readiness changed");
-        let patch = Patch::Strategic(ready_patch(&target.container, ready, Timestamp::now()));
-        if let Err(e) = pods
+        let pod = match pods.get(&target.pod).await {
+            Ok(pod) => pod,
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) => {
+                warn!(pod = %key, error = %e, "cannot read the pod to report its readiness");
+                verdicts.ready = !ready;
+                continue;
+            }
+        };
+        let patch = Patch::Strategic(ready_patch(
+            &pod,
+            &target.container,
+            ready,
+            Timestamp::now(),
+        ));
+        match pods
             .patch_status(&target.pod, &PatchParams::default(), &patch)
             .await
         {
-            warn!(pod = %key, error = %e, "cannot report the pod's readiness");
-            // Reported with the next change or the next result.
-            verdicts.ready = !ready;
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) => {
+                warn!(pod = %key, error = %e, "cannot report the pod's readiness");
+                // Reported with the next change or the next result.
+                verdicts.ready = !ready;
+            }
         }
     }
 }
@@ -222,14 +249,26 @@ mod tests {
     #[test]
     fn the_patch_says_what_a_kubelet_says() {
         let now = Timestamp::from_second(0).expect("ts");
-        let patch = ready_patch("agentctl", false, now);
+        let pod: Pod = serde_json::from_value(json!({"status": {"phase": "Running",
+            "containerStatuses": [{"name": "agentctl", "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "started": true,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}}))
+        .expect("pod");
+        let patch = ready_patch(&pod, "agentctl", false, now);
         let conditions = &patch["status"]["conditions"];
         assert_eq!(conditions[0]["type"], "Ready");
         assert_eq!(conditions[0]["status"], "False");
         assert_eq!(conditions[0]["reason"], "ContainersNotReady");
         assert_eq!(conditions[1]["type"], "ContainersReady");
-        assert_eq!(patch["status"]["containerStatuses"][0]["ready"], false);
-        let patch = ready_patch("agentctl", true, now);
+        let container = &patch["status"]["containerStatuses"][0];
+        assert_eq!(container["ready"], false);
+        // The list is replaced whole: the container's state must go back with it.
+        assert_eq!(
+            container["state"]["running"]["startedAt"],
+            "2026-01-01T00:00:00Z"
+        );
+        assert_eq!(container["started"], true);
+        let patch = ready_patch(&pod, "agentctl", true, now);
         assert_eq!(patch["status"]["conditions"][0]["status"], "True");
         assert_eq!(
             patch["status"]["conditions"][0]["reason"],

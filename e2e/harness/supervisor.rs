@@ -496,6 +496,8 @@ impl Supervisor {
         let Some(t) = self.tracked.remove(&exited.uid) else {
             return;
         };
+        // Its readiness probe goes with it.
+        t.announcing.abort();
         let key = format!("{}/{}", t.plan.namespace, t.plan.name);
         // Whatever the leader left behind in its container goes with it, exec'd processes included.
         process::signal_group(exited.pid, libc::SIGKILL);
