@@ -11,9 +11,7 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::operator::{Operator, OperatorBuilder};
-use e2e_support::sessions::{
-    Sessions, assert_condition, condition, condition_is, has_condition, status_where,
-};
+use e2e_support::sessions::{Sessions, assert_condition, condition, has_condition, status_where};
 use e2e_support::support::process::run_with_stdin;
 use e2e_support::{Frozen, kubectl, poll_until, unique, wait_for};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -199,13 +197,24 @@ async fn a_resume_request_on_a_frozen_agentctl_resumes_it_once_its_pod_is_gone()
             Some("r-healthy"),
             "a frozen agentctl is not 'already running': {status:#?}"
         );
-        // The operator writes why before it deletes the pod. Stop the frozen process at once, as
-        // the kubelet would at the end of the grace period (kwok removes the pod's object at once,
-        // a kubelet only once the container is dead), so that the next serve finds the socket free.
-        let unreachable = condition_is(conditions::AGENT_RUNNING, "False", "AgentUnreachable");
-        sessions
-            .wait_within(&name, "AgentUnreachable", LOSS_WITHIN, unreachable)
-            .await;
+        // The operator writes why (AgentUnreachable, checked in the Events below), deletes the
+        // pod, and the waiting request resumes the session at once. Stop the frozen process as
+        // soon as its pod is gone, as the kubelet would at the end of the grace period (kwok
+        // removes the pod's object at once, a kubelet only once the container is dead).
+        let old = pod.uid();
+        poll_until(
+            LOSS_WITHIN,
+            Duration::from_millis(100),
+            "the frozen agentctl's pod was not deleted",
+            async || {
+                sessions
+                    .live_pods(&name)
+                    .await
+                    .iter()
+                    .all(|p| p.uid() != old)
+            },
+        )
+        .await;
         drop(frozen);
         let ts = sessions
             .wait_handled_within(&name, "r-frozen", LOSS_WITHIN)
