@@ -543,14 +543,25 @@ async fn stream_events(
 mod tests {
     use super::*;
 
+    /// Followers with the default probe and a client of an API server that is not there (a
+    /// follower that starts fails its exec and stops with its empty pod cache).
+    fn offline_followers() -> (
+        Followers,
+        Client,
+        kube::runtime::reflector::store::Writer<Pod>,
+    ) {
+        let (store, writer) = kube::runtime::reflector::store::<Pod>();
+        let followers = Followers::new(store, Probe::default());
+        let url = "http://127.0.0.1:9".parse().expect("url");
+        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        (followers, client, writer)
+    }
+
     /// A launch that left the agent idle starts no follower; a new nudge still reads the
     /// journal.
     #[tokio::test]
     async fn an_idle_launch_is_a_catch_up_without_an_exec() {
-        let (store, _writer) = kube::runtime::reflector::store::<Pod>();
-        let followers = Followers::new(store, Probe::default());
-        let url = "http://127.0.0.1:9".parse().expect("url");
-        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let (followers, client, _writer) = offline_followers();
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1"}
         }))
@@ -614,10 +625,7 @@ mod tests {
     /// and none later (periodic catch-ups are off by default); a working one is read at once.
     #[tokio::test]
     async fn a_restart_reads_only_the_journals_that_may_hold_news() {
-        let (store, _writer) = kube::runtime::reflector::store::<Pod>();
-        let followers = Followers::new(store, Probe::default());
-        let url = "http://127.0.0.1:9".parse().expect("url");
-        let client = Client::try_from(kube::Config::new(url)).expect("client");
+        let (followers, client, _writer) = offline_followers();
         let pod = |uid: &str| -> Pod {
             serde_json::from_value(json!({
                 "metadata": {"name": uid, "namespace": "ns", "uid": uid}
