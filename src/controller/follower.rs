@@ -302,12 +302,19 @@ impl Followers {
                         .catch_up_every
                         .is_none_or(|every| at.elapsed() < every)
             }
-            None => !reads_at_first_sight(status, nudge),
+            None => {
+                // Seen now: the periodic catch-up (if on) counts from here.
+                let skip = !reads_at_first_sight(status, nudge);
+                if skip {
+                    started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
+                }
+                skip
+            }
         };
-        started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
         if skip {
             return;
         }
+        started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
         // A root of its own, linked to the reconcile that started it: the follower outlives the
         // reconcile, and a child would keep the reconcile's span (and its trace) open.
         let span = info_span!(parent: None, "agentctl.events", pod = %name, namespace = %ns);
