@@ -577,11 +577,13 @@ impl<'a> Fleet<'a> {
         self.running.store(false, Ordering::Relaxed);
         let rss_after = crate::probe::sample(self.operator.pid()).map(|s| s.rss_mib);
         let mib = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1} MiB"));
-        result.notes.push(format!(
-            "suspendAfter {AFTER}: live agent pods {pods_before} -> {pods_after}, operator RSS {} -> {}",
+        // Figures, not problems (a note fails --require-complete).
+        eprintln!(
+            "[bench] ours N={} suspend: suspendAfter {AFTER}: live agent pods {pods_before} -> {pods_after}, operator RSS {} -> {}",
+            self.names.len(),
             mib(rss_before),
             mib(rss_after)
-        ));
+        );
         if pods_after > 0 {
             result
                 .notes
@@ -605,10 +607,11 @@ impl<'a> Fleet<'a> {
                 })
                 .await;
             match back.get(one) {
-                Some(at) => result.notes.push(format!(
-                    "one suspended session resumed in {:.2}s",
+                Some(at) => eprintln!(
+                    "[bench] ours N={} suspend: one suspended session resumed in {:.2}s",
+                    self.names.len(),
                     at.saturating_duration_since(started).as_secs_f64()
-                )),
+                ),
                 None => result
                     .notes
                     .push(format!("the suspended session {one} did not come back")),
