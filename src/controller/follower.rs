@@ -61,7 +61,7 @@ pub struct Probe {
     /// An idle session's journal is read at least this often (`None`: only when nudged).
     pub catch_up_every: Option<Duration>,
     /// agentctl answers a new `agentctl events` stream (its replay and snapshot) within this,
-    /// or the contact counts as unanswered.
+    /// or the stream counts as dropped (and is opened again after the backoff).
     pub answer_within: Duration,
     /// `agentctl events` execs opened per second, at most, working sessions first (0: no
     /// limit); see [`ExecGate`].
@@ -294,7 +294,9 @@ impl Followers {
         if running.contains_key(&uid) {
             return;
         }
-        let skip = match started.get(&uid) {
+        let seen = started.get(&uid);
+        let first_sight = seen.is_none();
+        let skip = match seen {
             Some((at, seen)) => {
                 seen.as_deref() == nudge
                     && self
@@ -302,19 +304,16 @@ impl Followers {
                         .catch_up_every
                         .is_none_or(|every| at.elapsed() < every)
             }
-            None => {
-                // Seen now: the periodic catch-up (if on) counts from here.
-                let skip = !reads_at_first_sight(status, nudge);
-                if skip {
-                    started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
-                }
-                skip
-            }
+            None => !reads_at_first_sight(status, nudge),
         };
+        // The clock of the periodic catch-up (if on) runs from a read, or from the first sight
+        // of a pod that needed none; a skip does not restart it.
+        if !skip || first_sight {
+            started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
+        }
         if skip {
             return;
         }
-        started.insert(uid.clone(), (Instant::now(), nudge.map(str::to_string)));
         // A root of its own, linked to the reconcile that started it: the follower outlives the
         // reconcile, and a child would keep the reconcile's span (and its trace) open.
         let span = info_span!(parent: None, "agentctl.events", pod = %name, namespace = %ns);

@@ -160,8 +160,8 @@ pub struct OperatorSettings {
     pub launch_deadline: Duration,
     /// How long a session that ends `Completed` lets a running prompt finish.
     pub end_grace: Duration,
-    /// A running pod whose agentctl answers none of the operator's contacts for this long
-    /// counts as lost (`AgentUnreachable`); `None`: never.
+    /// A running pod that has not been Ready (its readiness probe of agentctl fails) for this
+    /// long counts as lost (`AgentUnreachable`); `None`: never.
     pub agent_unreachable_after: Option<Duration>,
     /// A running pod whose node is gone or not Ready for this long counts as lost
     /// (`NodeLost`); `None`: nodes are not watched.

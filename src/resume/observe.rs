@@ -11,6 +11,7 @@ use crate::api::{
 use k8s_openapi::api::core::v1::Pod;
 
 use super::reach::{LossCause, Reach, ReachFacts, judge};
+use super::status::terminated_containers;
 use super::transition::{Metric, NextAction, Note, Requeue, Transition};
 use super::{PodLiveness, SessionObjects, evaluate_resume_eligibility, pod_liveness};
 
@@ -253,15 +254,11 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
 /// agentctl's word that it suspended the session: the pod ended, its container exited 0 with
 /// the termination message `Suspended: …` (which is returned).
 fn suspension(pod: &Pod) -> Option<String> {
-    let status = pod.status.as_ref()?;
-    if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    let phase = pod.status.as_ref()?.phase.as_deref();
+    if !matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
-    status
-        .container_statuses
-        .iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+    terminated_containers(pod)
         .find(|t| t.exit_code == 0)
         .and_then(|t| t.message.as_deref())
         .filter(|m| m.starts_with(&format!("{SUSPENDED}:")))

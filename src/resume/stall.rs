@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::status::terminated_containers;
 use crate::agentctl::checkout::CheckoutReason;
 
 /// A launch that did not reach a running agentctl within the deadline.
@@ -100,14 +101,7 @@ pub fn launch_stall(
 /// `RepositoryCheckoutFailed`). Anything else (an agent that wrote its own message, a crash)
 /// is not a checkout failure.
 pub fn checkout_stall(pod: &Pod) -> Option<LaunchStall> {
-    let message = pod
-        .status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.as_deref())
-        .next()?;
+    let message = terminated_containers(pod).find_map(|t| t.message.as_deref())?;
     let (reason, text) = CheckoutReason::from_termination_message(message)?;
     Some(LaunchStall {
         reason: reason.as_str(),

@@ -6,7 +6,7 @@
 //! `podName` in status is only a hint, so [`PodLiveness`] must come from the live Pod
 //! ([`pod_liveness`]); the operator and `kubectl kandev` read pods the same way.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 
 use crate::api::{ResumeReason, SessionState};
 
@@ -53,6 +53,15 @@ impl PodLiveness {
 /// No pod → `Missing`; phase Failed/Succeeded → `Failed`; otherwise a deletion timestamp →
 /// `Terminating`; phase Running with every container running → `Running`, with a container
 /// that stopped → `Failed`; anything else (Pending, unknown) → `Pending`.
+/// The terminated states of `pod`'s containers, where agentctl's termination message (why it
+/// ended: a checkout that failed, a suspension) is read.
+pub(crate) fn terminated_containers(pod: &Pod) -> impl Iterator<Item = &ContainerStateTerminated> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+}
+
 pub fn pod_liveness(pod: Option<&Pod>) -> PodLiveness {
     let Some(pod) = pod else {
         return PodLiveness::Missing;
