@@ -201,6 +201,20 @@ mod tests {
     use pretty_assertions::assert_eq;
     use serde_json::json;
 
+    /// The restore of saved session `token` in `/w`, the profile leaving it to the agent, every
+    /// call within `limit`.
+    async fn restore_saved(client: &mut AcpClient, token: &str, limit: Duration) -> RestoreOutcome {
+        client
+            .restore(
+                Some(token),
+                Path::new("/w"),
+                NativeSessionResume::Auto,
+                false,
+                AcpTimeouts::uniform(limit),
+            )
+            .await
+    }
+
     #[tokio::test]
     async fn a_replay_over_budget_or_line_limit_cuts_the_agent_off_keeping_the_token() {
         for (limits, expected) in [
@@ -240,15 +254,7 @@ mod tests {
                 _ => vec![],
             })
             .with_limits(limits);
-            let outcome = client
-                .restore(
-                    Some("tok"),
-                    Path::new("/w"),
-                    NativeSessionResume::Auto,
-                    false,
-                    AcpTimeouts::uniform(Duration::from_secs(5)),
-                )
-                .await;
+            let outcome = restore_saved(&mut client, "tok", Duration::from_secs(5)).await;
             let RestoreOutcome::Failed {
                 class,
                 token_kept,
@@ -295,15 +301,7 @@ mod tests {
             _ => (Duration::from_secs(3600), vec![]),
         });
         let started = tokio::time::Instant::now();
-        let outcome = client
-            .restore(
-                Some("tok"),
-                Path::new("/w"),
-                NativeSessionResume::Auto,
-                false,
-                AcpTimeouts::uniform(Duration::from_secs(2)),
-            )
-            .await;
+        let outcome = restore_saved(&mut client, "tok", Duration::from_secs(2)).await;
         assert_eq!(started.elapsed(), Duration::from_secs(2), "{outcome:?}");
         let RestoreOutcome::Failed {
             class,
@@ -331,15 +329,7 @@ mod tests {
             "session/resume" => vec![ok(id, json!({}))],
             _ => vec![],
         });
-        let outcome = client
-            .restore(
-                Some(" tok "),
-                Path::new("/w"),
-                NativeSessionResume::Auto,
-                false,
-                AcpTimeouts::uniform(Duration::from_secs(5)),
-            )
-            .await;
+        let outcome = restore_saved(&mut client, " tok ", Duration::from_secs(5)).await;
         assert_eq!(
             outcome,
             RestoreOutcome::Restored {
