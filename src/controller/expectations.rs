@@ -101,6 +101,14 @@ impl Expectations {
         }
     }
 
+    /// A write based on `version` of the TaskSession was refused with a conflict: a newer
+    /// version exists, and the cache will show it. Until then, deciding again on `version` would
+    /// only be refused again (at N = 200, a storm of resume tokens cost 25 refused status writes
+    /// per session while the cache lagged), so the cached object counts as stale.
+    pub fn outdated(&self, session: &str, version: Option<&str>) {
+        self.wrote(session, version, None);
+    }
+
     /// Whether the cached TaskSession (at `version`) predates one of our writes. Any
     /// other version ends the wait, whoever wrote it.
     pub fn is_stale(&self, session: &str, version: Option<&str>) -> bool {
@@ -276,6 +284,18 @@ mod tests {
         assert!(e.is_stale("s", Some("6")));
         assert!(e.is_stale("s", Some("7")));
         assert!(!e.is_stale("s", Some("8")));
+    }
+
+    /// A storm of resume tokens: our status write based on "3" was refused, the cache still
+    /// shows "3"; deciding again would be refused again, so the reconcile waits for the cache.
+    #[test]
+    fn a_refused_write_makes_its_version_stale_until_the_cache_moves() {
+        let e = Expectations::default();
+        e.outdated("s", Some("3"));
+        assert!(e.is_stale("s", Some("3")));
+        assert!(!e.is_stale("s", Some("9")), "the newer version arrived");
+        e.outdated("s", None);
+        assert!(!e.is_stale("s", None), "no version, nothing to wait for");
     }
 
     #[test]

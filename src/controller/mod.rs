@@ -4,6 +4,7 @@
 
 pub mod events;
 mod expectations;
+mod pod_index;
 pub mod pods;
 mod reconcile;
 

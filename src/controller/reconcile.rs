@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, PodSpec};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
@@ -25,6 +25,7 @@ use super::events::{OutgoingEvent, Publisher, Queue as EventQueue};
 use super::expectations::Expectations;
 use super::follower::{Followers, Probe};
 use super::metrics::{self, Deadlines, ResumeOutcome};
+use super::pod_index::PodIndex;
 use super::pods::{self, PodSettings};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
@@ -235,6 +236,8 @@ pub struct Context {
     /// ExecutorRunnings and pods from here, never from the API server.
     pub executors: Store<ExecutorRunning>,
     pub pods: Store<Pod>,
+    /// The cached pods by session.
+    pub pod_index: Arc<PodIndex>,
     /// Which PVCs exist (metadata only), for the workspace check before a launch.
     pub claims: Store<PartialObjectMeta<PersistentVolumeClaim>>,
     /// The nodes (without their image lists), when lost nodes are looked for.
@@ -337,9 +340,17 @@ async fn run_scope(
     let (pods, pods_writer) = reflector::store();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
     // Deletions count too: a relaunch waits until the previous pod is gone.
+    let pod_index = Arc::new(PodIndex::default());
     let pod_events = watcher(scoped::<Pod>(&client, ns), managed)
         .default_backoff()
         .modify(slim_pod)
+        .map_ok({
+            let index = pod_index.clone();
+            move |event| {
+                index.apply(&event);
+                event
+            }
+        })
         .reflect(pods_writer)
         .touched_objects();
     // Only whether a claim exists matters: metadata, without labels and annotations.
@@ -398,6 +409,7 @@ async fn run_scope(
         followers: Followers::new(pods.clone(), probe),
         executors,
         pods,
+        pod_index,
         claims,
         nodes,
         expectations: Expectations::default(),
@@ -443,7 +455,15 @@ async fn add_finalizer(
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(conflict_or("adding the finalizer"))?;
+        .map_err(conflict_or("adding the finalizer"))
+        .inspect_err(|err| {
+            if matches!(err, Error::Conflict) {
+                expectations.outdated(
+                    &ts.uid().unwrap_or_default(),
+                    ts.metadata.resource_version.as_deref(),
+                );
+            }
+        })?;
     expectations.wrote(
         &ts.uid().unwrap_or_default(),
         ts.metadata.resource_version.as_deref(),
@@ -481,6 +501,7 @@ async fn reconcile(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Er
 async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let uid = ts.uid().unwrap_or_default();
+    tracing::debug!(version = ?ts.metadata.resource_version, "reconciling");
     let result = async {
         let ns = ts.namespace().ok_or(Error::NoNamespace)?;
         // Before the first list of the child caches, a session would look as if it had no pod.
@@ -500,9 +521,12 @@ async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Ac
             .is_stale(&uid, ts.metadata.resource_version.as_deref())
         {
             // Our last write has not reached the cache: deciding now would repeat what
-            // was just done. The write's watch event reconciles again; this is the fallback.
+            // was just done. The write's watch event reconciles again; this is the fallback
+            // for an event that a watch restart lost (a relist's reconciles still read the
+            // previous cache). Not sooner: with 10,000 sessions, a 2 s fallback kept hundreds
+            // of reconciles a second busy while the cache caught up, and slowed it further.
             tracing::debug!("cached TaskSession predates our last write; waiting for it");
-            return Ok(Action::requeue(Duration::from_secs(2)));
+            return Ok(Action::requeue(RECHECK));
         }
         let api: Api<TaskSession> = Api::namespaced(ctx.client.clone(), &ns);
         // Liveness: a session that is not at rest is looked at again within the recheck,
@@ -512,7 +536,9 @@ async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Ac
             && !ts.finalizers().iter().any(|f| f == FINALIZER)
         {
             add_finalizer(&api, &ts, &ctx.expectations).await?;
-            return Ok(ctx.action(bounded(Requeue::AwaitChange, at_rest)));
+            // The session is not evaluated yet, at rest or not: if the watch event of this
+            // write is lost, the fallback still evaluates it.
+            return Ok(Action::requeue(RECHECK));
         }
         finalizer(&api, FINALIZER, ts, |event| async {
             let requeue = match event {
@@ -532,6 +558,7 @@ async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Ac
     if result.is_ok() {
         ctx.expectations.succeeded(&uid);
     }
+    tracing::debug!(?result, "reconcile done");
     result
 }
 
@@ -562,15 +589,16 @@ impl<'a> Session<'a> {
             .executors
             .get(&ObjectRef::new(&names::executor_name(&ts)).within(&ns))
             .map(Arc::unwrap_or_clone);
-        // Filtered on the shared objects first: only this session's pods are copied out of
-        // the store (copying every pod of the namespace made each reconcile cost O(N)).
+        // Found through the index, not by going through every pod of the cache.
         let mut candidates = ctx
-            .pods
-            .state_filter(|pod| {
+            .pod_index
+            .controlled_by(&uid)
+            .iter()
+            .filter_map(|pod| ctx.pods.get(pod))
+            .filter(|pod| {
                 pod.metadata.namespace.as_deref() == Some(ns.as_str())
                     && is_controlled_by(pod, Some(uid.as_str()))
             })
-            .into_iter()
             .map(Arc::unwrap_or_clone)
             .collect::<Vec<Pod>>();
         ctx.expectations
@@ -665,11 +693,17 @@ impl<'a> Session<'a> {
     /// prove nothing); each is reported once, as a Warning Event.
     fn report_decoys(&self) {
         let label = names::session_label_value(&self.name);
-        let decoys = self.ctx.pods.state_filter(|pod| {
-            pod.metadata.namespace.as_deref() == Some(self.ns.as_str())
-                && pod.labels().get(SESSION_LABEL) == Some(&label)
-                && !pods::controlled_by(pod, &self.ts)
-        });
+        let decoys = self
+            .ctx
+            .pod_index
+            .labelled(&self.ns, &label)
+            .iter()
+            .filter_map(|pod| self.ctx.pods.get(pod))
+            .filter(|pod| {
+                pod.labels().get(SESSION_LABEL) == Some(&label)
+                    && !pods::controlled_by(pod, &self.ts)
+            })
+            .collect::<Vec<_>>();
         for pod in decoys {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             if self.ctx.expectations.report_decoy(&uid) {
@@ -2020,7 +2054,14 @@ impl<'a> Session<'a> {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(conflict_or("writing the TaskSession status"))?;
+            .map_err(conflict_or("writing the TaskSession status"))
+            .inspect_err(|err| {
+                if matches!(err, Error::Conflict) {
+                    self.ctx
+                        .expectations
+                        .outdated(&self.uid, self.resource_version.as_deref());
+                }
+            })?;
         let version = written.metadata.resource_version;
         self.ctx.expectations.wrote(
             &self.uid,
