@@ -141,7 +141,9 @@ mod tests {
             })
             .into_iter()
             .collect();
-        let labels = label.map(|l| json!({SESSION_LABEL: l})).unwrap_or(json!({}));
+        let labels = label
+            .map(|l| json!({SESSION_LABEL: l}))
+            .unwrap_or(json!({}));
         serde_json::from_value(json!({"metadata": {
             "name": name, "namespace": "ns", "ownerReferences": owners, "labels": labels}}))
         .expect("a pod")
@@ -162,7 +164,10 @@ mod tests {
         index.apply(&watcher::Event::Apply(pod("other", Some("u2"), Some("s2"))));
         assert_eq!(names(index.controlled_by("u1")), ["a", "b"]);
         assert_eq!(names(index.labelled("ns", "s1")), ["a", "b", "decoy"]);
-        assert!(index.labelled("elsewhere", "s1").is_empty(), "per namespace");
+        assert!(
+            index.labelled("elsewhere", "s1").is_empty(),
+            "per namespace"
+        );
         // A pod whose owner and label changed is found by the new ones only.
         index.apply(&watcher::Event::Apply(pod("b", Some("u2"), None)));
         assert_eq!(names(index.controlled_by("u1")), ["a"]);
@@ -178,7 +183,11 @@ mod tests {
         let index = PodIndex::default();
         index.apply(&watcher::Event::Apply(pod("gone", Some("u1"), Some("s1"))));
         index.apply(&watcher::Event::Init);
-        index.apply(&watcher::Event::InitApply(pod("new", Some("u1"), Some("s1"))));
+        index.apply(&watcher::Event::InitApply(pod(
+            "new",
+            Some("u1"),
+            Some("s1"),
+        )));
         assert_eq!(
             names(index.controlled_by("u1")),
             ["gone"],
