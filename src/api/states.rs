@@ -72,6 +72,15 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// The task column of a session whose agent is up (DESIGN §3 step 5): IN_PROGRESS while it
+    /// works (`RUNNING`), REVIEW while it waits for input (any other state it returns to).
+    pub fn of_agent_in(state: SessionState) -> Self {
+        match state {
+            SessionState::Running => Self::InProgress,
+            _ => Self::Review,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Todo => "TODO",
@@ -132,5 +141,22 @@ impl ResumeReason {
 impl std::fmt::Display for ResumeReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_task_column_follows_the_agent() {
+        for state in SessionState::ALL {
+            let expected = if state == SessionState::Running {
+                TaskState::InProgress
+            } else {
+                TaskState::Review
+            };
+            assert_eq!(TaskState::of_agent_in(state), expected, "{state:?}");
+        }
     }
 }

@@ -1625,11 +1625,7 @@ impl<'a> Session<'a> {
         message: &str,
     ) -> Result<Requeue, Error> {
         self.status.state = state;
-        self.status.task_state = if state == SessionState::Running {
-            TaskState::InProgress
-        } else {
-            TaskState::Review
-        };
+        self.status.task_state = TaskState::of_agent_in(state);
         self.status.needs_resume = false;
         self.status.is_resumable = false;
         self.status.resume_reason = Some(ResumeReason::AlreadyRunning);

@@ -56,16 +56,14 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             SessionState::Running | SessionState::WaitingForInput
         )
     {
-        match objects.executor_status().activity {
-            Some(AgentActivity::Working) => {
-                status.state = SessionState::Running;
-                status.task_state = TaskState::InProgress;
-            }
-            Some(AgentActivity::Idle) => {
-                status.state = SessionState::WaitingForInput;
-                status.task_state = TaskState::Review;
-            }
-            None => {}
+        let state = match objects.executor_status().activity {
+            Some(AgentActivity::Working) => Some(SessionState::Running),
+            Some(AgentActivity::Idle) => Some(SessionState::WaitingForInput),
+            None => None,
+        };
+        if let Some(state) = state {
+            status.state = state;
+            status.task_state = TaskState::of_agent_in(state);
         }
     }
     let eval = evaluate_resume_eligibility(&objects.facts_with(&status, pod));

@@ -58,10 +58,7 @@ pub struct ResumeRequest {
 impl ResumeRequest {
     /// The task column that goes with [`Self::previous_state`] (`WAITING_FOR_INPUT` → `REVIEW`).
     pub fn previous_task_state(&self) -> TaskState {
-        match self.previous_state {
-            SessionState::Running => TaskState::InProgress,
-            _ => TaskState::Review,
-        }
+        TaskState::of_agent_in(self.previous_state)
     }
 
     /// The initial prompt dispatch once a fresh agent is up (`session/new`) and the caller
