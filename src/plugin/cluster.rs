@@ -1,7 +1,6 @@
 //! Talking to the API server: loading the kubeconfig (with kubectl's `--as`, `--as-group`,
 //! `--token` and `--request-timeout`), reading a session with its executor and pods, setting the
-//! resume-request annotation, and waiting (by watching: `watch.rs`) until something
-//! happened.
+//! resume-request annotation. Waiting until something happened is `watch.rs`'s.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,9 +14,7 @@ use tokio::time::Instant;
 
 use super::cli::GlobalArgs;
 use super::error::PluginError;
-use super::resume::request_token;
 use super::status::Snapshot;
-use super::watch::SessionWatch;
 use crate::api::names;
 use crate::api::{
     ExecutorRunning, MANAGED_LABEL, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL,
@@ -264,104 +261,7 @@ impl Cluster {
             )),
         }
     }
-
-    /// Watches the session (and its executor and pods) until `done` returns `Some`, or fails
-    /// with a timeout that says what was awaited and where the session stood. While it waits,
-    /// it says on stderr where the session stands: at each change, and every
-    /// [`PROGRESS_EVERY`] without one.
-    pub async fn wait_for<T>(
-        &self,
-        name: &str,
-        what: &str,
-        deadline: Deadline,
-        mut done: impl FnMut(&Snapshot) -> Result<Option<T>, PluginError>,
-    ) -> Result<T, PluginError> {
-        let mut snapshot = self.snapshot(name).await?;
-        let mut watch = SessionWatch::start(self, &snapshot);
-        let started = Instant::now();
-        let mut said = String::new();
-        let mut said_at = started;
-        loop {
-            if let Some(value) = done(&snapshot)? {
-                return Ok(value);
-            }
-            let now = snapshot.last_seen();
-            if said.is_empty() {
-                eprintln!(
-                    "waiting up to {} for {what}",
-                    super::error::format_duration(deadline.total)
-                );
-            }
-            if now != said || said_at.elapsed() >= PROGRESS_EVERY {
-                eprintln!("  [{:>4}s] {now}", started.elapsed().as_secs());
-                (said, said_at) = (now, Instant::now());
-            }
-            tokio::select! {
-                next = watch.changed() => snapshot = next?,
-                () = tokio::time::sleep_until(said_at + PROGRESS_EVERY) => {
-                    if let Some(current) = watch.current() {
-                        snapshot = current?;
-                    }
-                }
-                () = tokio::time::sleep_until(deadline.at) => {
-                    return Err(PluginError::Timeout {
-                        what: what.to_string(),
-                        waited: deadline.total,
-                        last_seen: snapshot.last_seen(),
-                    });
-                }
-            }
-        }
-    }
-
-    /// Waits until the operator has handled request `token` (`status.lastHandledResumeRequest`).
-    pub async fn wait_handled(
-        &self,
-        name: &str,
-        token: &str,
-        deadline: Deadline,
-    ) -> Result<Snapshot, PluginError> {
-        let what =
-            format!("the operator to handle resume request {token:?} of tasksession {name:?}");
-        self.wait_for(name, &what, deadline, |snapshot| {
-            let status = snapshot.status();
-            let handled = status.active_resume_request.as_deref() != Some(token)
-                && (status.last_handled_resume_request.as_deref() == Some(token)
-                    || status.recent_resume_requests.iter().any(|t| t == token));
-            if handled {
-                return Ok(Some(snapshot.clone()));
-            }
-            // A launch pod that cannot start is reported now, not at the operator's deadline.
-            match super::resume::stalling_launch(&status, token, snapshot.current_pod()) {
-                Some(why) => Err(PluginError::ResumeFailed {
-                    name: name.to_string(),
-                    verdict: format!(
-                        "is stalled: {why}. The operator keeps trying until its launch deadline, then keeps the token; fix the cause and resume again"
-                    ),
-                }),
-                None => Ok(None),
-            }
-        })
-        .await
-        .map_err(|e| match e {
-            PluginError::Timeout {
-                what,
-                waited,
-                last_seen,
-            } if !last_seen.contains(token) => PluginError::Timeout {
-                what,
-                waited,
-                last_seen: format!(
-                    "{last_seen} (the operator has not picked the request up: is kandev-operator running?)"
-                ),
-            },
-            other => other,
-        })
-    }
 }
-
-/// How often a wait says that it still waits, when nothing changed.
-pub const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
 /// A point in time a command must not wait beyond (`--timeout`).
 #[derive(Clone, Copy, Debug)]
@@ -432,6 +332,13 @@ pub fn resume_patch(token: &str, fresh: bool, current_fresh: Option<&str>) -> Va
     json!({"metadata": {"annotations": annotations}})
 }
 
+/// A new resume-request token: `kandev-<unix milliseconds>-<6 hex digits>`. Unique per request
+/// (the time plus per-process randomness), sortable by time, and obviously from this plugin
+/// when someone reads the annotation.
+pub fn request_token(unix_millis: u128, entropy: u64) -> String {
+    format!("kandev-{unix_millis}-{:06x}", entropy & 0xff_ffff)
+}
+
 pub(super) fn new_token() -> String {
     use std::hash::{BuildHasher, Hasher};
     let now = std::time::SystemTime::now()
@@ -468,6 +375,15 @@ mod tests {
             resume_patch("t2", true, Some("t1")),
             json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: "t2"}}})
         );
+    }
+
+    #[test]
+    fn request_tokens_are_sortable_and_label_safe() {
+        let token = request_token(1_767_225_600_123, 0x1234_5678_9abc_def0);
+        assert_eq!(token, "kandev-1767225600123-bcdef0");
+        assert_eq!(request_token(5, 1), "kandev-5-000001");
+        assert_ne!(request_token(5, 1), request_token(5, 2));
+        assert!(token.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
     }
 
     #[test]

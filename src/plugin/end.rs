@@ -3,6 +3,7 @@
 use super::cli::EndArgs;
 use super::cluster::{Cluster, Deadline};
 use super::output::OutputFormat;
+use super::watch::wait_for;
 use super::{ExitCode, PluginError, print_object, shown};
 use crate::api::conditions;
 use crate::api::{SessionEnd, SessionState};
@@ -27,11 +28,10 @@ pub(super) async fn end(
     eprintln!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
     if args.wait {
         let what = format!("tasksession {name:?} to be {wanted}");
-        let done = cluster
-            .wait_for(&name, &what, Deadline::after(args.timeout), |s| {
-                Ok((s.status().state == wanted).then(|| s.clone()))
-            })
-            .await?;
+        let done = wait_for(cluster, &name, &what, Deadline::after(args.timeout), |s| {
+            Ok((s.status().state == wanted).then(|| s.clone()))
+        })
+        .await?;
         let message = conditions::find(&done.status().conditions, conditions::READY)
             .map(|c| c.message.clone())
             .unwrap_or_default();

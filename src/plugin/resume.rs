@@ -1,7 +1,7 @@
 //! `kubectl kandev resume`: the pure rules first — what a resume request should do
 //! ([`plan_resume`], [`stalling_launch`]), what a handled request's outcome means
 //! ([`interpret_outcome`]), the report it prints ([`ResumeReport`]) and the request token
-//! ([`request_token`]) — then the command itself (`resume`), which reads the session, sets the
+//! ([`super::cluster::request_token`]) — then the command itself (`resume`), which reads the session, sets the
 //! resume annotation and with `--wait` waits for the operator to handle it.
 
 use std::time::Duration;
@@ -14,7 +14,8 @@ use super::cli::ResumeArgs;
 use super::cluster::{Cluster, Deadline};
 use super::error::{ExitCode, PluginError};
 use super::print_object;
-use super::status::liveness_name;
+use super::status::{Snapshot, liveness_name};
+use super::watch::wait_for;
 use crate::api::conditions::{self, READY, RESUMED};
 use crate::api::{SessionState, TaskSessionStatus, TaskState};
 use crate::resume::{PodLiveness, ResumeEvaluation, launch_stall, pod_liveness};
@@ -288,11 +289,48 @@ pub fn describe_token_change(before: Option<&str>, after: Option<&str>) -> Strin
     format!("{} → {}{note}", show(before), show(after))
 }
 
-/// A new resume-request token: `kandev-<unix milliseconds>-<6 hex digits>`. Unique per request
-/// (the time plus per-process randomness), sortable by time, and obviously from this plugin
-/// when someone reads the annotation.
-pub fn request_token(unix_millis: u128, entropy: u64) -> String {
-    format!("kandev-{unix_millis}-{:06x}", entropy & 0xff_ffff)
+/// Waits until the operator has handled request `token` (`status.lastHandledResumeRequest`).
+pub async fn wait_handled(
+    cluster: &Cluster,
+    name: &str,
+    token: &str,
+    deadline: Deadline,
+) -> Result<Snapshot, PluginError> {
+    let what = format!("the operator to handle resume request {token:?} of tasksession {name:?}");
+    wait_for(cluster, name, &what, deadline, |snapshot| {
+        let status = snapshot.status();
+        let handled = status.active_resume_request.as_deref() != Some(token)
+            && (status.last_handled_resume_request.as_deref() == Some(token)
+                || status.recent_resume_requests.iter().any(|t| t == token));
+        if handled {
+            return Ok(Some(snapshot.clone()));
+        }
+        // A launch pod that cannot start is reported now, not at the operator's deadline.
+        match stalling_launch(&status, token, snapshot.current_pod()) {
+            Some(why) => Err(PluginError::ResumeFailed {
+                name: name.to_string(),
+                verdict: format!(
+                    "is stalled: {why}. The operator keeps trying until its launch deadline, then keeps the token; fix the cause and resume again"
+                ),
+            }),
+            None => Ok(None),
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        PluginError::Timeout {
+            what,
+            waited,
+            last_seen,
+        } if !last_seen.contains(token) => PluginError::Timeout {
+            what,
+            waited,
+            last_seen: format!(
+                "{last_seen} (the operator has not picked the request up: is kandev-operator running?)"
+            ),
+        },
+        other => other,
+    })
 }
 
 // ------------------------------------------------------------------------------------------
@@ -389,9 +427,7 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
         })?;
         return Ok(ExitCode::Ok);
     }
-    let handled = cluster
-        .wait_handled(&name, &request, Deadline::after(args.timeout))
-        .await?;
+    let handled = wait_handled(cluster, &name, &request, Deadline::after(args.timeout)).await?;
     let status = handled.status();
     let outcome = interpret_outcome(&status, &request);
     report.handled = true;
@@ -590,14 +626,5 @@ tasksession \"demo\": resumed: the saved agent session was restored
             "a → none (token cleared)"
         );
         assert_eq!(describe_token_change(None, None), "none → none");
-    }
-
-    #[test]
-    fn request_tokens_are_sortable_and_label_safe() {
-        let token = request_token(1_767_225_600_123, 0x1234_5678_9abc_def0);
-        assert_eq!(token, "kandev-1767225600123-bcdef0");
-        assert_eq!(request_token(5, 1), "kandev-5-000001");
-        assert_ne!(request_token(5, 1), request_token(5, 2));
-        assert!(token.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
     }
 }

@@ -1,17 +1,20 @@
 //! Waiting by watching: one TaskSession, its ExecutorRunning and its agentctl pods, each
 //! followed by a `kube::runtime` watcher into a reflector store. Every change yields a fresh
 //! [`Snapshot`] built from the stores, so a wait reacts as soon as the API server reports
-//! something, and asks it nothing while nothing happens.
+//! something, and asks it nothing while nothing happens. [`wait_for`] waits on it, saying on
+//! stderr where the session stands.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::stream::{BoxStream, SelectAll, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
+use tokio::time::Instant;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, Deadline};
 use super::error::PluginError;
 use super::status::Snapshot;
 use crate::api::names;
@@ -236,6 +239,58 @@ fn step<K>(event: &watcher::Event<K>) -> Step {
         watcher::Event::InitDone => Step::Synced,
         watcher::Event::Init | watcher::Event::InitApply(_) => Step::Listing,
         watcher::Event::Apply(_) | watcher::Event::Delete(_) => Step::Changed,
+    }
+}
+
+/// How often a wait says that it still waits, when nothing changed.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
+/// Watches the session (and its executor and pods) until `done` returns `Some`, or fails
+/// with a timeout that says what was awaited and where the session stood. While it waits,
+/// it says on stderr where the session stands: at each change, and every
+/// [`PROGRESS_EVERY`] without one.
+pub async fn wait_for<T>(
+    cluster: &Cluster,
+    name: &str,
+    what: &str,
+    deadline: Deadline,
+    mut done: impl FnMut(&Snapshot) -> Result<Option<T>, PluginError>,
+) -> Result<T, PluginError> {
+    let mut snapshot = cluster.snapshot(name).await?;
+    let mut watch = SessionWatch::start(cluster, &snapshot);
+    let started = Instant::now();
+    let mut said = String::new();
+    let mut said_at = started;
+    loop {
+        if let Some(value) = done(&snapshot)? {
+            return Ok(value);
+        }
+        let now = snapshot.last_seen();
+        if said.is_empty() {
+            eprintln!(
+                "waiting up to {} for {what}",
+                super::error::format_duration(deadline.total)
+            );
+        }
+        if now != said || said_at.elapsed() >= PROGRESS_EVERY {
+            eprintln!("  [{:>4}s] {now}", started.elapsed().as_secs());
+            (said, said_at) = (now, Instant::now());
+        }
+        tokio::select! {
+            next = watch.changed() => snapshot = next?,
+            () = tokio::time::sleep_until(said_at + PROGRESS_EVERY) => {
+                if let Some(current) = watch.current() {
+                    snapshot = current?;
+                }
+            }
+            () = tokio::time::sleep_until(deadline.at) => {
+                return Err(PluginError::Timeout {
+                    what: what.to_string(),
+                    waited: deadline.total,
+                    last_seen: snapshot.last_seen(),
+                });
+            }
+        }
     }
 }
 
