@@ -403,7 +403,8 @@ async fn lost_session_is_resumed_lazily_with_the_same_token() {
 }
 
 /// -32002 from the real agent (the token is unknown to it) → fresh session, WAITING_FOR_INPUT,
-/// token replaced; -32603 from the scriptable agent → token kept, condition explains.
+/// token replaced; -32603 from the scriptable agent → token kept, condition explains; an agent
+/// that offers no restore → fresh session with a Normal StartedFresh Event.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn rejected_and_inconclusive_restores() {
@@ -469,6 +470,35 @@ async fn rejected_and_inconclusive_restores() {
         assert!(
             sessions.live_pods(&name).await.is_empty(),
             "the failed attempt's pod is removed"
+        );
+
+        // An agent that offers no restore method (profile `auto`) starts over on every resume
+        // by design: a new session, and a Normal StartedFresh Event rather than a Warning.
+        let name = unique("no-restore");
+        sessions.create(&name, "test-no-restore").await;
+        let (token, pod) = started_and_waiting(&sessions, &name).await;
+        sessions.delete_pod(&pod).await;
+        sessions.wait_needs_resume(&name).await;
+        let ts = sessions.resume(&name, "n1").await;
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_condition(&status, conditions::RESUMED, ("False", "TokenRejected"));
+        let fresh_token = sessions.token_of(&name).await;
+        assert!(
+            fresh_token.is_some() && fresh_token.as_deref() != Some(token.as_str()),
+            "a new session replaces {token}: {fresh_token:?}"
+        );
+        let events = sessions.events(&name).await;
+        let fresh = events
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("StartedFresh"))
+            .expect("the StartedFresh Event");
+        assert_eq!(fresh.type_.as_deref(), Some("Normal"), "{fresh:?}");
+        assert!(
+            !events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("TokenRejected")),
+            "no Warning for an expected fresh start: {events:?}"
         );
     };
     sessions.run(body).await;
@@ -907,13 +937,15 @@ async fn a_stale_network_policy_is_set_back_and_a_foreign_one_refused() {
 /// An agent that takes longer to boot than the ACP timeout (here `initialize` answered after
 /// 6 s, with `--acp-timeout-seconds 2`) is waited for within the launch deadline and asked again,
 /// not failed: the first launch reaches WAITING_FOR_INPUT on its one pod, with no loss and no
-/// failed resume.
+/// failed resume, and a resume on it restores the saved session. (Issue 28's 45 s boot against
+/// the default 30 s ACP timeout, scaled down: the same ratio, without 45 s in every run.)
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn an_agent_slow_to_boot_is_waited_for_within_the_launch_deadline() {
     let sessions = setup().await;
     let profiles = json!({"profiles": {"slow-boot": {
-        "launch": ["kandev-test-agent", "--on-initialize", "slow:6"],
+        "launch": ["kandev-test-agent", "--on-initialize", "slow:6",
+                   "--new-session-id", "slow-session", "--known-session", "slow-session"],
         "nativeSessionResume": true,
     }}});
     let _operator = Operator::builder()
@@ -957,6 +989,17 @@ async fn an_agent_slow_to_boot_is_waited_for_within_the_launch_deadline() {
                 .any(|r| r == "AgentLost" || r == "ResumeFailed" || r == "LaunchStalled"),
             "{reasons:?}"
         );
+
+        // A resume on the same slow agent restores the saved session, not a failure.
+        let token = sessions.token_of(&name).await.expect("a token");
+        sessions.delete_pod(&first).await;
+        sessions.wait_needs_resume(&name).await;
+        let ts = sessions.resume(&name, "slow-1").await;
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
+        assert_eq!(sessions.token_of(&name).await, Some(token), "same token");
+        assert_eq!(sessions.live_pods(&name).await.len(), 1, "one pod");
     };
     sessions.run(body).await;
 }

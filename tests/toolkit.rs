@@ -25,6 +25,7 @@ fn every_profiles_file_loads_with_the_profiles_its_tests_use() {
             &[
                 "test-inconclusive",
                 "test-new-fails",
+                "test-no-restore",
                 "test-hostile",
                 "test-hostile-id",
             ][..],

@@ -1511,12 +1511,14 @@ impl<'a> Session<'a> {
                             "the agent does not know saved session {old} ({}); started fresh session {session_id}",
                             why.as_str()
                         );
-                        let kind = if why.warns() {
-                            EventType::Warning
+                        // An agent that offers no restore at all starts over on every resume
+                        // by design: a Normal StartedFresh, not a Warning.
+                        let (kind, event) = if why.warns() {
+                            (EventType::Warning, "TokenRejected")
                         } else {
-                            EventType::Normal
+                            (EventType::Normal, "StartedFresh")
                         };
-                        self.event(kind, "TokenRejected", "Resume", &message);
+                        self.event(kind, event, "Resume", &message);
                         self.restore_succeeded(
                             pod,
                             SessionState::WaitingForInput,
