@@ -94,6 +94,25 @@ async fn kubectl_with_plugins_in(dir: &Path, args: &[&str], what: &str) -> Run {
     finish_plugin(child, what).await
 }
 
+/// `kubectl-kandev <args>` under a pseudo-terminal (util-linux `script`), as a person runs it:
+/// stdout and stderr both reach the terminal, so both fields of the result hold what it showed
+/// (line ends as "\n").
+async fn in_terminal(args: &[&str]) -> Run {
+    let quote = |arg: &str| format!("'{}'", arg.replace('\'', r"'\''"));
+    let line: Vec<String> = std::iter::once(PLUGIN)
+        .chain(args.iter().copied())
+        .map(quote)
+        .collect();
+    let child = piped_command("script", &["-qefc", &line.join(" "), "/dev/null"])
+        .spawn()
+        .expect("start script (util-linux)");
+    let what = format!("kubectl-kandev {} (in a terminal)", args.join(" "));
+    let mut run = finish_plugin(child, &what).await;
+    run.stdout = run.stdout.replace("\r\n", "\n");
+    run.stderr = run.stdout.clone();
+    run
+}
+
 /// `kubectl kandev <args>` through the e2e kubectl, with the plugin's directory first on PATH:
 /// proves kubectl's plugin discovery finds it.
 async fn via_kubectl(args: &[&str]) -> Run {
@@ -208,9 +227,10 @@ async fn status_and_resume_wait_on_a_lost_session() {
             run.stdout
         );
 
-        // resume --wait (its default timeout): the same token back, and where the session stood
-        // on stderr while it waited.
-        let run = plugin(&["resume", &name, "-n", &ns, "--wait"])
+        // resume --wait (its default timeout), run in a terminal as a person does: the same
+        // token back, and where the session stood (what it waits for, then a line per change
+        // with the elapsed time) while it waited.
+        let run = in_terminal(&["resume", &name, "-n", &ns, "--wait"])
             .await
             .expect_code(0);
         assert!(
@@ -491,6 +511,11 @@ async fn an_idle_session_is_suspended_and_a_prompt_brings_it_back() {
         assert_prints(
             &run.stderr,
             &["needs a resume (suspended)", "resumed (restored)"],
+        );
+        assert!(
+            !run.stderr.lines().any(|l| l.contains("s] state ")),
+            "no progress lines when stderr is not a terminal: {}",
+            run.stderr
         );
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),

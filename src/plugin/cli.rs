@@ -186,8 +186,8 @@ pub struct ResumeArgs {
     /// a bare number of seconds. The default outlasts what the operator allows a resume with
     /// its default settings (a 120 s launch deadline for an earlier pod to go and one for the
     /// new pod to start, 30 s each for the exec and `initialize`, 120 s for the restore). While
-    /// waiting, where the session stands is printed on
-    /// stderr at each change, and every 30 s.
+    /// waiting on a terminal, where the session stands is printed on stderr at each change and
+    /// every 30 s (nothing extra to a pipe or with -o json|yaml|jsonpath).
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
     pub timeout: Duration,
     /// Start a fresh agent session instead of restoring the saved one: also sets

@@ -3,7 +3,7 @@
 use super::cli::EndArgs;
 use super::cluster::{Cluster, Deadline};
 use super::output::OutputFormat;
-use super::watch::wait_for;
+use super::watch::{Progress, wait_for};
 use super::{ExitCode, PluginError, print_object, shown};
 use crate::api::conditions;
 use crate::api::{SessionEnd, SessionState};
@@ -28,7 +28,9 @@ pub(super) async fn end(
     eprintln!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
     if args.wait {
         let what = format!("tasksession {name:?} to be {wanted}");
-        let done = wait_for(cluster, &name, &what, Deadline::after(args.timeout), |s| {
+        let progress = Progress::for_output(&args.output);
+        let deadline = Deadline::after(args.timeout);
+        let done = wait_for(cluster, &name, &what, deadline, progress, |s| {
             Ok((s.status().state == wanted).then(|| s.clone()))
         })
         .await?;

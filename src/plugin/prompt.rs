@@ -11,7 +11,7 @@
 //! workspace volume before the agent gets the prompt. After a pod lost mid-turn, the session is
 //! resumed and the new pod's journal read: only a prompt whose id is not there is sent again.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ use super::error::{ExitCode, PluginError};
 use super::history::{ReadError, exec_read};
 use super::resume::{ResumePlan, interpret_outcome, plan_resume};
 use super::status::{Snapshot, liveness_name};
-use super::watch::SessionWatch;
+use super::watch::{Progress, SessionWatch};
 use super::write_stdout;
 use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
 use crate::agentctl::events::{Event, EventLine};
@@ -285,6 +285,8 @@ async fn ensure_ready(
     let mut reported: Option<String> = None;
     let mut snapshot = cluster.snapshot(name).await?;
     let mut watch = SessionWatch::start(cluster, &snapshot);
+    // A prompt prints text: shown whenever stderr is a terminal.
+    let mut progress = Progress::new(std::io::stderr().is_terminal());
     loop {
         let waiting_for: String;
         let status = snapshot.status();
@@ -367,10 +369,21 @@ async fn ensure_ready(
         if deadline.passed() {
             return Err(timeout());
         }
+        // While a resume it requested goes on, where the session stands.
+        let resuming = !requests.is_empty();
+        if resuming {
+            progress.at(&snapshot);
+        }
         // Once a prompt attempt listened for Ctrl-C, SIGINT no longer ends the process: listen
         // here too.
         let next = tokio::select! {
             next = watch.changed() => next?,
+            () = tokio::time::sleep_until(progress.next_due()), if resuming => {
+                match watch.current() {
+                    Some(current) => current?,
+                    None => snapshot.clone(),
+                }
+            }
             () = tokio::time::sleep_until(deadline.at) => return Err(timeout()),
             _ = tokio::signal::ctrl_c() => {
                 return Err(PluginError::Interrupted(format!(

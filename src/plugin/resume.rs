@@ -15,7 +15,7 @@ use super::cluster::{Cluster, Deadline};
 use super::error::{ExitCode, PluginError};
 use super::print_object;
 use super::status::{Snapshot, liveness_name};
-use super::watch::wait_for;
+use super::watch::{Progress, wait_for};
 use crate::api::conditions::{self, READY, RESUMED};
 use crate::api::{SessionState, TaskSessionStatus, TaskState};
 use crate::resume::{PodLiveness, ResumeEvaluation, launch_stall, pod_liveness};
@@ -295,9 +295,10 @@ pub async fn wait_handled(
     name: &str,
     token: &str,
     deadline: Deadline,
+    progress: Progress,
 ) -> Result<Snapshot, PluginError> {
     let what = format!("the operator to handle resume request {token:?} of tasksession {name:?}");
-    wait_for(cluster, name, &what, deadline, |snapshot| {
+    wait_for(cluster, name, &what, deadline, progress, |snapshot| {
         let status = snapshot.status();
         let handled = status.active_resume_request.as_deref() != Some(token)
             && (status.last_handled_resume_request.as_deref() == Some(token)
@@ -427,7 +428,15 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
         })?;
         return Ok(ExitCode::Ok);
     }
-    let handled = wait_handled(cluster, &name, &request, Deadline::after(args.timeout)).await?;
+    let progress = Progress::for_output(&args.output);
+    let handled = wait_handled(
+        cluster,
+        &name,
+        &request,
+        Deadline::after(args.timeout),
+        progress,
+    )
+    .await?;
     let status = handled.status();
     let outcome = interpret_outcome(&status, &request);
     report.handled = true;

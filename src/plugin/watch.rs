@@ -4,6 +4,7 @@
 //! something, and asks it nothing while nothing happens. [`wait_for`] waits on it, saying on
 //! stderr where the session stands.
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Cluster, Deadline};
 use super::error::PluginError;
+use super::output::OutputFormat;
 use super::status::Snapshot;
 use crate::api::names;
 use crate::api::{ExecutorRunning, MANAGED_LABEL, SESSION_LABEL, TaskSession};
@@ -245,40 +247,84 @@ fn step<K>(event: &watcher::Event<K>) -> Step {
 /// How often a wait says that it still waits, when nothing changed.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(30);
 
+/// Where a wait stands, said on stderr like `kubectl rollout status` does: what it waits for
+/// and for how long, then a line with the elapsed time at each change of the session, and every
+/// [`PROGRESS_EVERY`] without one. Only for a person: when stderr is a terminal and the command
+/// prints text (nothing extra for scripts, pipes, or `-o json|yaml|jsonpath`).
+pub struct Progress {
+    shown: bool,
+    started: Instant,
+    said: Option<String>,
+    said_at: Instant,
+}
+
+impl Progress {
+    pub fn new(shown: bool) -> Self {
+        let now = Instant::now();
+        Self {
+            shown,
+            started: now,
+            said: None,
+            said_at: now,
+        }
+    }
+
+    /// Shown when stderr is a terminal and `output` is text.
+    pub fn for_output(output: &OutputFormat) -> Self {
+        Self::new(std::io::stderr().is_terminal() && matches!(output, OutputFormat::Text))
+    }
+
+    /// Says what is awaited, once.
+    pub fn begin(&mut self, what: &str, total: Duration) {
+        if self.shown && self.said.is_none() {
+            eprintln!(
+                "waiting up to {} for {what}",
+                super::error::format_duration(total)
+            );
+            self.said = Some(String::new());
+        }
+    }
+
+    /// Says where the session stands, if that changed or was said [`PROGRESS_EVERY`] ago.
+    pub fn at(&mut self, snapshot: &Snapshot) {
+        let now = snapshot.last_seen();
+        if self.shown
+            && (self.said.as_deref() != Some(now.as_str())
+                || self.said_at.elapsed() >= PROGRESS_EVERY)
+        {
+            eprintln!("  [{:>4}s] {now}", self.started.elapsed().as_secs());
+            (self.said, self.said_at) = (Some(now), Instant::now());
+        }
+    }
+
+    /// When the next line is due without a change.
+    pub fn next_due(&self) -> Instant {
+        self.said_at + PROGRESS_EVERY
+    }
+}
+
 /// Watches the session (and its executor and pods) until `done` returns `Some`, or fails
-/// with a timeout that says what was awaited and where the session stood. While it waits,
-/// it says on stderr where the session stands: at each change, and every
-/// [`PROGRESS_EVERY`] without one.
+/// with a timeout that says what was awaited and where the session stood, telling `progress`
+/// where it stands while it waits.
 pub async fn wait_for<T>(
     cluster: &Cluster,
     name: &str,
     what: &str,
     deadline: Deadline,
+    mut progress: Progress,
     mut done: impl FnMut(&Snapshot) -> Result<Option<T>, PluginError>,
 ) -> Result<T, PluginError> {
     let mut snapshot = cluster.snapshot(name).await?;
     let mut watch = SessionWatch::start(cluster, &snapshot);
-    let started = Instant::now();
-    let mut said = String::new();
-    let mut said_at = started;
     loop {
         if let Some(value) = done(&snapshot)? {
             return Ok(value);
         }
-        let now = snapshot.last_seen();
-        if said.is_empty() {
-            eprintln!(
-                "waiting up to {} for {what}",
-                super::error::format_duration(deadline.total)
-            );
-        }
-        if now != said || said_at.elapsed() >= PROGRESS_EVERY {
-            eprintln!("  [{:>4}s] {now}", started.elapsed().as_secs());
-            (said, said_at) = (now, Instant::now());
-        }
+        progress.begin(what, deadline.total);
+        progress.at(&snapshot);
         tokio::select! {
             next = watch.changed() => snapshot = next?,
-            () = tokio::time::sleep_until(said_at + PROGRESS_EVERY) => {
+            () = tokio::time::sleep_until(progress.next_due()) => {
                 if let Some(current) = watch.current() {
                     snapshot = current?;
                 }
