@@ -528,6 +528,99 @@ async fn an_idle_session_is_suspended_and_a_prompt_brings_it_back() {
     drop(operator);
 }
 
+/// A suspension racing resume requests (issue 28): resume tokens arrive every 0.5 s from 7 s
+/// to 14 s after the session went idle with `suspendAfter: 10s`, across the moment agentctl
+/// stops the agent. Whatever each request met (a Ready pod, a pod that was ending, a suspended
+/// session), at no time do two agentctl pods run, every token is handled, the token is kept,
+/// and the session ends either resumed on one pod or suspended on none.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_suspension_racing_resume_requests_leaves_at_most_one_pod() {
+    let sessions = setup().await;
+    let operator = start_operator();
+    let name = unique("idle-race");
+    let body = async {
+        let mut ts =
+            sessions.new_session_with_task(&name, "plugin-echo", None, template_workspace());
+        ts.spec.idle = Some(IdleSpec {
+            suspend_after: Some("10s".into()),
+        });
+        sessions.create_session(&ts).await;
+        let token = started(&sessions, &name).await;
+        let idle_from = tokio::time::Instant::now();
+        let tokens: Vec<String> = (1..=15).map(|i| format!("race-{i}")).collect();
+        let requests = async {
+            for (i, request) in tokens.iter().enumerate() {
+                let at = idle_from + Duration::from_millis(7_000 + 500 * i as u64);
+                tokio::time::sleep_until(at).await;
+                sessions.annotate(&name, request).await;
+            }
+        };
+        // Running pods, sampled every 150 ms until every token was handled.
+        let sample = async {
+            let mut most = 0;
+            let last = tokens.last().expect("tokens");
+            loop {
+                let running = running_pods(&sessions, &name).await;
+                most = most.max(running.len());
+                assert!(running.len() <= 1, "two agentctl pods at once: {running:?}");
+                let status = sessions.status(&name).await;
+                if status.last_handled_resume_request.as_deref() == Some(last.as_str())
+                    && status.active_resume_request.is_none()
+                {
+                    return most;
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        };
+        let ((), most) = tokio::time::timeout(Duration::from_secs(120), async {
+            tokio::join!(requests, sample)
+        })
+        .await
+        .expect("every resume request handled within 120 s");
+        assert_eq!(most, 1, "the pod ran until the race");
+        // Settled: resumed on one Ready pod, or suspended (a request answered before the
+        // suspension) on none.
+        poll_until(
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            "the session settled on one pod, or on none while suspended",
+            async || {
+                let status = sessions.status(&name).await;
+                let running = running_pods(&sessions, &name).await.len();
+                status.state == SessionState::WaitingForInput
+                    && if status.needs_resume {
+                        status.resume_reason == Some(ResumeReason::Suspended) && running == 0
+                    } else {
+                        running == 1
+                    }
+            },
+        )
+        .await;
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str()),
+            "the token is kept"
+        );
+    };
+    sessions.run(body).await;
+    drop(operator);
+}
+
+/// The session's agentctl pods that run: not deleted, not ended.
+async fn running_pods(sessions: &Sessions, name: &str) -> Vec<String> {
+    sessions
+        .live_pods(name)
+        .await
+        .into_iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .map(|p| p.name_any())
+        .collect()
+}
+
 /// How often `history` shows the user message `text`.
 async fn times_in_history(ns: &str, name: &str, text: &str) -> usize {
     let run = plugin(&["history", name, "-n", ns]).await.expect_code(0);
