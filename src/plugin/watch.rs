@@ -285,14 +285,14 @@ impl Progress {
         }
     }
 
-    /// Says where the session stands, if that changed or was said [`PROGRESS_EVERY`] ago.
+    /// Says where the session stands, if that changed or was said [`PROGRESS_EVERY`] ago. The
+    /// pace is kept when nothing is shown too, so that [`Self::next_due`] moves on.
     pub fn at(&mut self, snapshot: &Snapshot) {
         let now = snapshot.last_seen();
-        if self.shown
-            && (self.said.as_deref() != Some(now.as_str())
-                || self.said_at.elapsed() >= PROGRESS_EVERY)
-        {
-            eprintln!("  [{:>4}s] {now}", self.started.elapsed().as_secs());
+        if self.said.as_deref() != Some(now.as_str()) || self.said_at.elapsed() >= PROGRESS_EVERY {
+            if self.shown {
+                eprintln!("  [{:>4}s] {now}", self.started.elapsed().as_secs());
+            }
             (self.said, self.said_at) = (Some(now), Instant::now());
         }
     }
@@ -343,6 +343,22 @@ pub async fn wait_for<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Shown or not, the pace moves on: a wait that shows nothing must not wake in a loop once
+    /// [`PROGRESS_EVERY`] has passed.
+    #[tokio::test(start_paused = true)]
+    async fn progress_keeps_its_pace_when_nothing_is_shown() {
+        let session = TaskSession::new("s", Default::default());
+        let snapshot = Snapshot::new("ns", session, None, Vec::new());
+        for shown in [false, true] {
+            let mut progress = Progress::new(shown);
+            progress.at(&snapshot);
+            assert_eq!(progress.next_due(), Instant::now() + PROGRESS_EVERY);
+            tokio::time::advance(PROGRESS_EVERY).await;
+            progress.at(&snapshot);
+            assert!(progress.next_due() > Instant::now(), "shown: {shown}");
+        }
+    }
 
     #[test]
     fn only_complete_lists_and_later_changes_count() {
