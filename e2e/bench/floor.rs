@@ -250,7 +250,13 @@ async fn resume_once(
     }
     // agentctl may not listen yet right after the pod turned Running (the operator retries too).
     let mut connection = loop {
-        match PodConnection::open(&apis.pods, &pod_name, names::CONTAINER).await {
+        match PodConnection::open(
+            &apis.pods,
+            &pod_name,
+            kandev_operator::api::pod_contract::CONTAINER,
+        )
+        .await
+        {
             Ok(c) => break c,
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::readiness::ReadinessProbe;
 
 /// Environment variables the harness adds to every process it starts (and to the pod's `Exec`).
-pub const ENV_POD_NAME: &str = "KANDEV_POD_NAME";
+pub use kandev_operator::api::pod_contract::ENV_POD_NAME;
 pub const ENV_POD_NAMESPACE: &str = "KANDEV_POD_NAMESPACE";
 pub const ENV_POD_UID: &str = "KANDEV_POD_UID";
 

@@ -16,25 +16,19 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::AgentctlError;
+pub use crate::api::pod_contract::{
+    CheckoutReason, ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY,
+    ENV_GIT_USERNAME, WORKTREE_META, Worktree,
+};
 
 /// Where agentctl keeps its own files on the workspace volume; never part of the checkout.
 pub const KANDEV_DIR: &str = ".kandev";
 /// Entries of a workspace that do not make it "not empty": agentctl's own directory and the
 /// `lost+found` of a freshly formatted volume.
 const IGNORED_ENTRIES: &[&str] = &[KANDEV_DIR, "lost+found"];
-/// The `_meta` key of agentctl's `initialize` answer that carries the [`Worktree`].
-pub const WORKTREE_META: &str = "kandev.dev/worktree";
-/// Environment variables holding the clone's credentials (set from a Secret by the operator);
-/// `serve` removes them from the agent's environment.
-pub const ENV_GIT_USERNAME: &str = "KANDEV_GIT_USERNAME";
-pub const ENV_GIT_PASSWORD: &str = "KANDEV_GIT_PASSWORD";
-pub const ENV_GIT_SSH_KEY: &str = "KANDEV_GIT_SSH_KEY";
-pub const ENV_GIT_KNOWN_HOSTS: &str = "KANDEV_GIT_KNOWN_HOSTS";
-pub const ENV_GIT_CA_BUNDLE: &str = "KANDEV_GIT_CA_BUNDLE";
 /// The HTTPS user name when the Secret names none (what forges accept with a token).
 const DEFAULT_USERNAME: &str = "x-access-token";
 /// Most of a git command's stdout that is kept (refs, a commit id: tiny).
@@ -43,50 +37,6 @@ const STDOUT_LIMIT: usize = 64 * 1024;
 const STDERR_TAIL: usize = 4 * 1024;
 /// Deadline of the local git commands (everything but the clone).
 const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Why the workspace could not be prepared: the reason of the launch's `Stalled` condition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CheckoutReason {
-    /// The workspace is not empty and is not a clone of this repository.
-    WorkspaceMismatch,
-    /// The server refused the credentials (or there were none and it wants some).
-    RepositoryAuthFailed,
-    /// The repository could not be reached (DNS, connection, TLS, not found, timeout).
-    RepositoryUnreachable,
-    /// Cloned, but the branch could not be checked out (e.g. baseBranch does not exist).
-    RepositoryCheckoutFailed,
-}
-
-impl CheckoutReason {
-    pub const ALL: [CheckoutReason; 4] = [
-        Self::WorkspaceMismatch,
-        Self::RepositoryAuthFailed,
-        Self::RepositoryUnreachable,
-        Self::RepositoryCheckoutFailed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::WorkspaceMismatch => "WorkspaceMismatch",
-            Self::RepositoryAuthFailed => "RepositoryAuthFailed",
-            Self::RepositoryUnreachable => "RepositoryUnreachable",
-            Self::RepositoryCheckoutFailed => "RepositoryCheckoutFailed",
-        }
-    }
-
-    /// The reason a termination message starts with (`"<Reason>: <message>"`), if any.
-    pub fn from_termination_message(message: &str) -> Option<(Self, &str)> {
-        let (head, rest) = message.split_once(": ")?;
-        let reason = Self::ALL.into_iter().find(|r| r.as_str() == head)?;
-        Some((reason, rest.trim()))
-    }
-}
-
-impl std::fmt::Display for CheckoutReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The repository of the session, as agentctl gets it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -133,21 +83,6 @@ impl GitCredentials {
             .map(String::as_str)
             .collect()
     }
-}
-
-/// The worktree agentctl reports in its `initialize` answer (`_meta["kandev.dev/worktree"]`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Worktree {
-    /// The branch checked out (`None`: a detached HEAD).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub branch: Option<String>,
-    /// HEAD.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub commit: Option<String>,
-    /// Whether this start cloned the repository (false: the clone of an earlier start).
-    #[serde(default)]
-    pub cloned: bool,
 }
 
 /// What a workspace holds, apart from [`IGNORED_ENTRIES`].

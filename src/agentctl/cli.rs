@@ -19,6 +19,7 @@ use super::socket::resolve_socket_path;
 use super::{AgentctlError, client, history};
 use crate::acp::{AcpTimeouts, RestoreOptions, RestoreReport, SpawnOptions};
 use crate::agents::{AgentProfile, AgentRegistry};
+use crate::api::pod_contract;
 use crate::history::{NO_HISTORY_EXIT_CODE, validate_session_id};
 use crate::telemetry::{self, LogSettings};
 
@@ -32,7 +33,7 @@ use crate::telemetry::{self, LogSettings};
 #[command(name = "agentctl", version, propagate_version = true)]
 pub struct Cli {
     /// Log line format on stderr.
-    #[arg(long, global = true, value_enum, env = "KANDEV_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, value_enum, env = pod_contract::ENV_LOG_FORMAT, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
@@ -130,10 +131,10 @@ pub enum Command {
 pub struct SocketArgs {
     /// The agentctl unix socket [default: <workspace>/.kandev/agentctl.sock]. Must be shorter
     /// than 108 bytes.
-    #[arg(long, env = "KANDEV_AGENTCTL_SOCKET", value_name = "PATH")]
+    #[arg(long, env = pod_contract::ENV_AGENTCTL_SOCKET, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// The workspace volume's mount path, used to find the default socket.
-    #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
+    #[arg(long, env = pod_contract::ENV_WORKSPACE, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 }
 
@@ -166,12 +167,12 @@ pub struct HistoryArgs {
     #[arg(
         long,
         visible_alias = "session",
-        env = "KANDEV_SESSION_NAME",
+        env = pod_contract::ENV_SESSION_NAME,
         value_name = "NAME"
     )]
     pub session_name: Option<String>,
     /// The workspace volume's mount path [default: the working directory].
-    #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
+    #[arg(long, env = pod_contract::ENV_WORKSPACE, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
     /// Print this history file instead of the session's (--session-name and --workspace are
     /// then ignored, so it works in a pod, where KANDEV_SESSION_NAME is set).
@@ -182,31 +183,31 @@ pub struct HistoryArgs {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// The workspace volume's mount path (history goes to <DIR>/.kandev/sessions).
-    #[arg(long, env = "KANDEV_WORKSPACE", value_name = "DIR")]
+    #[arg(long, env = pod_contract::ENV_WORKSPACE, value_name = "DIR")]
     pub workspace: PathBuf,
     /// The unix socket to serve [default: <workspace>/.kandev/agentctl.sock]. Must be shorter
     /// than 108 bytes.
-    #[arg(long, env = "KANDEV_AGENTCTL_SOCKET", value_name = "PATH")]
+    #[arg(long, env = pod_contract::ENV_AGENTCTL_SOCKET, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Agent profile (claude-code, codex, copilot, auggie, gemini, amp, opencode, or one from
     /// --profiles-file): launch command, environment, history injection, CLI resume flags.
-    #[arg(long, env = "KANDEV_AGENT_PROFILE", value_name = "NAME")]
+    #[arg(long, env = pod_contract::ENV_AGENT_PROFILE, value_name = "NAME")]
     pub profile: Option<String>,
     /// YAML/JSON file that extends or overrides the built-in agent profiles.
-    #[arg(long, env = "KANDEV_PROFILES_FILE", value_name = "FILE")]
+    #[arg(long, env = pod_contract::ENV_PROFILES_FILE, value_name = "FILE")]
     pub profiles_file: Option<PathBuf>,
     /// A profiles document (YAML/JSON) merged last, over the built-ins and --profiles-file. The
     /// operator passes the session's effective profile here, so custom profiles and per-session
     /// capability overrides reach the pod without a config file.
-    #[arg(long, env = "KANDEV_AGENT_PROFILE_DEFINITION", value_name = "YAML")]
+    #[arg(long, env = pod_contract::ENV_AGENT_PROFILE_DEFINITION, value_name = "YAML")]
     pub profile_definition: Option<String>,
     /// Name of the history file [default: the ACP session id]. Use the TaskSession's name so
     /// the history survives a fresh agent session.
-    #[arg(long, env = "KANDEV_SESSION_NAME", value_name = "NAME")]
+    #[arg(long, env = pod_contract::ENV_SESSION_NAME, value_name = "NAME")]
     pub session_name: Option<String>,
     /// Resume token (ACP session id). Only used to start profiles that restore by command-line
     /// flags (cliResume and `nativeSessionResume: false`); ACP restores are the client's job.
-    #[arg(long, env = "KANDEV_RESUME_TOKEN", value_name = "TOKEN")]
+    #[arg(long, env = pod_contract::ENV_RESUME_TOKEN, value_name = "TOKEN")]
     pub resume_token: Option<String>,
     /// The agent's working directory [default: the workspace].
     #[arg(long, value_name = "DIR")]
@@ -220,13 +221,13 @@ pub struct ServeArgs {
     /// it holds anything else. Credentials come from KANDEV_GIT_PASSWORD (and
     /// KANDEV_GIT_USERNAME), KANDEV_GIT_SSH_KEY with KANDEV_GIT_KNOWN_HOSTS, and
     /// KANDEV_GIT_CA_BUNDLE; the agent does not inherit them.
-    #[arg(long, env = "KANDEV_REPOSITORY_URL", value_name = "URL")]
+    #[arg(long, env = pod_contract::ENV_REPOSITORY_URL, value_name = "URL")]
     pub repository: Option<String>,
     /// The branch the agent works on (see --repository).
-    #[arg(long, env = "KANDEV_REPOSITORY_BRANCH", value_name = "BRANCH")]
+    #[arg(long, env = pod_contract::ENV_REPOSITORY_BRANCH, value_name = "BRANCH")]
     pub branch: Option<String>,
     /// The branch a new --branch starts from [default: the remote's default branch].
-    #[arg(long, env = "KANDEV_REPOSITORY_BASE_BRANCH", value_name = "BRANCH")]
+    #[arg(long, env = pod_contract::ENV_REPOSITORY_BASE_BRANCH, value_name = "BRANCH")]
     pub base_branch: Option<String>,
     /// How long the clone may take before it is killed.
     #[arg(long, value_name = "SECS", default_value_t = 90)]
@@ -241,7 +242,7 @@ pub struct ServeArgs {
     /// never.
     #[arg(
         long,
-        env = "KANDEV_SUSPEND_IDLE_AFTER",
+        env = pod_contract::ENV_SUSPEND_IDLE_AFTER,
         value_name = "SECS",
         default_value_t = 0
     )]
@@ -265,7 +266,7 @@ pub struct LimitArgs {
     /// this long. The operator sets it in agent pods from its --acp-replay-line-limit-mib.
     #[arg(
         long,
-        env = "KANDEV_REPLAY_LINE_LIMIT_MIB",
+        env = pod_contract::ENV_REPLAY_LINE_LIMIT_MIB,
         value_name = "MIB",
         default_value_t = 8,
         value_parser = clap::value_parser!(u64).range(1..=crate::jsonrpc::codec::MAX_REPLAY_LINE_LIMIT_MIB)
@@ -305,10 +306,10 @@ pub struct RestoreArgs {
     pub timeout: Option<u64>,
     /// Agent profile: supplies nativeSessionResume, the environment, and the command when none
     /// is given after `--`.
-    #[arg(long, env = "KANDEV_AGENT_PROFILE", value_name = "NAME")]
+    #[arg(long, env = pod_contract::ENV_AGENT_PROFILE, value_name = "NAME")]
     pub profile: Option<String>,
     /// YAML/JSON file that extends or overrides the built-in agent profiles.
-    #[arg(long, env = "KANDEV_PROFILES_FILE", value_name = "FILE")]
+    #[arg(long, env = pod_contract::ENV_PROFILES_FILE, value_name = "FILE")]
     pub profiles_file: Option<PathBuf>,
     /// Ignore the token and start a fresh session (the token is kept, not deleted).
     #[arg(long)]
@@ -497,7 +498,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         cwd,
         history_dir: args.workspace.join(".kandev").join("sessions"),
         journal: args.workspace.join(".kandev").join(JOURNAL_FILE),
-        pod: std::env::var(crate::api::names::ENV_POD_NAME)
+        pod: std::env::var(pod_contract::ENV_POD_NAME)
             .ok()
             .filter(|p| !p.is_empty()),
         hub: HubConfig {

@@ -29,7 +29,8 @@
 pub mod checkout;
 pub mod cli;
 pub mod client;
-pub mod events;
+/// The event journal's line format, part of the pod contract.
+pub use crate::api::pod_contract::events;
 pub mod history;
 pub mod hub;
 pub mod journal;

@@ -11,6 +11,7 @@ pub mod bounds;
 pub mod conditions;
 mod executor_running;
 pub mod names;
+pub mod pod_contract;
 mod states;
 mod task_session;
 

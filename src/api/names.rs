@@ -1,5 +1,6 @@
 //! Names of what the operator creates for a session — pods, claims, the ExecutorRunning, the
-//! NetworkPolicy — and the labels, container and paths they share with agentctl and the plugin.
+//! NetworkPolicy — and the labels they carry (the pod's own contract with agentctl is in
+//! `pod_contract.rs`).
 //! Pure and deterministic: a restarted operator must find what it created before by name.
 
 use kube::ResourceExt;
@@ -14,16 +15,6 @@ pub const SESSION_LABEL: &str = "kandev.dev/session";
 /// Label carrying a short hash of the resume request a pod was created for, so that a restarted
 /// operator adopts that pod instead of creating a second one (DESIGN §3 step 3).
 pub const REQUEST_LABEL: &str = "kandev.dev/request";
-/// Where agentctl's socket lives inside the pod (an emptyDir shared by `serve` and every exec).
-pub const SOCKET_DIR: &str = "/run/kandev";
-/// Name of the agentctl container.
-pub const CONTAINER: &str = "agentctl";
-/// The container's termination message file (the kubelet's default path), where agentctl
-/// writes why it could not prepare the workspace.
-pub const TERMINATION_LOG: &str = "/dev/termination-log";
-
-/// The agentctl pod's own name (downward API), for the event journal's entries.
-pub const ENV_POD_NAME: &str = "KANDEV_POD_NAME";
 
 /// A stable, short, label-safe hash (FNV-1a 64, hex) — names must not depend on process state.
 pub fn short_hash(text: &str) -> String {

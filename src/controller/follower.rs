@@ -17,7 +17,7 @@
 //! exec and no API request. A dropped stream reconnects with backoff.
 //!
 //! Lines are read as [`EventLine`]s, the type agentctl writes them with
-//! ([`crate::agentctl::events`]).
+//! ([`crate::api::pod_contract::events`]).
 //!
 //! Only changes are written: each follower remembers what ExecutorRunning holds, so replayed
 //! entries, the snapshot and repeated lines cost no API call. An entry at or below the cursor
@@ -38,11 +38,11 @@ use tokio::io::BufReader;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::agentctl::events::{Event, EventLine};
 pub use crate::api::PROMPTED_ANNOTATION;
 use crate::api::bounds::{
     AGENT_NAME_MAX, AGENT_TEXT_MAX, NUDGE_MAX, SESSION_ID_MAX, cap, session_id_problem,
 };
+use crate::api::pod_contract::events::{Event, EventLine};
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
 };

@@ -26,9 +26,14 @@ use kube::{Resource, ResourceExt};
 
 use crate::agents::AgentProfile;
 use crate::api::names::{
-    CONTAINER, ENV_POD_NAME, MANAGED_LABEL, REQUEST_LABEL, SESSION_LABEL, SOCKET_DIR,
-    TERMINATION_LOG, executor_name, network_policy_name, pod_name, session_label_value, short_hash,
-    workspace_claim_name,
+    MANAGED_LABEL, REQUEST_LABEL, SESSION_LABEL, executor_name, network_policy_name, pod_name,
+    session_label_value, short_hash, workspace_claim_name,
+};
+use crate::api::pod_contract::{
+    CONTAINER, ENV_AGENT_PROFILE_DEFINITION, ENV_AGENTCTL_SOCKET, ENV_GIT_CA_BUNDLE,
+    ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME, ENV_POD_NAME,
+    ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH, ENV_REPOSITORY_BRANCH,
+    ENV_REPOSITORY_URL, ENV_SESSION_NAME, ENV_SUSPEND_IDLE_AFTER, SOCKET_DIR, TERMINATION_LOG,
 };
 use crate::api::{ExecutorRunning, ExecutorRunningSpec, TaskSession, parse_idle_duration};
 
@@ -309,17 +314,14 @@ pub fn build_agentctl_pod(
     labels.insert(REQUEST_LABEL.to_string(), short_hash(request));
 
     let mut env = vec![
-        env_value("KANDEV_SESSION_NAME", &session),
-        env_value(
-            "KANDEV_AGENTCTL_SOCKET",
-            &format!("{SOCKET_DIR}/agentctl.sock"),
-        ),
+        env_value(ENV_SESSION_NAME, &session),
+        env_value(ENV_AGENTCTL_SOCKET, &format!("{SOCKET_DIR}/agentctl.sock")),
         // The agent's own session store (e.g. ~/.claude) must survive the pod: it lives on the
         // workspace volume, which is what makes `session/resume` possible after a loss.
         env_value("HOME", &format!("{mount_path}/.kandev/home")),
         // The session's effective profile (custom profiles, per-session overrides) travels with
         // the pod, so agentctl needs no configuration file.
-        env_value("KANDEV_AGENT_PROFILE_DEFINITION", &profile.to_document()),
+        env_value(ENV_AGENT_PROFILE_DEFINITION, &profile.to_document()),
         // Which pod wrote an entry of the event journal.
         EnvVar {
             name: ENV_POD_NAME.to_string(),
@@ -335,7 +337,7 @@ pub fn build_agentctl_pod(
     ];
     if settings.replay_line_limit_mib > 0 {
         env.push(env_value(
-            "KANDEV_REPLAY_LINE_LIMIT_MIB",
+            ENV_REPLAY_LINE_LIMIT_MIB,
             &settings.replay_line_limit_mib.to_string(),
         ));
     }
@@ -352,21 +354,20 @@ pub fn build_agentctl_pod(
         // agentctl clones it into the empty workspace on the first start (and only then); why
         // it could not becomes the container's termination message, which the operator turns
         // into the launch's Stalled reason.
-        env.push(env_value("KANDEV_REPOSITORY_URL", &repository.url));
+        env.push(env_value(ENV_REPOSITORY_URL, &repository.url));
         if let Some(branch) = &repository.branch {
-            env.push(env_value("KANDEV_REPOSITORY_BRANCH", branch));
+            env.push(env_value(ENV_REPOSITORY_BRANCH, branch));
         }
         if let Some(base) = &repository.base_branch {
-            env.push(env_value("KANDEV_REPOSITORY_BASE_BRANCH", base));
+            env.push(env_value(ENV_REPOSITORY_BASE_BRANCH, base));
         }
         if let Some(creds) = &repository.credentials {
-            use crate::agentctl::checkout as git;
             for (name, key) in [
-                (git::ENV_GIT_USERNAME, &creds.username_key),
-                (git::ENV_GIT_PASSWORD, &creds.password_key),
-                (git::ENV_GIT_SSH_KEY, &creds.ssh_key_key),
-                (git::ENV_GIT_KNOWN_HOSTS, &creds.known_hosts_key),
-                (git::ENV_GIT_CA_BUNDLE, &creds.ca_bundle_key),
+                (ENV_GIT_USERNAME, &creds.username_key),
+                (ENV_GIT_PASSWORD, &creds.password_key),
+                (ENV_GIT_SSH_KEY, &creds.ssh_key_key),
+                (ENV_GIT_KNOWN_HOSTS, &creds.known_hosts_key),
+                (ENV_GIT_CA_BUNDLE, &creds.ca_bundle_key),
             ] {
                 if let Some(key) = key {
                     env.push(secret_env(name, &creds.secret_name, key));
@@ -379,7 +380,7 @@ pub fn build_agentctl_pod(
     let suspend = suspend_idle_after(ts, settings);
     if let Some(after) = suspend {
         env.push(env_value(
-            "KANDEV_SUSPEND_IDLE_AFTER",
+            ENV_SUSPEND_IDLE_AFTER,
             &after.as_secs().to_string(),
         ));
     }

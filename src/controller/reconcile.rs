@@ -33,8 +33,8 @@ use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, MESSAGE_MAX
 use crate::api::conditions::{self, Want};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::agentctl::checkout::{WORKTREE_META, Worktree};
 use crate::api::names;
+use crate::api::pod_contract::{self, WORKTREE_META, Worktree};
 use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunning, MANAGED_LABEL, NegotiatedCapabilities,
     PROMPTED_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SESSION_LABEL, SessionEnd, SessionState,
@@ -864,9 +864,10 @@ impl<'a> Session<'a> {
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         let limit = self.ctx.settings.acp_timeout;
         let cancel = async {
-            let mut connection = PodConnection::open(&pods_api, &pod.name_any(), names::CONTAINER)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut connection =
+                PodConnection::open(&pods_api, &pod.name_any(), pod_contract::CONTAINER)
+                    .await
+                    .map_err(|e| e.to_string())?;
             let client = &mut connection.client;
             client.set_timeouts(AcpTimeouts::uniform(limit));
             let sent = match client.initialize().await {
@@ -1364,7 +1365,7 @@ impl<'a> Session<'a> {
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         tracing::debug!(pod = %pod_name, "opening the exec for the restore");
         let open_started = std::time::Instant::now();
-        let open = PodConnection::open(&pods_api, &pod_name, names::CONTAINER);
+        let open = PodConnection::open(&pods_api, &pod_name, pod_contract::CONTAINER);
         let opened = match tokio::time::timeout(self.ctx.settings.acp_timeout, open).await {
             Ok(opened) => opened.map_err(|err| err.to_string()),
             Err(_) => Err(format!(

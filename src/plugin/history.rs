@@ -12,7 +12,7 @@ use super::cluster::Cluster;
 use super::error::{ExitCode, PluginError};
 use super::status::liveness_name;
 use super::{write_stdout, write_stdout_bytes};
-use crate::api::names::CONTAINER;
+use crate::api::pod_contract::CONTAINER;
 use crate::history::{NO_HISTORY_EXIT_CODE, parse_history, render_transcript, validate_session_id};
 
 /// The whole read (exec, `agentctl history`, status) must finish within this.

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 
 use super::status::terminated_containers;
-use crate::agentctl::checkout::CheckoutReason;
+use crate::api::pod_contract::CheckoutReason;
 
 /// A launch that did not reach a running agentctl within the deadline.
 #[derive(Clone, Debug, PartialEq, Eq)]

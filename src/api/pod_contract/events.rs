@@ -5,7 +5,7 @@
 //! A line is one JSON object: `"event"` names the kind (snake_case), the kind's fields follow
 //! (camelCase), then the `"timestamp"` of the moment serve wrote it, then the fields an event
 //! carries only sometimes (`lastMessageId`, `signal`). Journal entries add `"seq"`, `"launch"`
-//! and `"pod"` ([`super::journal`]), the snapshot a subscriber starts with adds `"seq"`. This is
+//! and `"pod"` (agentctl's `journal.rs`), the snapshot a subscriber starts with adds `"seq"`. This is
 //! the order agentctl has always written, kept byte for byte: journals written by an older
 //! agentctl are read by this one, and the other way round.
 //!
