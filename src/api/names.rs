@@ -1,6 +1,6 @@
 //! Names of what the operator creates for a session — pods, claims, the ExecutorRunning, the
 //! NetworkPolicy — and the labels they carry (the pod's own contract with agentctl is in
-//! `pod_contract.rs`).
+//! `pod_contract/`).
 //! Pure and deterministic: a restarted operator must find what it created before by name.
 
 use kube::ResourceExt;

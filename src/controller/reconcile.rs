@@ -108,10 +108,20 @@ fn kube_err(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { action, source }
 }
 
-/// For a write with a resourceVersion precondition: 409 is [`Error::Conflict`].
-fn conflict_or(action: &'static str) -> impl FnOnce(kube::Error) -> Error {
+/// For a write of the session's TaskSession with the precondition `version`: 409 is
+/// [`Error::Conflict`], and `version` counts as stale until the cache shows a newer one (see
+/// [`Expectations::outdated`]).
+fn conflict_or<'a>(
+    action: &'static str,
+    expectations: &'a Expectations,
+    uid: &'a str,
+    version: Option<&'a str>,
+) -> impl FnOnce(kube::Error) -> Error + 'a {
     move |source| match source {
-        kube::Error::Api(status) if status.code == 409 => Error::Conflict,
+        kube::Error::Api(status) if status.code == 409 => {
+            expectations.outdated(uid, version);
+            Error::Conflict
+        }
         source => Error::Kube { action, source },
     }
 }
@@ -427,7 +437,7 @@ async fn run_scope(
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
-                Ok((obj, _)) => tracing::debug!(session = %obj.name, "reconciled"),
+                Ok((obj, action)) => tracing::debug!(session = %obj.name, ?action, "reconciled"),
                 Err(err) => tracing::debug!(%err, "reconcile did not finish"),
             }
         })
@@ -448,6 +458,8 @@ async fn add_finalizer(
         "resourceVersion": ts.metadata.resource_version,
         "finalizers": finalizers,
     }});
+    let uid = ts.uid().unwrap_or_default();
+    let base = ts.metadata.resource_version.as_deref();
     let written = api
         .patch(
             &ts.name_any(),
@@ -455,20 +467,13 @@ async fn add_finalizer(
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(conflict_or("adding the finalizer"))
-        .inspect_err(|err| {
-            if matches!(err, Error::Conflict) {
-                expectations.outdated(
-                    &ts.uid().unwrap_or_default(),
-                    ts.metadata.resource_version.as_deref(),
-                );
-            }
-        })?;
-    expectations.wrote(
-        &ts.uid().unwrap_or_default(),
-        ts.metadata.resource_version.as_deref(),
-        written.metadata.resource_version.as_deref(),
-    );
+        .map_err(conflict_or(
+            "adding the finalizer",
+            expectations,
+            &uid,
+            base,
+        ))?;
+    expectations.wrote(&uid, base, written.metadata.resource_version.as_deref());
     Ok(())
 }
 
@@ -558,7 +563,6 @@ async fn reconcile_session(ts: Arc<TaskSession>, ctx: Arc<Context>) -> Result<Ac
     if result.is_ok() {
         ctx.expectations.succeeded(&uid);
     }
-    tracing::debug!(?result, "reconcile done");
     result
 }
 
@@ -2053,14 +2057,12 @@ impl<'a> Session<'a> {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(conflict_or("writing the TaskSession status"))
-            .inspect_err(|err| {
-                if matches!(err, Error::Conflict) {
-                    self.ctx
-                        .expectations
-                        .outdated(&self.uid, self.resource_version.as_deref());
-                }
-            })?;
+            .map_err(conflict_or(
+                "writing the TaskSession status",
+                &self.ctx.expectations,
+                &self.uid,
+                self.resource_version.as_deref(),
+            ))?;
         let version = written.metadata.resource_version;
         self.ctx.expectations.wrote(
             &self.uid,

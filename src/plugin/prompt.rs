@@ -11,7 +11,7 @@
 //! workspace volume before the agent gets the prompt. After a pod lost mid-turn, the session is
 //! resumed and the new pod's journal read: only a prompt whose id is not there is sent again.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::cluster::{Cluster, Deadline, new_token};
 use super::error::{ExitCode, PluginError};
 use super::history::{ReadError, exec_read};
+use super::output::OutputFormat;
 use super::resume::{ResumePlan, interpret_outcome, plan_resume};
 use super::status::{Snapshot, liveness_name};
 use super::watch::{Progress, SessionWatch};
@@ -285,8 +286,8 @@ async fn ensure_ready(
     let mut reported: Option<String> = None;
     let mut snapshot = cluster.snapshot(name).await?;
     let mut watch = SessionWatch::start(cluster, &snapshot);
-    // A prompt prints text: shown whenever stderr is a terminal.
-    let mut progress = Progress::new(std::io::stderr().is_terminal());
+    // A prompt prints text.
+    let mut progress = Progress::for_output(&OutputFormat::Text);
     loop {
         let waiting_for: String;
         let status = snapshot.status();

@@ -1,8 +1,8 @@
 //! `kubectl kandev resume`: the pure rules first — what a resume request should do
 //! ([`plan_resume`], [`stalling_launch`]), what a handled request's outcome means
-//! ([`interpret_outcome`]), the report it prints ([`ResumeReport`]) and the request token
-//! ([`super::cluster::request_token`]) — then the command itself (`resume`), which reads the session, sets the
-//! resume annotation and with `--wait` waits for the operator to handle it.
+//! ([`interpret_outcome`]) and the report it prints ([`ResumeReport`]) — then the command
+//! itself (`resume`), which reads the session, sets the resume annotation and with `--wait`
+//! waits for the operator to handle it ([`wait_handled`]).
 
 use std::time::Duration;
 
