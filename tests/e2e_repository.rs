@@ -8,6 +8,7 @@ mod e2e_support;
 
 use e2e_support::git::{GitDaemon, HttpsGit, Repositories};
 use e2e_support::operator::Operator;
+use e2e_support::procs;
 use e2e_support::sessions::{Sessions, condition_is};
 use e2e_support::{pod_sh as sh, unique};
 use k8s_openapi::api::core::v1::{Event, Pod, Secret};
@@ -150,12 +151,13 @@ async fn a_repository_is_cloned_on_first_start_and_kept_across_a_resume() {
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
     const WRONG: &str = "wrong-password-5678";
+    const RIGHT: &str = "right-password-1234";
     let sessions = setup().await;
     let operator = Operator::builder().start();
     let body = async {
         let repos = Repositories::new();
         let upstream = repos.create("app");
-        let server = HttpsGit::start(repos.path(), "e2e", "right-password-1234").await;
+        let server = HttpsGit::start(repos.path(), "e2e", RIGHT).await;
         let name = unique("repo-auth");
         let secrets: Api<Secret> = Api::namespaced(sessions.client.clone(), &sessions.namespace);
         let secret = |password: &str| -> Secret {
@@ -211,7 +213,7 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
             .patch(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"stringData": {"password": "right-password-1234"}})),
+                &Patch::Merge(json!({"stringData": {"password": RIGHT}})),
             )
             .await
             .expect("fix the secret");
@@ -220,8 +222,70 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
         let recorded = worktree(&sessions, &name).await;
         assert_eq!(recorded.branch.as_deref(), Some("main"));
         assert_eq!(recorded.commit.as_deref(), Some(upstream.main.as_str()));
+
+        // The password was the clone's, in the init container that ended: no process of the
+        // pod holds it, in its environment or its memory, a client exec'd into it included.
+        let pod = sessions.the_pod(&name).await;
+        assert_pod_never_held(&sessions, &pod, &name, RIGHT).await;
     };
     sessions.run(body).await;
+}
+
+/// Reads the environment and the whole memory of every process of `pod` (as root, who may read
+/// them all: what root does not find, the agent's user cannot find either), while an
+/// `agentctl events` client is exec'd into it: none holds `secret`. The session's name, which
+/// serve does hold, is found the same way, so the reading itself is proven to work.
+async fn assert_pod_never_held(sessions: &Sessions, pod: &Pod, session: &str, secret: &str) {
+    use kube::ResourceExt;
+    let pods: Api<Pod> = Api::namespaced(sessions.client.clone(), &sessions.namespace);
+    let params = kube::api::AttachParams::default()
+        .stdout(true)
+        .stderr(false);
+    let mut client = pods
+        .exec(&pod.name_any(), ["agentctl", "events"], &params)
+        .await
+        .expect("exec agentctl events");
+    let mut stdout = client.stdout().expect("stdout");
+    let mut first = [0u8; 1];
+    tokio::io::AsyncReadExt::read_exact(&mut stdout, &mut first)
+        .await
+        .expect("the exec'd client answers");
+    let uid = pod.uid().expect("pod uid");
+    let pids = procs::pod_processes(&uid);
+    let held: Vec<procs::Held> = pids
+        .iter()
+        .map(|pid| procs::holds(*pid, secret.as_bytes()))
+        .collect();
+    let control: Vec<procs::Held> = pids
+        .iter()
+        .map(|pid| procs::holds(*pid, session.as_bytes()))
+        .collect();
+    eprintln!("the pod's processes: {held:#?}");
+    let cmdlines: Vec<&str> = held.iter().map(|h| h.cmdline.as_str()).collect();
+    for part in ["agentctl serve", "agentctl events", "claude-agent-acp"] {
+        assert!(
+            cmdlines.iter().any(|c| c.contains(part)),
+            "no {part:?} among the pod's processes: {cmdlines:?}"
+        );
+    }
+    let serve = control
+        .iter()
+        .find(|h| h.cmdline.contains("agentctl serve"))
+        .expect("serve");
+    assert!(
+        serve.in_environ && serve.in_memory && serve.memory_read > 0,
+        "the reading works: serve's environment and memory name the session: {serve:?}"
+    );
+    let found: Vec<&procs::Held> = held
+        .iter()
+        .filter(|h| h.in_environ || h.in_memory)
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the repository's password is held by {found:#?}"
+    );
+    drop(stdout);
+    drop(client);
 }
 
 /// A workspace that already holds something else than this repository is never cloned over:

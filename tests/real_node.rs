@@ -13,19 +13,23 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_support::sessions::{Sessions, assert_condition};
+use e2e_support::git::{HttpsGit, Repositories};
+use e2e_support::sessions::{FIRST_PROMPT, Sessions, assert_condition, template_workspace};
 use e2e_support::support::chart::{self, RELEASE};
-use e2e_support::support::process::run;
+use e2e_support::support::process::{kubectl, run, run_with_stdin};
 use e2e_support::{client, plugin, poll, unique, wait_for_within, with_cleanup};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kandev_operator::api::SessionState;
 use kandev_operator::api::conditions;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
+use serde_json::json;
 
 const CHART_NS: &str = "kandev-real";
+/// The password of the session's repository: only the clone may hold it.
+const GIT_PASSWORD: &str = "real-node-git-password-4821";
 /// A real pod starts in seconds once its image is in containerd; the operator's first start on
 /// a cold node (leader election, caches) takes longer.
 const START: Duration = Duration::from_secs(180);
@@ -204,6 +208,111 @@ fn assert_agent_confined(pod: &Pod) {
     );
 }
 
+/// The real node's address (its InternalIP), which its pods reach.
+async fn node_ip(client: &Client) -> std::net::IpAddr {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes
+        .get(&env("KANDEV_REAL_NODE"))
+        .await
+        .expect("the real node");
+    node.status
+        .and_then(|s| s.addresses)
+        .into_iter()
+        .flatten()
+        .find(|a| a.type_ == "InternalIP")
+        .and_then(|a| a.address.parse().ok())
+        .expect("the real node's InternalIP")
+}
+
+/// Inside `pod`'s agentctl container, as its user (the agent's, 1000), while an `agentctl
+/// events` client is exec'd into it: `tests/data/proc_scan.js` reads `/proc/*/environ` and
+/// `/proc/*/mem` of every process it can see, and none holds `secret`. The session's name,
+/// which serve holds, is found in serve's environment and memory the same way: the reading
+/// itself works.
+fn assert_no_process_holds(pod: &Pod, secret: &str, session: &str) {
+    let namespace = pod.namespace().expect("namespace");
+    let mut client = kubectl()
+        .args([
+            "exec",
+            "-n",
+            &namespace,
+            &pod.name_any(),
+            "-c",
+            "agentctl",
+            "--",
+        ])
+        .args(["agentctl", "events"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("exec agentctl events");
+    std::thread::sleep(Duration::from_secs(2));
+    let script = include_str!("data/proc_scan.js");
+    let needles = json!({"secret": secret, "session": session}).to_string();
+    let out = run_with_stdin(
+        kubectl()
+            .args([
+                "exec",
+                "-i",
+                "-n",
+                &namespace,
+                &pod.name_any(),
+                "-c",
+                "agentctl",
+                "--",
+            ])
+            .args(["node", "-e", script]),
+        &needles,
+    );
+    let _ = client.kill();
+    let _ = client.wait();
+    let report: Vec<serde_json::Value> =
+        serde_json::from_str(&out.expect_success()).expect("the scan's JSON");
+    let line = |e: &serde_json::Value| {
+        format!(
+            "pid {} {:?}: environ {}, memory {} ({} bytes), found {}",
+            e["pid"], e["cmdline"], e["environ"], e["memory"], e["memoryRead"], e["found"]
+        )
+    };
+    eprintln!(
+        "processes in {} as the agent's user:\n{}",
+        pod.name_any(),
+        report.iter().map(line).collect::<Vec<_>>().join("\n")
+    );
+    let cmdline = |e: &serde_json::Value| e["cmdline"].as_str().unwrap_or_default().to_string();
+    for part in ["agentctl serve", "agentctl events", "claude-agent-acp"] {
+        assert!(
+            report.iter().any(|e| cmdline(e).contains(part)),
+            "no {part:?} process in the container"
+        );
+    }
+    let serve = report
+        .iter()
+        .find(|e| cmdline(e).contains("agentctl serve"))
+        .expect("serve");
+    assert_eq!(
+        serve["found"],
+        json!(["session in environ", "session in memory"]),
+        "the reading works: {}",
+        line(serve)
+    );
+    let holders: Vec<String> = report
+        .iter()
+        .filter(|e| {
+            e["found"].as_array().is_some_and(|f| {
+                f.iter()
+                    .any(|f| f.as_str().is_some_and(|f| f.starts_with("secret")))
+            })
+        })
+        .map(line)
+        .collect();
+    assert!(
+        holders.is_empty(),
+        "the repository's password is held by {holders:#?}"
+    );
+}
+
 async fn leader(client: &Client) -> String {
     let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
     let names: Vec<String> = operator_pods(client)
@@ -261,10 +370,37 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
             assert!(image.contains("kandev/kandev-operator:"), "{image}");
         }
 
-        // A session on the default agentctl image: a real claude-agent-acp.
+        // A session on the default agentctl image: a real claude-agent-acp, in a workspace
+        // cloned from a private repository (HTTPS, basic auth, on this node's address).
         sessions.ensure_namespace().await;
         let name = "real-session";
-        sessions.create(name, "claude-code").await;
+        let repos = Repositories::new();
+        let upstream = repos.create("app");
+        let git =
+            HttpsGit::start_on(repos.path(), "e2e", GIT_PASSWORD, node_ip(&client).await).await;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &sessions.namespace);
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": "app-git"},
+            "stringData": {"username": "e2e", "password": GIT_PASSWORD, "ca.pem": git.ca_pem},
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create the repository's secret");
+        let mut ts = sessions.new_session_with_task(
+            name,
+            "claude-code",
+            Some(FIRST_PROMPT),
+            template_workspace(),
+        );
+        ts.spec.repository = Some(
+            serde_json::from_value(json!({"url": git.url("app"), "credentials": {
+                "secretName": "app-git", "usernameKey": "username", "passwordKey": "password",
+                "caBundleKey": "ca.pem"}}))
+            .expect("repository"),
+        );
+        sessions.create_session(&ts).await;
         sessions
             .wait_state_within(name, SessionState::WaitingForInput, START)
             .await;
@@ -274,6 +410,14 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
             .expect("a resume token after session/new");
         let first = sessions.the_pod(name).await;
         assert_agent_confined(&first);
+        let worktree = sessions
+            .executor(name)
+            .await
+            .status
+            .and_then(|s| s.worktree)
+            .expect("a worktree");
+        assert_eq!(worktree.commit.as_deref(), Some(upstream.main.as_str()));
+        assert_no_process_holds(&first, GIT_PASSWORD, name);
         // Ready from the kubelet's own check: its readiness probe (`agentctl events --once`)
         // got an answer from agentctl inside the container.
         let pods: Api<Pod> = Api::namespaced(client.clone(), &sessions.namespace);

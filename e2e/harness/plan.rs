@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::readiness::ReadinessProbe;
 
@@ -71,6 +71,35 @@ pub fn termination_log(pod_dir: &Path) -> PathBuf {
 
 /// Builds the launch plan of `pod`'s first container.
 pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
+    let container = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .ok_or(PlanError::Missing("containers"))?;
+    plan_container(pod, container, state_dir, false)
+}
+
+/// The launch plans of `pod`'s init containers, in order: each must exit 0 before the next (and
+/// at last the first container) starts. Their logs and termination messages are their own.
+pub fn init_plans(pod: &Pod, state_dir: &Path) -> Result<Vec<LaunchPlan>, PlanError> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.init_containers.iter().flatten())
+        .map(|c| plan_container(pod, c, state_dir, true))
+        .collect()
+}
+
+/// Local file standing in for an init container's termination message file.
+pub fn init_termination_log(pod_dir: &Path, container: &str) -> PathBuf {
+    pod_dir.join(format!("termination-log.{container}"))
+}
+
+fn plan_container(
+    pod: &Pod,
+    container: &Container,
+    state_dir: &Path,
+    init: bool,
+) -> Result<LaunchPlan, PlanError> {
     let meta = &pod.metadata;
     let name = meta
         .name
@@ -82,10 +111,6 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
         .unwrap_or_else(|| "default".to_string());
     let uid = meta.uid.clone().ok_or(PlanError::Missing("metadata.uid"))?;
     let spec = pod.spec.as_ref().ok_or(PlanError::Missing("spec"))?;
-    let container = spec
-        .containers
-        .first()
-        .ok_or(PlanError::Missing("containers"))?;
 
     let pod_dir = pod_dir(state_dir, &uid);
     let mut dirs = Vec::new();
@@ -131,7 +156,11 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
                 .as_deref()
                 .unwrap_or("/dev/termination-log"),
         ),
-        termination_log(&pod_dir),
+        if init {
+            init_termination_log(&pod_dir, &container.name)
+        } else {
+            termination_log(&pod_dir)
+        },
     ));
 
     let mut command = container.command.clone().unwrap_or_default();
@@ -183,7 +212,11 @@ pub fn plan(pod: &Pod, state_dir: &Path) -> Result<LaunchPlan, PlanError> {
         .clone()
         .unwrap_or_else(|| "Always".to_string());
     Ok(LaunchPlan {
-        log_file: pod_dir.join("container.log"),
+        log_file: if init {
+            pod_dir.join(format!("init-{}.log", container.name))
+        } else {
+            pod_dir.join("container.log")
+        },
         namespace,
         name,
         uid,

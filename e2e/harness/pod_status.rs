@@ -186,6 +186,73 @@ fn container_status(
     status
 }
 
+/// One init container that ran to its end.
+pub struct InitEnded {
+    pub container: String,
+    pub started_at: Timestamp,
+    pub code: i32,
+    /// Its termination message (or the harness's word when it wrote none).
+    pub message: String,
+}
+
+/// The pod status after its init containers ran, as a kubelet reports it: each terminated
+/// (`Completed`, or `Error` with its message). When the last one failed, the pod has failed
+/// (restartPolicy Never: agentctl pods) and its container waits, never started, in
+/// `PodInitializing`.
+pub fn init_status(pod: &Pod, ended: &[InitEnded]) -> serde_json::Value {
+    let spec = pod.spec.as_ref();
+    let image_of = |name: &str| {
+        spec.into_iter()
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
+            .find(|c| c.name == name)
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default()
+    };
+    let mut status = pod.status.clone().unwrap_or_default();
+    status.init_container_statuses = Some(
+        ended
+            .iter()
+            .map(|e| {
+                let reason = if e.code == 0 { "Completed" } else { "Error" };
+                ContainerStatus {
+                    name: e.container.clone(),
+                    image: image_of(&e.container),
+                    state: Some(terminated_state(e.started_at, e.code, reason, &e.message)),
+                    ready: e.code == 0,
+                    started: Some(false),
+                    ..ContainerStatus::default()
+                }
+            })
+            .collect(),
+    );
+    if let Some(failed) = ended.last().filter(|e| e.code != 0) {
+        status.phase = Some("Failed".into());
+        status.message = Some(format!(
+            "init container {} failed: {}",
+            failed.container, failed.message
+        ));
+        status.container_statuses = Some(
+            spec.into_iter()
+                .flat_map(|s| &s.containers)
+                .map(|c| ContainerStatus {
+                    name: c.name.clone(),
+                    image: image_of(&c.name),
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some("PodInitializing".into()),
+                            message: None,
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    started: Some(false),
+                    ..ContainerStatus::default()
+                })
+                .collect(),
+        );
+    }
+    serde_json::to_value(status).unwrap_or_else(|_| json!({}))
+}
+
 /// Whether a kubelet restarts a container that exited with `code` under `policy`.
 pub fn restarts_after(policy: &str, code: i32) -> bool {
     policy == "Always" || (policy == "OnFailure" && code != 0)
@@ -348,6 +415,36 @@ mod tests {
             assert_eq!(last_state["exitCode"], code, "{case}");
             assert_eq!(last_state["reason"], reason, "{case}");
         }
+    }
+
+    #[test]
+    fn init_status_shape() {
+        let p = pod(json!({"phase": "Pending"}));
+        let ended = |code: i32, message: &str| InitEnded {
+            container: "checkout".into(),
+            started_at: Timestamp::now(),
+            code,
+            message: message.into(),
+        };
+        let done = init_status(&p, &[ended(0, "")]);
+        assert_eq!(done["phase"], "Pending", "the container starts next");
+        assert_eq!(
+            done["initContainerStatuses"][0]["state"]["terminated"]["reason"],
+            "Completed"
+        );
+        let failed = init_status(&p, &[ended(1, "RepositoryAuthFailed: no")]);
+        assert_eq!(failed["phase"], "Failed");
+        let init = &failed["initContainerStatuses"][0];
+        assert_eq!(init["name"], "checkout");
+        assert_eq!(init["state"]["terminated"]["exitCode"], 1);
+        assert_eq!(
+            init["state"]["terminated"]["message"],
+            "RepositoryAuthFailed: no"
+        );
+        assert_eq!(
+            only_container(&failed)["state"]["waiting"]["reason"],
+            "PodInitializing"
+        );
     }
 
     #[test]

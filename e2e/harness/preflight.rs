@@ -17,6 +17,8 @@ const UNPULLABLE_TLD: &str = ".invalid";
 #[derive(Debug, PartialEq, Eq)]
 pub struct Waiting {
     pub container: String,
+    /// An init container (reported in `initContainerStatuses`).
+    pub init: bool,
     pub image: String,
     pub reason: &'static str,
     pub message: String,
@@ -31,6 +33,7 @@ pub fn unpullable_image(pod: &Pod) -> Option<Waiting> {
         let host = registry.split(':').next().unwrap_or_default();
         (image.contains('/') && host.ends_with(UNPULLABLE_TLD)).then(|| Waiting {
             container: c.name.clone(),
+            init: false,
             message: format!("Back-off pulling image {image:?}"),
             image,
             reason: "ImagePullBackOff",
@@ -39,14 +42,15 @@ pub fn unpullable_image(pod: &Pod) -> Option<Waiting> {
 }
 
 /// The first `secretKeyRef` of a container's environment (not marked optional) whose Secret or
-/// key is missing (`CreateContainerConfigError`, the kubelet's words).
+/// key is missing (`CreateContainerConfigError`, the kubelet's words), init containers first.
 pub async fn missing_secret(client: &Client, pod: &Pod) -> Result<Option<Waiting>, kube::Error> {
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(None);
     };
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    for container in &spec.containers {
+    let init = spec.init_containers.iter().flatten().map(|c| (c, true));
+    for (container, init) in init.chain(spec.containers.iter().map(|c| (c, false))) {
         let refs = container
             .env
             .iter()
@@ -64,6 +68,7 @@ pub async fn missing_secret(client: &Client, pod: &Pod) -> Result<Option<Waiting
             };
             return Ok(Some(Waiting {
                 container: container.name.clone(),
+                init,
                 image: container.image.clone().unwrap_or_default(),
                 reason: "CreateContainerConfigError",
                 message,
@@ -73,11 +78,21 @@ pub async fn missing_secret(client: &Client, pod: &Pod) -> Result<Option<Waiting
     Ok(None)
 }
 
-/// The values of the first container's `secretKeyRef` variables, resolved like a kubelet does
-/// (a missing Secret or key was reported by [`missing_secret`] before the start; an optional
-/// one is left out).
-pub async fn secret_env(client: &Client, pod: &Pod) -> Result<Vec<(String, String)>, kube::Error> {
-    let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.first()) else {
+/// The values of `container`'s `secretKeyRef` variables, resolved like a kubelet does (a
+/// missing Secret or key was reported by [`missing_secret`] before the start; an optional one is
+/// left out).
+pub async fn secret_env(
+    client: &Client,
+    pod: &Pod,
+    container: &str,
+) -> Result<Vec<(String, String)>, kube::Error> {
+    let Some(container) = pod.spec.as_ref().and_then(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(&s.containers)
+            .find(|c| c.name == container)
+    }) else {
         return Ok(Vec::new());
     };
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
@@ -122,9 +137,14 @@ fn has_key(secret: &Secret, key: &str) -> bool {
 
 /// The status patch of a pod whose container waits for `waiting`: still Pending, not ready.
 pub fn waiting_status(waiting: &Waiting) -> serde_json::Value {
+    let statuses = if waiting.init {
+        "initContainerStatuses"
+    } else {
+        "containerStatuses"
+    };
     json!({"status": {
         "phase": "Pending",
-        "containerStatuses": [{
+        statuses: [{
             "name": waiting.container,
             "image": waiting.image,
             "imageID": "",

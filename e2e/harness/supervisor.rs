@@ -44,8 +44,8 @@ use crate::identity;
 use crate::kwok;
 use crate::plan::{self, LaunchPlan};
 use crate::pod_status::{
-    crash_backoff, crash_loop_status, exit_code, restarted_status, restarts_after, terminal_status,
-    terminated_state,
+    InitEnded, crash_backoff, crash_loop_status, exit_code, init_status, restarted_status,
+    restarts_after, terminal_status, terminated_state,
 };
 use crate::preflight;
 use crate::process;
@@ -343,6 +343,11 @@ impl Supervisor {
                 }
             }
         }
+        // Init containers run to their end before the container starts (only on the pod's
+        // start: a restarted container does not run them again).
+        if restarted.is_none() && !self.run_init_containers(&pod, &plan).await {
+            return;
+        }
         // The environment of `exec` is kwok-controller's plus these; give it the harness's PATH
         // so exec'd commands see the same PATH as the pod's process.
         let mut exec_env = Vec::new();
@@ -351,7 +356,7 @@ impl Supervisor {
         }
         exec_env.extend(plan.env.iter().cloned());
         // Secret values reach the process only, not the kwok Exec object (an API object).
-        match preflight::secret_env(&self.client, &pod).await {
+        match preflight::secret_env(&self.client, &pod, &plan.container).await {
             Ok(secret_env) => plan.env.extend(secret_env),
             Err(e) => {
                 warn!(pod = %key, error = %e, "cannot read the Secrets of the pod's environment")
@@ -407,6 +412,75 @@ impl Supervisor {
         );
     }
 
+    /// Plays `pod`'s init containers one after the other, as a kubelet does: each gets its own
+    /// environment (its Secrets included) and must exit 0. Their end goes into the pod's
+    /// `initContainerStatuses`; after a failure the pod has failed (the restart policy of
+    /// agentctl pods is Never) and `false` says the container is not started.
+    async fn run_init_containers(&mut self, pod: &Pod, main: &LaunchPlan) -> bool {
+        let key = pod_key(pod);
+        let inits = match plan::init_plans(pod, &self.opts.state_dir) {
+            Ok(inits) => inits,
+            Err(e) => {
+                error!(pod = %key, error = %e, "cannot play this pod's init containers");
+                return false;
+            }
+        };
+        if inits.is_empty() {
+            return true;
+        }
+        let mut ended = Vec::new();
+        for mut init in inits {
+            match preflight::secret_env(&self.client, pod, &init.container).await {
+                Ok(secret_env) => init.env.extend(secret_env),
+                Err(e) => {
+                    warn!(pod = %key, error = %e, "cannot read the Secrets of the init container's environment")
+                }
+            }
+            let started_at = Timestamp::now();
+            let (code, message) = match process::spawn(&init) {
+                Ok(mut child) => {
+                    info!(pod = %key, container = %init.container, pid = ?child.id(), args = ?init.args, "started init container");
+                    match child.wait().await {
+                        Ok(status) => (exit_code(&status), format!("exited ({status})")),
+                        Err(e) => (128, format!("cannot wait for it: {e}")),
+                    }
+                }
+                Err(e) => (128, format!("cannot start {:?}: {e}", init.program)),
+            };
+            let written =
+                std::fs::read_to_string(plan::init_termination_log(&init.pod_dir, &init.container))
+                    .ok()
+                    .filter(|m| !m.trim().is_empty());
+            let message = written.unwrap_or_else(|| format!("kandev-e2e-harness: {message}"));
+            info!(pod = %key, container = %init.container, exit_code = code, "init container ended");
+            ended.push(InitEnded {
+                container: init.container,
+                started_at,
+                code,
+                message,
+            });
+            if code != 0 {
+                break;
+            }
+        }
+        let failed = ended.last().is_some_and(|e| e.code != 0);
+        if failed {
+            self.finished.insert(main.uid.clone());
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &main.namespace);
+        let patch = Patch::Merge(json!({ "status": init_status(pod, &ended) }));
+        if let Err(e) = pods
+            .patch_status(&main.name, &PatchParams::default(), &patch)
+            .await
+        {
+            warn!(pod = %key, error = %e, "cannot patch the init containers' status");
+            if failed {
+                delete_pod(&pods, &main.name, &main.uid).await;
+            }
+        }
+        !failed
+    }
+
     /// A kubelet would not start this pod's container (an image it cannot pull, a missing
     /// Secret or key): the pod stays Pending, its container waiting with the kubelet's reason.
     /// Checked again on the pod's next event, as a kubelet retries.
@@ -428,9 +502,13 @@ impl Supervisor {
         let already = pod
             .status
             .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
             .into_iter()
-            .flatten()
+            .flat_map(|s| {
+                s.init_container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.container_statuses.iter().flatten())
+            })
             .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
             .any(|r| r == waiting.reason);
         if !already {

@@ -124,6 +124,18 @@ pub enum Command {
     /// history`). Exits 0 after printing, 3 when the session has no recorded history yet (the
     /// file does not exist; nothing on stdout), 1 on any other failure.
     History(HistoryArgs),
+    /// Prepare the workspace from --repository and exit (the agentctl pod's init container):
+    /// clone it into an empty workspace and check out --branch, accept this repository's
+    /// earlier clone as it is, refuse anything else.
+    ///
+    /// Only this command gets the repository's credentials (KANDEV_GIT_*): the operator puts
+    /// them into the init container's environment alone, so the agent's container, its
+    /// processes and everything exec'd into it never hold them. Exits 0 when the workspace is
+    /// ready (also without --repository: nothing to do), 1 when it is not, after writing
+    /// "<Reason>: <message>" to --termination-log (WorkspaceMismatch, RepositoryAuthFailed,
+    /// RepositoryUnreachable, RepositoryCheckoutFailed), which the operator turns into the
+    /// launch's Stalled reason.
+    Checkout(CheckoutArgs),
 }
 
 /// Where the serve socket is.
@@ -215,23 +227,8 @@ pub struct ServeArgs {
     /// How long the agent may take to answer agentctl's `initialize`.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub initialize_timeout: u64,
-    /// Git repository for the workspace: cloned into it when it is empty (then --branch is
-    /// checked out, created from --base-branch or the remote's default branch when the remote
-    /// does not have it), left alone when it is already this repository's clone, refused when
-    /// it holds anything else. Credentials come from KANDEV_GIT_PASSWORD (and
-    /// KANDEV_GIT_USERNAME), KANDEV_GIT_SSH_KEY with KANDEV_GIT_KNOWN_HOSTS, and
-    /// KANDEV_GIT_CA_BUNDLE; the agent does not inherit them.
-    #[arg(long, env = pod_contract::ENV_REPOSITORY_URL, value_name = "URL")]
-    pub repository: Option<String>,
-    /// The branch the agent works on (see --repository).
-    #[arg(long, env = pod_contract::ENV_REPOSITORY_BRANCH, value_name = "BRANCH")]
-    pub branch: Option<String>,
-    /// The branch a new --branch starts from [default: the remote's default branch].
-    #[arg(long, env = pod_contract::ENV_REPOSITORY_BASE_BRANCH, value_name = "BRANCH")]
-    pub base_branch: Option<String>,
-    /// How long the clone may take before it is killed.
-    #[arg(long, value_name = "SECS", default_value_t = 90)]
-    pub clone_timeout: u64,
+    #[command(flatten)]
+    pub repository: RepositoryArgs,
     /// Where to write why the workspace could not be prepared ("<Reason>: <message>"), or that
     /// the session was suspended ("Suspended: …"), for the container's termination message (the
     /// operator passes /dev/termination-log).
@@ -256,6 +253,42 @@ pub struct ServeArgs {
         required_unless_present = "profile"
     )]
     pub command: Vec<String>,
+}
+
+/// The session's repository (`spec.repository`), for `checkout` and `serve`.
+#[derive(Args, Debug, Clone)]
+pub struct RepositoryArgs {
+    /// Git repository for the workspace: cloned into it when it is empty (then --branch is
+    /// checked out, created from --base-branch or the remote's default branch when the remote
+    /// does not have it), left alone when it is already this repository's clone, refused when
+    /// it holds anything else. Credentials come from KANDEV_GIT_PASSWORD (and
+    /// KANDEV_GIT_USERNAME), KANDEV_GIT_SSH_KEY with KANDEV_GIT_KNOWN_HOSTS, and
+    /// KANDEV_GIT_CA_BUNDLE; nothing started later inherits them, and the clone keeps none of
+    /// them (its remote URL is the one given, so a later fetch needs its own credentials).
+    #[arg(long, env = pod_contract::ENV_REPOSITORY_URL, value_name = "URL")]
+    pub repository: Option<String>,
+    /// The branch the agent works on (see --repository).
+    #[arg(long, env = pod_contract::ENV_REPOSITORY_BRANCH, value_name = "BRANCH")]
+    pub branch: Option<String>,
+    /// The branch a new --branch starts from [default: the remote's default branch].
+    #[arg(long, env = pod_contract::ENV_REPOSITORY_BASE_BRANCH, value_name = "BRANCH")]
+    pub base_branch: Option<String>,
+    /// How long the clone may take before it is killed.
+    #[arg(long, value_name = "SECS", default_value_t = 90)]
+    pub clone_timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckoutArgs {
+    /// The workspace volume's mount path: where the repository is cloned.
+    #[arg(long, env = pod_contract::ENV_WORKSPACE, value_name = "DIR")]
+    pub workspace: PathBuf,
+    #[command(flatten)]
+    pub repository: RepositoryArgs,
+    /// Where to write why the workspace could not be prepared ("<Reason>: <message>"), for the
+    /// container's termination message (the operator passes /dev/termination-log).
+    #[arg(long, value_name = "FILE")]
+    pub termination_log: Option<PathBuf>,
 }
 
 /// The line limits of the ACP stream.
@@ -351,7 +384,7 @@ pub fn run_cli() -> i32 {
         }
     };
     let sealed = super::seal::seal_if_holding_credentials();
-    if matches!(cli.command, Command::Serve(_)) {
+    if matches!(cli.command, Command::Serve(_) | Command::Checkout(_)) {
         match sealed {
             Some(true) => tracing::info!(
                 "repository credentials in the environment: agentctl is not dumpable, so only a privileged process can read its environment"
@@ -374,10 +407,11 @@ pub fn run_cli() -> i32 {
 }
 
 fn log_settings(cli: &Cli) -> LogSettings {
-    // serve's log is the container log; the clients' stderr is someone's terminal or the
-    // operator's exec stream, so they only speak up when something is wrong.
+    // serve's and checkout's logs are container logs; the clients' stderr is someone's terminal
+    // or the operator's exec stream, so they only speak up when something is wrong.
     let serve = matches!(cli.command, Command::Serve(_));
-    let default = if serve { "info" } else { "warn" };
+    let container = serve || matches!(cli.command, Command::Checkout(_));
+    let default = if container { "info" } else { "warn" };
     LogSettings {
         filter: EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
         json: matches!(cli.log_format, LogFormat::Json),
@@ -401,6 +435,7 @@ async fn run(command: Command) -> i32 {
             Err(error) => Err(error),
         },
         Command::Restore(args) => return run_restore(args).await,
+        Command::Checkout(args) => run_checkout(&args).await.map(|_| ()),
         Command::History(args) => {
             let workspace = args.workspace.unwrap_or_else(|| PathBuf::from("."));
             let source = match &args.file {
@@ -477,17 +512,12 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
-    let worktree = match prepare_workspace(&args).await {
-        Ok(worktree) => worktree,
-        Err(error) => {
-            if let (AgentctlError::Checkout { reason, message }, Some(path)) =
-                (&error, &args.termination_log)
-            {
-                write_termination_message(path, *reason, message);
-            }
-            return Err(error);
-        }
-    };
+    let worktree = prepare_workspace(
+        &args.workspace,
+        &args.repository,
+        args.termination_log.as_deref(),
+    )
+    .await?;
     let session_cwd = std::path::absolute(&cwd)
         .unwrap_or_else(|_| cwd.clone())
         .to_string_lossy()
@@ -518,8 +548,27 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
     serve(options).await
 }
 
-/// Clones `--repository` into the workspace on the first start (see [`super::checkout`]).
-async fn prepare_workspace(args: &ServeArgs) -> Result<Option<Worktree>, AgentctlError> {
+/// `agentctl checkout`: prepares the workspace, as serve would, and ends.
+async fn run_checkout(args: &CheckoutArgs) -> Result<Option<Worktree>, AgentctlError> {
+    let worktree = prepare_workspace(
+        &args.workspace,
+        &args.repository,
+        args.termination_log.as_deref(),
+    )
+    .await?;
+    if let Some(worktree) = &worktree {
+        tracing::info!(branch = ?worktree.branch, commit = ?worktree.commit, cloned = worktree.cloned, "workspace ready");
+    }
+    Ok(worktree)
+}
+
+/// Clones `--repository` into the workspace on the first start (see [`super::checkout`]); why
+/// it could not goes to `termination_log` too.
+async fn prepare_workspace(
+    workspace: &Path,
+    args: &RepositoryArgs,
+    termination_log: Option<&Path>,
+) -> Result<Option<Worktree>, AgentctlError> {
     let nonempty = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
     let Some(url) = nonempty(&args.repository) else {
         return Ok(None);
@@ -530,14 +579,19 @@ async fn prepare_workspace(args: &ServeArgs) -> Result<Option<Worktree>, Agentct
         base_branch: nonempty(&args.base_branch),
     };
     let credentials = GitCredentials::from_env();
-    let worktree = checkout::prepare(
-        &args.workspace,
+    let prepared = checkout::prepare(
+        workspace,
         &repository,
         &credentials,
         Duration::from_secs(args.clone_timeout),
     )
-    .await?;
-    Ok(Some(worktree))
+    .await;
+    if let (Err(AgentctlError::Checkout { reason, message }), Some(path)) =
+        (&prepared, termination_log)
+    {
+        write_termination_message(path, *reason, message);
+    }
+    prepared.map(Some)
 }
 
 /// Prints exactly one JSON object and returns 0 (restored/fresh) or 1 (failed), even when the

@@ -30,12 +30,14 @@ use crate::api::names::{
     session_label_value, short_hash, workspace_claim_name,
 };
 use crate::api::pod_contract::{
-    CONTAINER, ENV_AGENT_PROFILE_DEFINITION, ENV_AGENTCTL_SOCKET, ENV_GIT_CA_BUNDLE,
-    ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME, ENV_POD_NAME,
-    ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH, ENV_REPOSITORY_BRANCH,
+    CHECKOUT_CONTAINER, CONTAINER, ENV_AGENT_PROFILE_DEFINITION, ENV_AGENTCTL_SOCKET,
+    ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME,
+    ENV_POD_NAME, ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH, ENV_REPOSITORY_BRANCH,
     ENV_REPOSITORY_URL, ENV_SESSION_NAME, ENV_SUSPEND_IDLE_AFTER, SOCKET_DIR, TERMINATION_LOG,
 };
-use crate::api::{ExecutorRunning, ExecutorRunningSpec, TaskSession, parse_idle_duration};
+use crate::api::{
+    ExecutorRunning, ExecutorRunningSpec, RepositorySpec, TaskSession, parse_idle_duration,
+};
 
 /// Operator-wide settings that shape every agentctl pod.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -351,29 +353,9 @@ pub fn build_agentctl_pod(
         ts.spec.agent.clone(),
     ];
     if let Some(repository) = &ts.spec.repository {
-        // agentctl clones it into the empty workspace on the first start (and only then); why
-        // it could not becomes the container's termination message, which the operator turns
-        // into the launch's Stalled reason.
-        env.push(env_value(ENV_REPOSITORY_URL, &repository.url));
-        if let Some(branch) = &repository.branch {
-            env.push(env_value(ENV_REPOSITORY_BRANCH, branch));
-        }
-        if let Some(base) = &repository.base_branch {
-            env.push(env_value(ENV_REPOSITORY_BASE_BRANCH, base));
-        }
-        if let Some(creds) = &repository.credentials {
-            for (name, key) in [
-                (ENV_GIT_USERNAME, &creds.username_key),
-                (ENV_GIT_PASSWORD, &creds.password_key),
-                (ENV_GIT_SSH_KEY, &creds.ssh_key_key),
-                (ENV_GIT_KNOWN_HOSTS, &creds.known_hosts_key),
-                (ENV_GIT_CA_BUNDLE, &creds.ca_bundle_key),
-            ] {
-                if let Some(key) = key {
-                    env.push(secret_env(name, &creds.secret_name, key));
-                }
-            }
-        }
+        // The init container cloned it; serve finds that clone (and reports its branch and
+        // commit), without the credentials.
+        env.extend(repository_env(repository));
     }
     // agentctl says why it ended (a checkout that failed, a suspension) in the container's
     // termination message.
@@ -384,7 +366,7 @@ pub fn build_agentctl_pod(
             &after.as_secs().to_string(),
         ));
     }
-    let says_why = ts.spec.repository.is_some() || suspend.is_some();
+    let says_why = suspend.is_some();
     if says_why {
         args.extend(["--termination-log".to_string(), TERMINATION_LOG.to_string()]);
     }
@@ -417,40 +399,21 @@ pub fn build_agentctl_pod(
             .or_else(|| settings.default_resources.clone()),
         readiness_probe: Some(readiness_probe()),
         volume_mounts: Some(vec![
-            VolumeMount {
-                name: "workspace".into(),
-                mount_path: mount_path.clone(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "run".into(),
-                mount_path: SOCKET_DIR.into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "tmp".into(),
-                mount_path: "/tmp".into(),
-                ..Default::default()
-            },
+            mount("workspace", &mount_path),
+            mount("run", SOCKET_DIR),
+            mount("tmp", "/tmp"),
         ]),
-        // The restricted Pod Security Standard, at container level too (so a pod-level
-        // setting is never the only line of defence).
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(container_security_context()),
         ..Default::default()
     };
+    // Only the clone gets the repository's credentials: an init container that ends before
+    // the agent's container starts, so neither the agent, nor serve, nor anything exec'd into
+    // the pod ever holds them.
+    let init_containers = ts
+        .spec
+        .repository
+        .as_ref()
+        .map(|repository| vec![checkout_container(&container, repository)]);
 
     Pod {
         metadata: ObjectMeta {
@@ -462,6 +425,7 @@ pub fn build_agentctl_pod(
         },
         spec: Some(PodSpec {
             containers: vec![container],
+            init_containers,
             restart_policy: Some("Never".into()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
@@ -501,6 +465,93 @@ pub fn build_agentctl_pod(
                     ..Default::default()
                 },
             ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The environment naming the session's repository (no credentials).
+fn repository_env(repository: &RepositorySpec) -> Vec<EnvVar> {
+    let mut env = vec![env_value(ENV_REPOSITORY_URL, &repository.url)];
+    if let Some(branch) = &repository.branch {
+        env.push(env_value(ENV_REPOSITORY_BRANCH, branch));
+    }
+    if let Some(base) = &repository.base_branch {
+        env.push(env_value(ENV_REPOSITORY_BASE_BRANCH, base));
+    }
+    env
+}
+
+/// The init container that prepares the workspace (`agentctl checkout`): it clones the
+/// repository into an empty workspace on the first start, and only it gets the credentials from
+/// the repository's Secret. Why it could not becomes its termination message, which the operator
+/// turns into the launch's Stalled reason. Same image, user, limits and confinement as `main`.
+fn checkout_container(main: &Container, repository: &RepositorySpec) -> Container {
+    let workspace = main.working_dir.clone().unwrap_or_default();
+    let mut env: Vec<EnvVar> = main
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| e.name == "HOME")
+        .cloned()
+        .collect();
+    env.extend(repository_env(repository));
+    if let Some(creds) = &repository.credentials {
+        for (name, key) in [
+            (ENV_GIT_USERNAME, &creds.username_key),
+            (ENV_GIT_PASSWORD, &creds.password_key),
+            (ENV_GIT_SSH_KEY, &creds.ssh_key_key),
+            (ENV_GIT_KNOWN_HOSTS, &creds.known_hosts_key),
+            (ENV_GIT_CA_BUNDLE, &creds.ca_bundle_key),
+        ] {
+            if let Some(key) = key {
+                env.push(secret_env(name, &creds.secret_name, key));
+            }
+        }
+    }
+    Container {
+        name: CHECKOUT_CONTAINER.to_string(),
+        image: main.image.clone(),
+        command: Some(vec!["agentctl".to_string()]),
+        args: Some(vec![
+            "checkout".to_string(),
+            "--workspace".to_string(),
+            workspace.clone(),
+            "--termination-log".to_string(),
+            TERMINATION_LOG.to_string(),
+        ]),
+        termination_message_path: Some(TERMINATION_LOG.to_string()),
+        working_dir: Some(workspace.clone()),
+        env: Some(env),
+        resources: main.resources.clone(),
+        volume_mounts: Some(vec![mount("workspace", &workspace), mount("tmp", "/tmp")]),
+        security_context: Some(container_security_context()),
+        ..Default::default()
+    }
+}
+
+fn mount(volume: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: volume.into(),
+        mount_path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// The restricted Pod Security Standard, at container level too (so a pod-level setting is
+/// never the only line of defence).
+fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
             ..Default::default()
         }),
         ..Default::default()
@@ -779,11 +830,13 @@ mod tests {
     }
 
     #[test]
-    fn the_repository_reaches_agentctl_and_its_secret_only_by_reference() {
+    fn the_repository_is_cloned_by_an_init_container_that_alone_gets_its_secret() {
         use crate::api::{RepositoryCredentials, RepositorySpec};
         let mut ts = session(claim("ws"));
         let plain = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
-        let c = &plain.spec.expect("spec").containers[0];
+        let spec = plain.spec.expect("spec");
+        assert!(spec.init_containers.is_none(), "no repository, no checkout");
+        let c = &spec.containers[0];
         assert!(
             !c.args
                 .clone()
@@ -809,23 +862,67 @@ mod tests {
             }),
         });
         let pod = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
-        let c = &pod.spec.expect("spec").containers[0];
-        let env = c.env.clone().unwrap_or_default();
-        let value = |name: &str| env.iter().find(|e| e.name == name).cloned();
+        let spec = pod.spec.expect("spec");
+        let value =
+            |c: &Container, name: &str| c.env.iter().flatten().find(|e| e.name == name).cloned();
+        let literal = |c: &Container, name: &str| value(c, name).and_then(|e| e.value);
+        // The agent's container: where the repository is, never a credential.
+        let main = &spec.containers[0];
         assert_eq!(
-            value("KANDEV_REPOSITORY_URL")
-                .and_then(|e| e.value)
-                .as_deref(),
+            literal(main, "KANDEV_REPOSITORY_URL").as_deref(),
             Some("https://git.example/app.git")
         );
+        let secrets: Vec<&str> = main
+            .env
+            .iter()
+            .flatten()
+            .filter(|e| {
+                // The agent's own keys (spec.credentials) are its to hold; the repository's not.
+                e.name.starts_with("KANDEV_GIT_")
+                    || e.value_from
+                        .as_ref()
+                        .and_then(|v| v.secret_key_ref.as_ref())
+                        .is_some_and(|r| r.name == "git")
+            })
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(
+            secrets.is_empty(),
+            "credentials in the agent's container: {secrets:?}"
+        );
+        assert!(main.termination_message_path.is_none());
+
+        // The init container: the clone, with the credentials by reference.
+        let [checkout] = spec.init_containers.as_deref().expect("init containers") else {
+            panic!("one init container: {:?}", spec.init_containers);
+        };
+        assert_eq!(checkout.name, CHECKOUT_CONTAINER);
         assert_eq!(
-            value("KANDEV_REPOSITORY_BRANCH")
-                .and_then(|e| e.value)
-                .as_deref(),
+            (&checkout.image, &checkout.resources),
+            (&main.image, &main.resources)
+        );
+        assert_eq!(checkout.security_context, main.security_context);
+        assert_eq!(
+            checkout.args.clone().unwrap_or_default(),
+            [
+                "checkout",
+                "--workspace",
+                "/workspace",
+                "--termination-log",
+                TERMINATION_LOG
+            ]
+        );
+        assert_eq!(
+            checkout.termination_message_path.as_deref(),
+            Some(TERMINATION_LOG)
+        );
+        assert_eq!(
+            literal(checkout, "KANDEV_REPOSITORY_BRANCH").as_deref(),
             Some("kandev/t-1")
         );
-        assert!(value("KANDEV_REPOSITORY_BASE_BRANCH").is_none());
-        let password = value("KANDEV_GIT_PASSWORD").expect("password env");
+        assert!(value(checkout, "KANDEV_REPOSITORY_BASE_BRANCH").is_none());
+        assert_eq!(literal(checkout, "HOME"), literal(main, "HOME"));
+        let password = value(checkout, "KANDEV_GIT_PASSWORD").expect("password env");
         assert!(password.value.is_none(), "referenced, never copied");
         let selector = password
             .value_from
@@ -835,13 +932,14 @@ mod tests {
             (selector.name.as_str(), selector.key.as_str()),
             ("git", "token")
         );
-        assert!(value("KANDEV_GIT_SSH_KEY").is_none());
-        let args = c.args.clone().unwrap_or_default();
-        assert!(
-            args.windows(2)
-                .any(|w| w == ["--termination-log", TERMINATION_LOG])
-        );
-        assert_eq!(c.termination_message_path.as_deref(), Some(TERMINATION_LOG));
+        assert!(value(checkout, "KANDEV_GIT_SSH_KEY").is_none());
+        let mounts: Vec<&str> = checkout
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert_eq!(mounts, ["workspace", "tmp"], "not the socket's directory");
     }
 
     #[test]

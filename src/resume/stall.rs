@@ -30,10 +30,16 @@ pub fn launch_stall(
         return None;
     }
     let status = pod.status.as_ref();
+    // The init container (the checkout) first: while it waits, the agent's container only
+    // says PodInitializing.
     let waiting = status
-        .and_then(|s| s.container_statuses.as_ref())
         .into_iter()
-        .flatten()
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
         .filter_map(|c| {
             let waiting = c.state.as_ref()?.waiting.as_ref()?;
             Some((
@@ -42,7 +48,7 @@ pub fn launch_stall(
                 waiting.message.as_deref().unwrap_or(""),
             ))
         })
-        .find(|(_, reason, _)| !reason.is_empty() && *reason != "ContainerCreating");
+        .find(|(_, reason, _)| !matches!(*reason, "" | "ContainerCreating" | "PodInitializing"));
     let within = format!("within {}s", deadline.as_secs());
     if let Some((container, reason, message)) = waiting {
         let reason = match reason {
@@ -155,12 +161,15 @@ mod tests {
 
     #[test]
     fn checkout_failures_come_from_the_termination_message() {
+        // The checkout's init container ended with the message; the agent's never started.
         let ended = |message: &str| {
-            pod(
-                json!({"phase": "Failed", "containerStatuses": [{"name": "agentctl", "image": "i",
-                "imageID": "", "ready": false, "restartCount": 0,
-                "state": {"terminated": {"exitCode": 1, "message": message}}}]}),
-            )
+            pod(json!({"phase": "Failed",
+                "initContainerStatuses": [{"name": "checkout", "image": "i", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 1, "message": message}}}],
+                "containerStatuses": [{"name": "agentctl", "image": "i", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": "PodInitializing"}}}]}))
         };
         let cases = [
             (
@@ -230,6 +239,25 @@ mod tests {
                 waiting("ContainerCreating", ""),
                 "PodPending",
                 "still Pending within 120s",
+            ),
+            (
+                waiting("PodInitializing", ""),
+                "PodPending",
+                "still Pending within 120s",
+            ),
+            (
+                // The checkout's (init) container cannot start: it names the cause, not the
+                // agent's container behind it.
+                json!({"phase": "Pending",
+                    "initContainerStatuses": [{"name": "checkout", "image": "i", "imageID": "",
+                        "ready": false, "restartCount": 0,
+                        "state": {"waiting": {"reason": "CreateContainerConfigError",
+                            "message": "secret \"git\" not found"}}}],
+                    "containerStatuses": [{"name": "agentctl", "image": "i", "imageID": "",
+                        "ready": false, "restartCount": 0,
+                        "state": {"waiting": {"reason": "PodInitializing"}}}]}),
+                "CreateContainerConfigError",
+                "container checkout: CreateContainerConfigError: secret \"git\" not found",
             ),
             (
                 json!({"phase": "Running"}),

@@ -53,12 +53,17 @@ impl PodLiveness {
 /// No pod → `Missing`; phase Failed/Succeeded → `Failed`; otherwise a deletion timestamp →
 /// `Terminating`; phase Running with every container running → `Running`, with a container
 /// that stopped → `Failed`; anything else (Pending, unknown) → `Pending`.
-/// The terminated states of `pod`'s containers, where agentctl's termination message (why it
-/// ended: a checkout that failed, a suspension) is read.
+/// The terminated states of `pod`'s init containers and containers, where agentctl's
+/// termination message (why it ended: a checkout that failed, a suspension) is read.
 pub(crate) fn terminated_containers(pod: &Pod) -> impl Iterator<Item = &ContainerStateTerminated> {
     pod.status
         .iter()
-        .flat_map(|s| s.container_statuses.iter().flatten())
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
         .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
 }
 

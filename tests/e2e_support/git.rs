@@ -147,6 +147,8 @@ impl Drop for GitDaemon {
 /// one user name and password. Its certificate is self-signed: [`HttpsGit::ca_pem`] trusts it.
 pub struct HttpsGit {
     pub port: u16,
+    /// The address it listens on (and its certificate names).
+    pub ip: std::net::IpAddr,
     /// The server's certificate, PEM (its own CA).
     pub ca_pem: String,
     task: tokio::task::JoinHandle<()>,
@@ -155,6 +157,11 @@ pub struct HttpsGit {
 
 impl HttpsGit {
     pub async fn start(root: &Path, user: &str, password: &str) -> Self {
+        Self::start_on(root, user, password, [127, 0, 0, 1].into()).await
+    }
+
+    /// [`HttpsGit::start`] on `ip` (e.g. the node's address, which pods of a real node reach).
+    pub async fn start_on(root: &Path, user: &str, password: &str, ip: std::net::IpAddr) -> Self {
         let certs = tempfile::tempdir().expect("tempdir");
         let (cert, key) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
         run(Command::new("openssl")
@@ -162,10 +169,10 @@ impl HttpsGit {
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
             ])
             .args([
-                "-subj",
-                "/CN=127.0.0.1",
-                "-addext",
-                "subjectAltName=IP:127.0.0.1",
+                "-subj".to_string(),
+                format!("/CN={ip}"),
+                "-addext".to_string(),
+                format!("subjectAltName=IP:{ip}"),
             ])
             .arg("-keyout")
             .arg(&key)
@@ -186,7 +193,7 @@ impl HttpsGit {
             .with_single_cert(chain, key)
             .expect("server config");
         let acceptor = TlsAcceptor::from(Arc::new(config));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let expected = format!(
             "Basic {}",
@@ -208,6 +215,7 @@ impl HttpsGit {
         });
         Self {
             port,
+            ip,
             ca_pem,
             task,
             _certs: certs,
@@ -215,7 +223,7 @@ impl HttpsGit {
     }
 
     pub fn url(&self, repository: &str) -> String {
-        format!("https://127.0.0.1:{}/{repository}.git", self.port)
+        format!("https://{}:{}/{repository}.git", self.ip, self.port)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod faults;
 pub mod git;
 pub mod jaeger;
 pub mod operator;
+pub mod procs;
 pub mod sessions;
 #[path = "../support/mod.rs"]
 pub mod support;

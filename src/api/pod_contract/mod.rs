@@ -10,6 +10,9 @@ pub mod events;
 
 /// Name of the agentctl container.
 pub const CONTAINER: &str = "agentctl";
+/// Name of the init container that prepares the workspace from the repository
+/// (`agentctl checkout`); the only one that gets the repository's credentials.
+pub const CHECKOUT_CONTAINER: &str = "checkout";
 /// Where agentctl's socket lives inside the pod (an emptyDir shared by `serve` and every exec).
 pub const SOCKET_DIR: &str = "/run/kandev";
 /// The container's termination message file (the kubelet's default path), where agentctl
@@ -45,7 +48,7 @@ pub const ENV_REPLAY_LINE_LIMIT_MIB: &str = "KANDEV_REPLAY_LINE_LIMIT_MIB";
 /// agentctl's log format.
 pub const ENV_LOG_FORMAT: &str = "KANDEV_LOG_FORMAT";
 /// Environment variables holding the clone's credentials (set from a Secret by the operator);
-/// `serve` removes them from the agent's environment.
+/// only the pod's init container (`agentctl checkout`) gets them.
 pub const ENV_GIT_USERNAME: &str = "KANDEV_GIT_USERNAME";
 pub const ENV_GIT_PASSWORD: &str = "KANDEV_GIT_PASSWORD";
 pub const ENV_GIT_SSH_KEY: &str = "KANDEV_GIT_SSH_KEY";
@@ -65,7 +68,8 @@ pub struct Worktree {
     /// HEAD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
-    /// Whether this start cloned the repository (false: the clone of an earlier start).
+    /// Whether this process cloned the repository (false: an earlier clone, such as the one
+    /// `agentctl checkout` made in the pod's init container before `serve` started).
     #[serde(default)]
     pub cloned: bool,
 }
