@@ -290,9 +290,14 @@ fn rbac_grants_exactly_the_required_permissions() {
         );
     }
     let nodes = format!("{RELEASE}-nodes");
+    // metrics.access=authenticated (the default) adds the two reviews (metrics_access_modes).
+    let metrics_auth = format!("{RELEASE}-metrics-auth");
     let mut bindings = kinds(&docs, "ClusterRoleBinding");
     bindings.sort();
-    assert_eq!(bindings, [RELEASE.to_string(), nodes.clone()]);
+    assert_eq!(
+        bindings,
+        [RELEASE.to_string(), metrics_auth.clone(), nodes.clone()]
+    );
     assert_eq!(kinds(&docs, "RoleBinding"), [RELEASE]);
 
     // The aggregated user roles touch only kandev.dev resources; view reads, edit writes sessions.
@@ -303,6 +308,8 @@ fn rbac_grants_exactly_the_required_permissions() {
         [
             RELEASE.to_string(),
             format!("{RELEASE}-edit"),
+            metrics_auth,
+            format!("{RELEASE}-metrics-reader"),
             nodes.clone(),
             format!("{RELEASE}-view")
         ]
@@ -339,7 +346,12 @@ fn rbac_grants_exactly_the_required_permissions() {
     assert!(grants(edit).contains(&("kandev.dev".into(), "tasksessions".into(), "patch".into())));
 
     // Toggles.
-    let docs = render(&["--set", "rbac.aggregateToDefaultRoles=false"]);
+    let docs = render(&[
+        "--set",
+        "rbac.aggregateToDefaultRoles=false",
+        "--set",
+        "metrics.access=open",
+    ]);
     let mut cluster_roles = kinds(&docs, "ClusterRole");
     cluster_roles.sort();
     assert_eq!(cluster_roles, [RELEASE.to_string(), nodes.clone()]);
@@ -348,6 +360,8 @@ fn rbac_grants_exactly_the_required_permissions() {
         "rbac.aggregateToDefaultRoles=false",
         "--set",
         "controller.nodeLostSeconds=0",
+        "--set",
+        "metrics.access=open",
     ]);
     assert_eq!(kinds(&docs, "ClusterRole"), [RELEASE]);
     assert_eq!(kinds(&docs, "ClusterRoleBinding"), [RELEASE]);
@@ -366,18 +380,23 @@ fn rbac_grants_exactly_the_required_permissions() {
 fn namespaced_mode_grants_the_same_in_each_watched_namespace_only() {
     let docs = render(&["--set", "watchNamespaces={team-a,team-b}"]);
     let nodes = format!("{RELEASE}-nodes");
+    let metrics_auth = format!("{RELEASE}-metrics-auth");
     let mut cluster_roles = kinds(&docs, "ClusterRole");
     cluster_roles.sort();
     assert_eq!(
         cluster_roles,
         [
             format!("{RELEASE}-edit"),
+            metrics_auth.clone(),
+            format!("{RELEASE}-metrics-reader"),
             nodes.clone(),
             format!("{RELEASE}-view")
         ],
-        "no ClusterRole of the operator's own, besides the nodes one"
+        "no ClusterRole of the operator's own, besides the cluster-scoped nodes and reviews"
     );
-    assert_eq!(kinds(&docs, "ClusterRoleBinding"), [nodes.as_str()]);
+    let mut bindings = kinds(&docs, "ClusterRoleBinding");
+    bindings.sort();
+    assert_eq!(bindings, [metrics_auth.as_str(), nodes.as_str()]);
     // Nodes are cluster-scoped: list and watch them, exactly Scope::Nodes, in either mode.
     for docs in [&docs, &render(&[])] {
         assert_same_grants(
@@ -672,7 +691,10 @@ fn deployment_defaults() {
 
     assert_eq!(
         container["ports"],
-        serde_json::json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}])
+        serde_json::json!([
+            {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+            {"name": "https-metrics", "containerPort": 8443, "protocol": "TCP"},
+        ])
     );
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         assert_eq!(container[probe]["httpGet"]["path"], path);
@@ -690,8 +712,9 @@ fn deployment_defaults() {
 
     let service = find(&docs, "Service", &format!("{RELEASE}-metrics"));
     assert_eq!(service["spec"]["type"], "ClusterIP");
-    assert_eq!(service["spec"]["ports"][0]["name"], "http-metrics");
-    assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
+    assert_eq!(service["spec"]["ports"][0]["name"], "https-metrics");
+    assert_eq!(service["spec"]["ports"][0]["port"], 8443);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "https-metrics");
     assert_eq!(
         service["spec"]["selector"],
         deployment["spec"]["selector"]["matchLabels"]
@@ -736,7 +759,7 @@ fn optional_resources() {
     let monitor = find(&docs, "ServiceMonitor", RELEASE);
     assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
-    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http-metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "https-metrics");
     assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
     let service = find(&docs, "Service", &format!("{RELEASE}-metrics"));
     for (key, value) in monitor["spec"]["selector"]["matchLabels"]
@@ -813,25 +836,56 @@ fn metrics_access_modes() {
     let auth = format!("{RELEASE}-metrics-auth");
     let reader = format!("{RELEASE}-metrics-reader");
 
-    // open (the default): served with the probes to anyone, nothing more.
-    let docs = render(&["--set", "metrics.serviceMonitor.enabled=true"]);
+    // open: served with the probes to anyone, plain HTTP, nothing more.
+    let docs = render(&[
+        "--set",
+        "metrics.access=open",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+    ]);
     assert!(metrics_args(&docs).is_empty());
     assert!(!kinds(&docs, "ClusterRole").contains(&auth));
     let endpoint = monitor_endpoint(&docs);
+    assert_eq!(endpoint["port"], "http-metrics");
+    assert!(endpoint.get("scheme").is_none() && endpoint.get("tlsConfig").is_none());
     assert!(endpoint.get("bearerTokenFile").is_none() && endpoint.get("authorization").is_none());
+    let service = find(&docs, "Service", &format!("{RELEASE}-metrics"));
+    assert_eq!(
+        (
+            &service["spec"]["ports"][0]["name"],
+            &service["spec"]["ports"][0]["port"]
+        ),
+        (&"http-metrics".into(), &8080.into())
+    );
+    assert_eq!(
+        operator_container(&docs)["ports"].as_array().map(Vec::len),
+        Some(1)
+    );
 
-    // authenticated: the operator checks tokens, may create the two reviews (exactly
-    // Scope::MetricsAuth, cluster-wide in either install mode), and scrapers get a role to bind.
+    // authenticated (the default): the operator checks tokens over TLS on its own port (a
+    // self-signed certificate), may create the two reviews (exactly Scope::MetricsAuth,
+    // cluster-wide in either install mode), and scrapers get a role to bind.
     for extra in [&[][..], &["--set", "watchNamespaces={team-a}"][..]] {
-        let mut args = vec![
-            "--set",
-            "metrics.access=authenticated",
-            "--set",
-            "metrics.serviceMonitor.enabled=true",
-        ];
+        let mut args = vec!["--set", "metrics.serviceMonitor.enabled=true"];
         args.extend_from_slice(extra);
         let docs = render(&args);
-        assert_eq!(metrics_args(&docs), ["--metrics-auth=kubernetes"]);
+        assert_eq!(
+            metrics_args(&docs),
+            [
+                "--metrics-auth=kubernetes",
+                "--metrics-address=0.0.0.0:8443",
+                "--metrics-tls"
+            ]
+        );
+        let endpoint = monitor_endpoint(&docs);
+        assert_eq!(
+            (&endpoint["port"], &endpoint["scheme"]),
+            (&"https-metrics".into(), &"https".into())
+        );
+        assert_eq!(
+            endpoint["tlsConfig"],
+            serde_json::json!({"insecureSkipVerify": true})
+        );
         assert_same_grants(
             "ClusterRole -metrics-auth",
             find(&docs, "ClusterRole", &auth),
@@ -877,6 +931,36 @@ fn metrics_access_modes() {
             {"kind": "Group", "name": "scrapers", "apiGroup": "rbac.authorization.k8s.io"},
         ])
     );
+
+    // A certificate from a Secret (cert-manager's, say), verified by the scraper.
+    let docs = render(&[
+        "--set",
+        "metrics.tls.secretName=metrics-cert",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set-json",
+        r#"metrics.serviceMonitor.tlsConfig={"ca":{"secret":{"name":"metrics-cert","key":"ca.crt"}},"serverName":"kandev-operator-metrics.kandev-system.svc"}"#,
+    ]);
+    assert_eq!(
+        metrics_args(&docs)[3..],
+        [
+            "--metrics-tls-cert-file=/etc/kandev/metrics-tls/tls.crt",
+            "--metrics-tls-key-file=/etc/kandev/metrics-tls/tls.key"
+        ]
+    );
+    let deployment = find(&docs, "Deployment", RELEASE);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"],
+        serde_json::json!([{"name": "metrics-tls", "secret": {"secretName": "metrics-cert"}}])
+    );
+    assert_eq!(
+        operator_container(&docs)["volumeMounts"],
+        serde_json::json!([{"name": "metrics-tls", "mountPath": "/etc/kandev/metrics-tls", "readOnly": true}])
+    );
+    let tls = &monitor_endpoint(&docs)["tlsConfig"];
+    assert_eq!(tls["ca"]["secret"]["name"], "metrics-cert");
+    assert!(tls.get("insecureSkipVerify").is_none());
     let docs = render(&[
         "--set",
         "metrics.access=authenticated",

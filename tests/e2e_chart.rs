@@ -15,6 +15,7 @@ mod e2e_support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use e2e_support::sessions::{
@@ -34,6 +35,7 @@ use kandev_operator::api::conditions;
 use kandev_operator::api::{SessionState, TaskSession};
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
+use tokio_rustls::rustls;
 
 /// The release namespace (the docs use kandev-system; a different one keeps the two apart).
 const CHART_NS: &str = "kandev-chart-e2e";
@@ -597,25 +599,110 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
     with_cleanup(body, cleanup).await;
 }
 
-/// `GET path` on 127.0.0.1:`port` (the harness plays the operator pod on this host), with an
-/// optional bearer token: (status code, body). `None` while nothing listens there.
-async fn http_get(host: &str, port: u16, path: &str, token: Option<&str>) -> Option<(u16, String)> {
+/// `GET path` on `host`:`port` (the harness plays the operator pod on this host), with an
+/// optional bearer token, over TLS with `tls` (trusting any certificate: the operator's is
+/// self-signed): (status code, body). `None` while nothing answers HTTP there.
+async fn http_get(
+    host: &str,
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+    tls: bool,
+) -> Option<(u16, String)> {
+    let stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+    if !tls {
+        return http_request(stream, path, token).await;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").ok()?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .ok()?;
+    http_request(stream, path, token).await
+}
+
+async fn http_request<S>(mut stream: S, path: &str, token: Option<&str>) -> Option<(u16, String)>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     let request =
         format!("GET {path} HTTP/1.1\r\nHost: operator\r\n{auth}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let mut response = Vec::new();
+    // A TLS peer may end without close_notify; what arrived counts.
+    let _ = stream.read_to_end(&mut response).await;
+    let response = String::from_utf8_lossy(&response);
+    let status = response
+        .strip_prefix("HTTP/1.1 ")?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
     let body = response
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Some((status, body))
+}
+
+/// Accepts the server's certificate whatever it is (signatures are still checked).
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 /// Polls `http_get` until `done` holds (RBAC and rollouts take effect within seconds).
@@ -624,11 +711,12 @@ async fn http_until(
     port: u16,
     path: &str,
     token: Option<&str>,
+    tls: bool,
     done: impl Fn(u16) -> bool,
 ) -> (u16, String) {
     let mut last = None;
     for _ in 0..60 {
-        last = http_get(host, port, path, token).await;
+        last = http_get(host, port, path, token, tls).await;
         if let Some((status, body)) = &last
             && done(*status)
         {
@@ -647,17 +735,20 @@ fn service_account_token(name: &str) -> String {
         .to_string()
 }
 
-/// `metrics.access=authenticated` against the real API server: the operator serves /metrics only
-/// to a bearer token that a TokenReview authenticates and a SubjectAccessReview authorizes for
-/// get /metrics (no token 401, a ServiceAccount without the grant 403, one bound through
-/// `metrics.readers` 200), the probes stay open, and the RBAC self-check passed with the chart's
-/// metrics-auth ClusterRole (the pod is Ready). Then `metrics.access=localhost`: /metrics leaves
-/// the pod's port and answers on 127.0.0.1 only.
+/// `metrics.access=authenticated` (the default) against the real API server: the operator serves
+/// /metrics over TLS on its own port (a self-signed certificate), only to a bearer token that a
+/// TokenReview authenticates and a SubjectAccessReview authorizes for get /metrics (no token
+/// 401, a ServiceAccount without the grant 403, one bound through `metrics.readers` 200); plain
+/// HTTP on that port gets no answer, the probes stay plain HTTP on the http port, which does not
+/// serve /metrics, and the RBAC self-check passed with the chart's metrics-auth ClusterRole (the
+/// pod is Ready). Then `metrics.access=localhost`: /metrics leaves the pod's ports and answers
+/// on 127.0.0.1 only, plain HTTP.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn chart_metrics_are_served_only_to_authorized_scrapers() {
     const PORT: u16 = 18481;
     const LOCAL_PORT: u16 = 18482;
+    const SECURE_PORT: u16 = 18483;
     let client = client_without_release().await;
     let body = async {
         restricted_namespace(&client, CHART_NS).await;
@@ -671,27 +762,52 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
             "--set",
             &format!("http.port={PORT}"),
             "--set",
-            "metrics.access=authenticated",
+            &format!("metrics.securePort={SECURE_PORT}"),
             "--set-json",
             &readers,
         ]);
         let host = "127.0.0.1";
-        let (status, _) = http_until(host, PORT, "/healthz", None, |s| s == 200).await;
+        let (status, _) = http_until(host, PORT, "/healthz", None, false, |s| s == 200).await;
         assert_eq!(status, 200, "the probes need no token");
         assert_eq!(
-            http_until(host, PORT, "/readyz", None, |_| true).await.0,
+            http_until(host, PORT, "/readyz", None, false, |_| true)
+                .await
+                .0,
             200
         );
+        assert_eq!(
+            http_get(host, PORT, "/metrics", None, false)
+                .await
+                .map(|a| a.0),
+            Some(404),
+            "/metrics is not on the probes' port"
+        );
 
-        let (status, body) = http_until(host, PORT, "/metrics", None, |_| true).await;
+        let (status, body) = http_until(host, SECURE_PORT, "/metrics", None, true, |_| true).await;
         assert_eq!(status, 401, "no token: {body}");
         assert!(body.contains("bearer token"), "{body}");
-        let (status, body) =
-            http_until(host, PORT, "/metrics", Some("not-a-token"), |_| true).await;
+        assert_eq!(
+            http_get(host, SECURE_PORT, "/metrics", None, false).await,
+            None,
+            "no plain HTTP on the TLS port"
+        );
+        let (status, body) = http_until(
+            host,
+            SECURE_PORT,
+            "/metrics",
+            Some("not-a-token"),
+            true,
+            |_| true,
+        )
+        .await;
         assert_eq!(status, 401, "a token the API server does not know: {body}");
 
         let outsider = service_account_token("outsider");
-        let (status, body) = http_until(host, PORT, "/metrics", Some(&outsider), |_| true).await;
+        let (status, body) =
+            http_until(host, SECURE_PORT, "/metrics", Some(&outsider), true, |_| {
+                true
+            })
+            .await;
         assert_eq!(status, 403, "authenticated, not authorized: {body}");
         assert!(
             body.contains(&format!("system:serviceaccount:{CHART_NS}:outsider")),
@@ -699,7 +815,10 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
         );
 
         let scraper = service_account_token("scraper");
-        let (status, body) = http_until(host, PORT, "/metrics", Some(&scraper), |s| s == 200).await;
+        let (status, body) = http_until(host, SECURE_PORT, "/metrics", Some(&scraper), true, |s| {
+            s == 200
+        })
+        .await;
         assert_eq!(status, 200);
         assert!(
             body.contains("kandev_leader") && body.ends_with("# EOF\n"),
@@ -707,7 +826,7 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
         );
         // Still refused for the outsider: the grant is per identity.
         assert_eq!(
-            http_get(host, PORT, "/metrics", Some(&outsider))
+            http_get(host, SECURE_PORT, "/metrics", Some(&outsider), true)
                 .await
                 .map(|a| a.0),
             Some(403)
@@ -729,17 +848,20 @@ async fn chart_metrics_are_served_only_to_authorized_scrapers() {
             "--set",
             &format!("metrics.localhostPort={LOCAL_PORT}"),
         ]);
-        let (status, body) = http_until(host, PORT, "/metrics", None, |s| s == 404).await;
+        let (status, body) = http_until(host, PORT, "/metrics", None, false, |s| s == 404).await;
         assert!(body.contains("--metrics-address"), "{status} {body}");
-        let (status, body) = http_until(host, LOCAL_PORT, "/metrics", None, |s| s == 200).await;
+        let (status, body) =
+            http_until(host, LOCAL_PORT, "/metrics", None, false, |s| s == 200).await;
         assert!(status == 200 && body.contains("kandev_leader"), "{body}");
         assert_eq!(
-            http_get("127.0.0.2", LOCAL_PORT, "/metrics", None).await,
+            http_get("127.0.0.2", LOCAL_PORT, "/metrics", None, false).await,
             None,
             "not reachable on another address of the host"
         );
         assert_eq!(
-            http_get(host, PORT, "/healthz", None).await.map(|a| a.0),
+            http_get(host, PORT, "/healthz", None, false)
+                .await
+                .map(|a| a.0),
             Some(200)
         );
     };

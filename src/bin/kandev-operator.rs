@@ -13,7 +13,9 @@ use kandev_operator::controller::endpoints::{self, HttpState, Routes};
 use kandev_operator::controller::leader::{self, LeaseSettings};
 use kandev_operator::controller::metrics_access::MetricsAuth;
 use kandev_operator::controller::pods::{self, Cidr, NetworkRules, PodSettings, ScratchLimits};
-use kandev_operator::controller::{self, Clients, OperatorSettings, metrics, permissions};
+use kandev_operator::controller::{
+    self, Clients, OperatorSettings, metrics, metrics_tls, permissions,
+};
 use kandev_operator::resume::defaults;
 use kandev_operator::telemetry::{self, LogSettings};
 use tokio::time::Instant;
@@ -248,6 +250,24 @@ struct RunArgs {
     /// at startup). /healthz and /readyz stay open either way.
     #[arg(long, value_enum, default_value_t = MetricsAuthFlag::None)]
     metrics_auth: MetricsAuthFlag,
+    /// Serve /metrics over TLS (rustls): with the certificate of --metrics-tls-cert-file and
+    /// --metrics-tls-key-file, else a self-signed one made at each start for localhost and the
+    /// host's name. Applies to the listener that serves /metrics: --metrics-address when set
+    /// (the chart's way: the probes stay plain HTTP on --http-address), else --http-address
+    /// and with it the probes.
+    #[arg(long)]
+    metrics_tls: bool,
+    /// PEM certificate (chain) of /metrics' TLS, e.g. tls.crt of a kubernetes.io/tls Secret.
+    /// Read once at start: restart the operator after the certificate is renewed.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires_all = ["metrics_tls", "metrics_tls_key_file"]
+    )]
+    metrics_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --metrics-tls-cert-file (e.g. tls.key).
+    #[arg(long, value_name = "FILE", requires = "metrics_tls_cert_file")]
+    metrics_tls_key_file: Option<PathBuf>,
     /// Start without the RBAC self-check (one SelfSubjectAccessReview per permission the
     /// operator uses; a missing permission otherwise stops the start with a list of them).
     #[arg(long)]
@@ -420,6 +440,22 @@ fn watch_namespaces(list: &[String]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Where /metrics' TLS certificate comes from; `None` without `--metrics-tls`.
+fn metrics_tls_source(args: &RunArgs) -> Option<metrics_tls::CertificateSource> {
+    if !args.metrics_tls {
+        return None;
+    }
+    Some(
+        match (&args.metrics_tls_cert_file, &args.metrics_tls_key_file) {
+            (Some(cert), Some(key)) => metrics_tls::CertificateSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => metrics_tls::CertificateSource::self_signed_for_this_host(),
+        },
+    )
 }
 
 /// `--http-address` or `--metrics-address`: `None` when off.
@@ -615,11 +651,21 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         if listeners.is_empty() {
             tracing::info!("HTTP endpoints are off (--http-address)");
         }
+        let tls = metrics_tls_source(&args)
+            .map(|source| metrics_tls::acceptor(&source).map(|acceptor| (acceptor, source)))
+            .transpose()
+            .map_err(|e| e.to_string())?;
         for (address, routes, what) in listeners {
             let listener = endpoints::bind(address).await?;
             let local = listener.local_addr().map_err(|e| format!("HTTP endpoints: {e}"))?;
-            tracing::info!(address = %local, metrics_auth = ?metrics_auth, "serving {what}");
-            tokio::spawn(endpoints::serve(listener, http_state.clone(), routes));
+            let tls = tls.as_ref().filter(|_| routes.metrics);
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let certificate = tls.map(|(_, source)| match source {
+                metrics_tls::CertificateSource::Files { cert, .. } => cert.display().to_string(),
+                metrics_tls::CertificateSource::SelfSigned { names } => format!("self-signed for {}", names.join(", ")),
+            });
+            tracing::info!(address = %local, scheme, certificate, metrics_auth = ?metrics_auth, "serving {what}");
+            tokio::spawn(endpoints::serve(listener, http_state.clone(), routes, tls.map(|(acceptor, _)| acceptor.clone())));
         }
         let timeout = Duration::from_secs(args.startup_timeout_seconds);
         let clients = connect(timeout).await?;
@@ -794,6 +840,29 @@ mod tests {
             MetricsAuth::Kubernetes
         );
         assert!(run_args(&["--metrics-auth=basic"]).is_err());
+        // TLS: self-signed by default, else both files (and only with --metrics-tls).
+        assert_eq!(metrics_tls_source(&run_args(&[]).expect("valid")), None);
+        let self_signed = run_args(&["--metrics-tls"]).expect("valid");
+        assert!(matches!(
+            metrics_tls_source(&self_signed),
+            Some(metrics_tls::CertificateSource::SelfSigned { names }) if names.contains(&"localhost".to_string())
+        ));
+        let files = run_args(&[
+            "--metrics-tls",
+            "--metrics-tls-cert-file=/tls/tls.crt",
+            "--metrics-tls-key-file=/tls/tls.key",
+        ])
+        .expect("valid");
+        assert_eq!(
+            metrics_tls_source(&files),
+            Some(metrics_tls::CertificateSource::Files {
+                cert: "/tls/tls.crt".into(),
+                key: "/tls/tls.key".into()
+            })
+        );
+        assert!(run_args(&["--metrics-tls", "--metrics-tls-cert-file=/c"]).is_err());
+        assert!(run_args(&["--metrics-tls", "--metrics-tls-key-file=/k"]).is_err());
+        assert!(run_args(&["--metrics-tls-cert-file=/c", "--metrics-tls-key-file=/k"]).is_err());
         type Listeners = Vec<(&'static str, Routes)>;
         #[rustfmt::skip]
         let rows: [(Option<&str>, Option<&str>, Listeners); 4] = [

@@ -5,9 +5,10 @@
 //! accept queue), a request head must arrive within [`READ_TIMEOUT`], and a connection lives at
 //! most [`CONNECTION_TIMEOUT`] (a client that does not read its answer is cut off).
 //!
-//! `/metrics` may be served on its own listener (`--metrics-address`, e.g. 127.0.0.1 only) and
-//! only to authenticated scrapers (`--metrics-auth=kubernetes`, [`super::metrics_access`]);
-//! the probes' endpoints never need a token.
+//! `/metrics` may be served on its own listener (`--metrics-address`, e.g. 127.0.0.1 only), over
+//! TLS (`--metrics-tls`, [`super::metrics_tls`]) and only to authenticated scrapers
+//! (`--metrics-auth=kubernetes`, [`super::metrics_access`]); the probes' endpoints never need a
+//! token.
 //!
 //! - `/healthz` answers 200 as long as the process and its async runtime serve requests.
 //! - `/readyz` answers 200 once the startup checks passed (the API server answered and the RBAC
@@ -25,6 +26,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tracing::debug;
 
 use super::metrics::{self, Metrics};
@@ -300,9 +302,14 @@ impl Default for Bounds {
     }
 }
 
-/// Serves `routes` until the runtime shuts down.
-pub async fn serve(listener: TcpListener, state: Arc<HttpState>, routes: Routes) {
-    serve_bounded(listener, state, routes, Bounds::default()).await
+/// Serves `routes` until the runtime shuts down; over TLS with `tls`.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<HttpState>,
+    routes: Routes,
+    tls: Option<TlsAcceptor>,
+) {
+    serve_bounded(listener, state, routes, Bounds::default(), tls).await
 }
 
 async fn serve_bounded(
@@ -310,6 +317,7 @@ async fn serve_bounded(
     state: Arc<HttpState>,
     routes: Routes,
     bounds: Bounds,
+    tls: Option<TlsAcceptor>,
 ) {
     let slots = Arc::new(Semaphore::new(bounds.max_connections));
     loop {
@@ -326,37 +334,64 @@ async fn serve_bounded(
                 continue;
             }
         };
-        let state = state.clone();
+        let (state, tls) = (state.clone(), tls.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let state = state.clone();
-                async move {
-                    let response = handle(
-                        request.method(),
-                        request.uri().path(),
-                        request.headers(),
-                        &state,
-                        routes,
-                    )
-                    .await;
-                    Ok::<_, Infallible>(response)
+            // A TLS handshake must end within the request head's time, and counts against the
+            // connection's life like the rest.
+            let deadline = tokio::time::Instant::now() + bounds.connection_timeout;
+            match tls {
+                None => serve_connection(stream, state, routes, bounds, deadline).await,
+                Some(tls) => {
+                    match tokio::time::timeout(bounds.read_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, state, routes, bounds, deadline).await
+                        }
+                        Ok(Err(err)) => debug!(%peer, %err, "TLS handshake failed"),
+                        Err(_) => debug!(%peer, "TLS handshake cut off"),
+                    }
                 }
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(bounds.read_timeout)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(bounds.connection_timeout, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(err)) => debug!(%peer, %err, "HTTP connection ended with an error"),
-                Err(_) => debug!(
-                    %peer,
-                    "HTTP connection cut off after {:?}", bounds.connection_timeout
-                ),
             }
             drop(slot);
         });
+    }
+}
+
+/// One HTTP/1.1 connection on `stream` (plain TCP or TLS), cut off at `deadline`.
+async fn serve_connection<S>(
+    stream: S,
+    state: Arc<HttpState>,
+    routes: Routes,
+    bounds: Bounds,
+    deadline: tokio::time::Instant,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let state = state.clone();
+        async move {
+            let response = handle(
+                request.method(),
+                request.uri().path(),
+                request.headers(),
+                &state,
+                routes,
+            )
+            .await;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(bounds.read_timeout)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    match tokio::time::timeout_at(deadline, connection).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => debug!(%err, "HTTP connection ended with an error"),
+        Err(_) => debug!(
+            "HTTP connection cut off after {:?}",
+            bounds.connection_timeout
+        ),
     }
 }
 
@@ -483,7 +518,7 @@ mod tests {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let state = state();
-        tokio::spawn(serve(listener, state.clone(), Routes::ALL));
+        tokio::spawn(serve(listener, state.clone(), Routes::ALL, None));
 
         let response = get(
             address,
@@ -523,11 +558,63 @@ mod tests {
         assert!(response.starts_with("HTTP/1.1 400 "), "{response}");
     }
 
+    /// `--metrics-tls`: a client that trusts the listener's certificate gets /metrics over TLS;
+    /// a plain HTTP request on that port gets no HTTP answer.
+    #[tokio::test]
+    async fn metrics_over_tls() {
+        use super::super::metrics_tls::{CertificateSource, acceptor};
+        use tokio_rustls::rustls;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let made =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert, made.cert.pem()).expect("cert");
+        std::fs::write(&key, made.signing_key.serialize_pem()).expect("key");
+        let tls = acceptor(&CertificateSource::Files { cert, key }).expect("acceptor");
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("addr");
+        tokio::spawn(serve(listener, state(), Routes::METRICS, Some(tls)));
+
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(made.cert.der().clone()).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = TcpStream::connect(address).await.expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut stream = connector.connect(name, tcp).await.expect("TLS handshake");
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response).await;
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+        assert!(response.ends_with("# EOF\n"), "{response}");
+
+        let mut plain = TcpStream::connect(address).await.expect("connect");
+        plain
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        let _ = plain.read_to_end(&mut answer).await;
+        assert!(
+            !String::from_utf8_lossy(&answer).contains("HTTP/1.1"),
+            "plain HTTP answered: {answer:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_silent_client_is_dropped_after_the_read_timeout() {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
-        tokio::spawn(serve(listener, state(), Routes::ALL));
+        tokio::spawn(serve(listener, state(), Routes::ALL, None));
         let mut stream = TcpStream::connect(address).await.expect("connect");
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\n")
@@ -562,7 +649,7 @@ mod tests {
             max_connections: 1,
             ..Bounds::default()
         };
-        tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds));
+        tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds, None));
         // The one slot is held by a client that has not finished its request.
         let mut holder = TcpStream::connect(address).await.expect("connect");
         holder
@@ -602,7 +689,7 @@ mod tests {
             connection_timeout: Duration::from_secs(1),
             ..Bounds::default()
         };
-        tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds));
+        tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds, None));
         let mut stream = TcpStream::connect(address).await.expect("connect");
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\n")
@@ -616,7 +703,7 @@ mod tests {
     async fn a_listener_on_127_0_0_1_is_not_reachable_on_another_address() {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("address").port();
-        tokio::spawn(serve(listener, state(), Routes::METRICS));
+        tokio::spawn(serve(listener, state(), Routes::METRICS, None));
         // 127.0.0.2 is this host too (all of 127/8 is loopback), but not the bound address,
         // as the pod IP is not for a listener on 127.0.0.1.
         let other = TcpStream::connect(("127.0.0.2", port)).await;

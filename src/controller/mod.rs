@@ -15,4 +15,5 @@ pub mod gate;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_access;
+pub mod metrics_tls;
 pub mod permissions;
