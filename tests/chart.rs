@@ -676,6 +676,14 @@ fn deployment_defaults() {
     }
     assert!(!args.contains(&"--skip-permission-check".to_string()));
     assert!(!args.iter().any(|a| a.starts_with("--agent-profiles")));
+    // The restores' memory budget: half of the memory limit, found by the operator itself.
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--acp-memory-budget-mib"))
+    );
+    let budget = operator_args(&render(&["--set", "controller.acpMemoryBudgetMiB=96"]));
+    assert!(budget.contains(&"--acp-memory-budget-mib=96".to_string()));
 
     let env = container["env"].as_array().expect("env");
     for (name, field) in [
@@ -1115,6 +1123,20 @@ fn invalid_values_fail_with_a_clear_message() {
                 r#"metrics.readers=[{"kind":"ServiceAccount","name":"prometheus"}]"#,
             ],
             "a ServiceAccount needs a namespace",
+        ),
+        // The restores' memory budget cannot hold one session/load (2 × the replay line).
+        (
+            &["--set", "controller.acpMemoryBudgetMiB=8"],
+            "budget of 8 MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs 16 MiB",
+        ),
+        (
+            &[
+                "--set",
+                "resources.limits.memory=100Mi",
+                "--set",
+                "controller.acpReplayLineLimitMiB=32",
+            ],
+            "budget of 50 MiB",
         ),
     ];
     for (args, mentions) in cases {

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::budget::{MemoryBudget, replay_need};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ContentBlock, Implementation, InitializeRequest, InitializeResponse,
@@ -104,6 +105,8 @@ pub struct AcpClient {
     saved_config: Option<SessionConfigState>,
     /// The id the next `session/prompt` carries ([`PROMPT_ID_META`]).
     prompt_id: Option<String>,
+    /// The process-wide budget a `session/load`'s longer lines are reserved from.
+    memory: Option<MemoryBudget>,
 }
 
 impl AcpClient {
@@ -120,7 +123,14 @@ impl AcpClient {
             launch: None,
             saved_config: None,
             prompt_id: None,
+            memory: None,
         }
+    }
+
+    /// Reserves a `session/load`'s replay lines from `budget` before sending it (see
+    /// [`super::budget`]); the connection's own lines are the caller's to reserve.
+    pub fn set_memory_budget(&mut self, budget: MemoryBudget) {
+        self.memory = Some(budget);
     }
 
     /// Replaces the deadlines used by the individual calls.
@@ -310,6 +320,11 @@ impl AcpClient {
         let method = method::SESSION_LOAD;
         let request = LoadSessionRequest::new(session_id.to_owned(), cwd);
         let params = self.params(method, &request)?;
+        // Before the deadline starts: a wait for memory is ours, not the agent's.
+        let _replay_memory = match &self.memory {
+            Some(budget) => Some(budget.reserve(replay_need(&self.rpc.limits())).await),
+            None => None,
+        };
         let (answer, replayed) = self
             .rpc
             .call_replaying(method, params, Some(limit), session_id)

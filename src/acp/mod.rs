@@ -11,6 +11,7 @@
 //! Message bodies use the `agent-client-protocol` crate's v1 schema types; the line framing and
 //! request routing are ours (see `rpc.rs` for why).
 
+pub mod budget;
 mod client;
 mod exec;
 mod local;

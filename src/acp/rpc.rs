@@ -289,6 +289,10 @@ impl RpcConnection {
         self.shared.lock().limits = limits;
     }
 
+    pub(crate) fn limits(&self) -> AcpLimits {
+        self.shared.lock().limits
+    }
+
     /// Sends a request and waits for its answer, at most `timeout` (`None`: no limit, for calls
     /// like `session/prompt` whose turn may legitimately take hours).
     pub(crate) async fn call(

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kandev_operator::acp::AcpLimits;
+use kandev_operator::acp::budget::{self, MemoryBudget};
 use kandev_operator::agents::AgentRegistry;
 use kandev_operator::controller::endpoints::{self, HttpState, Routes};
 use kandev_operator::controller::leader::{self, LeaseSettings};
@@ -170,6 +171,14 @@ struct RunArgs {
     #[arg(long, default_value_t = 256, value_name = "MIB",
         value_parser = clap::value_parser!(u64).range(1..))]
     acp_replay_budget_mib: u64,
+    /// Memory all restores together may hold for the agents' lines, in MiB; 0 (the default):
+    /// half of the container's memory limit (its cgroup), or 1024 where there is none. Each
+    /// restore reserves twice the 1 MiB line limit, and a session/load twice
+    /// --acp-replay-line-limit-mib on top; once the budget is spent, the next restore waits
+    /// (before any ACP deadline) and finishes later instead of failing. The start is refused
+    /// when one restore could never fit.
+    #[arg(long, default_value_t = 0, value_name = "MIB")]
+    acp_memory_budget_mib: u64,
     /// Sessions reconciled at the same time, at most (each holds at most one exec into its pod).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_reconciles: u16,
@@ -442,6 +451,26 @@ fn watch_namespaces(list: &[String]) -> Vec<String> {
     out
 }
 
+/// The restores' memory budget (`--acp-memory-budget-mib`, else half of the cgroup's limit);
+/// refused when one restore with a `session/load` could never fit in it.
+fn acp_memory_budget(flag_mib: u64, limits: &AcpLimits) -> Result<MemoryBudget, String> {
+    let cgroup = budget::cgroup_memory_limit();
+    let memory = MemoryBudget::new(budget::budget_size(flag_mib, cgroup));
+    memory
+        .check(budget::connection_need(limits) + budget::replay_need(limits))
+        .map_err(|e| e.to_string())?;
+    let mib = |bytes: u64| bytes / (1024 * 1024);
+    tracing::info!(
+        budget_mib = mib(memory.total()),
+        container_limit_mib = cgroup.map(mib),
+        restore_mib = mib(budget::connection_need(limits)),
+        load_mib = mib(budget::connection_need(limits) + budget::replay_need(limits)),
+        "ACP memory budget"
+    );
+    metrics::global().track_acp_memory(memory.clone());
+    Ok(memory)
+}
+
 /// Where /metrics' TLS certificate comes from; `None` without `--metrics-tls`.
 fn metrics_tls_source(args: &RunArgs) -> Option<metrics_tls::CertificateSource> {
     if !args.metrics_tls {
@@ -594,6 +623,12 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         .iter()
         .map(|s| parse_node_selector(s))
         .collect::<Result<BTreeMap<_, _>, _>>()?;
+    let acp_limits = AcpLimits {
+        replay_line: kandev_operator::jsonrpc::codec::mib(args.acp_replay_line_limit_mib),
+        replay_budget: args.acp_replay_budget_mib.saturating_mul(1024 * 1024),
+        ..AcpLimits::default()
+    };
+    let acp_memory = acp_memory_budget(args.acp_memory_budget_mib, &acp_limits)?;
     let settings = OperatorSettings {
         pod: PodSettings {
             default_image: args.agentctl_image.clone(),
@@ -626,11 +661,8 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         resync: Duration::from_secs(args.resync_seconds),
         acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
         restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
-        acp_limits: AcpLimits {
-            replay_line: kandev_operator::jsonrpc::codec::mib(args.acp_replay_line_limit_mib),
-            replay_budget: args.acp_replay_budget_mib.saturating_mul(1024 * 1024),
-            ..AcpLimits::default()
-        },
+        acp_limits,
+        acp_memory: acp_memory.clone(),
         max_concurrent_reconciles: args.max_concurrent_reconciles,
         launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
         end_grace: Duration::from_secs(args.end_grace_seconds),

@@ -15,6 +15,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+
+use crate::acp::budget::MemoryBudget;
 use prometheus_client::registry::Registry;
 
 use crate::api::conditions;
@@ -111,6 +113,7 @@ pub struct Metrics {
     restore_duration: Histogram,
     leader: Gauge,
     sessions: SessionGauges,
+    acp_memory: AcpMemoryGauges,
 }
 
 impl Default for Metrics {
@@ -193,6 +196,8 @@ impl Metrics {
         );
         let sessions = SessionGauges::default();
         registry.register_collector(Box::new(sessions.clone()));
+        let acp_memory = AcpMemoryGauges::default();
+        registry.register_collector(Box::new(acp_memory.clone()));
         Metrics {
             registry,
             reconciles,
@@ -203,6 +208,7 @@ impl Metrics {
             restore_duration,
             leader,
             sessions,
+            acp_memory,
         }
     }
 
@@ -273,6 +279,13 @@ impl Metrics {
     pub fn track_sessions(&self, store: Store<TaskSession>) {
         if let Ok(mut stores) = self.sessions.stores.lock() {
             stores.push(store);
+        }
+    }
+
+    /// Reports `budget` as `kandev_acp_memory_budget_bytes` and `…_reserved_bytes`.
+    pub fn track_acp_memory(&self, budget: MemoryBudget) {
+        if let Ok(mut tracked) = self.acp_memory.budget.lock() {
+            *tracked = Some(budget);
         }
     }
 
@@ -504,6 +517,46 @@ impl prometheus_client::collector::Collector for SessionGauges {
     }
 }
 
+/// The ACP connections' memory budget ([`crate::acp::budget`]): its size and what restores hold
+/// of it now, read at scrape time.
+#[derive(Clone, Debug, Default)]
+struct AcpMemoryGauges {
+    budget: Arc<Mutex<Option<MemoryBudget>>>,
+}
+
+impl prometheus_client::collector::Collector for AcpMemoryGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(budget) = self.budget.lock().ok().and_then(|b| b.clone()) else {
+            return Ok(());
+        };
+        let gauge = |bytes: u64| {
+            let gauge = Gauge::<i64>::default();
+            gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            gauge
+        };
+        encode_gauge(
+            &mut encoder,
+            "kandev_acp_memory_budget_bytes",
+            "Memory all ACP restores together may hold for their lines (--acp-memory-budget-mib, or half of the container's limit)",
+            &gauge(budget.total()),
+        )?;
+        encode_gauge(
+            &mut encoder,
+            "kandev_acp_memory_reserved_bytes",
+            "Memory of the budget that running restores hold now; at the budget, the next restore waits",
+            &gauge(budget.reserved()),
+        )?;
+        let waits = Counter::<u64>::default();
+        waits.inc_by(budget.waits());
+        waits.encode(encoder.encode_descriptor(
+            "kandev_acp_memory_waits",
+            "Restores (or their session/load) that waited for room in the memory budget",
+            None,
+            MetricType::Counter,
+        )?)
+    }
+}
+
 /// Announces one gauge (or family of gauges) and encodes its samples.
 fn encode_gauge(
     encoder: &mut DescriptorEncoder,
@@ -564,6 +617,32 @@ mod tests {
     fn has_line(text: &str, expected: &str) -> bool {
         text.lines()
             .any(|l| l == expected || l.starts_with(&format!("{expected} # ")))
+    }
+
+    #[tokio::test]
+    async fn the_acp_memory_budget_is_reported() {
+        let metrics = Metrics::new();
+        assert!(
+            !metrics.render().contains("kandev_acp_memory"),
+            "absent until tracked"
+        );
+        let budget = MemoryBudget::new(64 << 20);
+        metrics.track_acp_memory(budget.clone());
+        let _held = budget.reserve(16 << 20).await;
+        let text = metrics.render();
+        assert_well_formed(&text);
+        assert!(
+            text.contains("\nkandev_acp_memory_budget_bytes 67108864\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nkandev_acp_memory_reserved_bytes 16777216\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nkandev_acp_memory_waits_total 0\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -27,6 +27,7 @@ use super::follower::{Followers, Probe};
 use super::metrics::{self, Deadlines, ResumeOutcome};
 use super::pod_index::PodIndex;
 use super::pods::{self, PodSettings};
+use crate::acp::budget::{self, MemoryBudget};
 use crate::acp::{AcpLimits, AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::agents::{AgentProfile, AgentRegistry};
 use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, MESSAGE_MAX, NUDGE_MAX, cap};
@@ -164,6 +165,8 @@ pub struct OperatorSettings {
     pub restore_timeout: Duration,
     /// Memory bounds of each ACP connection (lines, replay budget).
     pub acp_limits: AcpLimits,
+    /// The one budget every restore's lines are reserved from ([`crate::acp::budget`]).
+    pub acp_memory: MemoryBudget,
     /// Sessions reconciled at the same time, at most.
     pub max_concurrent_reconciles: u16,
     /// From the agentctl pod's creation to agentctl answering exec, at most; then the launch is
@@ -1367,6 +1370,14 @@ impl<'a> Session<'a> {
         let request = self.resume_request(&profile, state_at_start);
 
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
+        // This restore's lines, from the operator's one memory budget: when many restores
+        // hold it, this one waits here, before any deadline, and finishes later.
+        let _memory = self
+            .ctx
+            .settings
+            .acp_memory
+            .reserve(budget::connection_need(&self.ctx.settings.acp_limits))
+            .await;
         tracing::debug!(pod = %pod_name, "opening the exec for the restore");
         let open_started = std::time::Instant::now();
         let open = PodConnection::open(&pods_api, &pod_name, pod_contract::CONTAINER);
@@ -1389,6 +1400,7 @@ impl<'a> Session<'a> {
         // The saved mode, model and config options: agentctl sets them back after a restore.
         client.set_saved_config(self.objects.executor_status().session_config.clone());
         client.set_limits(self.ctx.settings.acp_limits);
+        client.set_memory_budget(self.ctx.settings.acp_memory.clone());
         let timeouts = AcpTimeouts {
             initialize: self.ctx.settings.acp_timeout,
             session: self.ctx.settings.restore_timeout,

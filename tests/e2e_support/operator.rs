@@ -117,11 +117,16 @@ impl Operator {
     /// `/metrics`, summed over `result` (ok and error). Waits up to 10 s for the endpoint (it
     /// listens a moment after the start), then fails the test.
     pub async fn reconciles(&self) -> u64 {
+        self.metric(RECONCILES).await
+    }
+
+    /// The sum of `metric`'s samples in the operator's `/metrics` (waits up to 10 s for it).
+    pub async fn metric(&self, metric: &str) -> u64 {
         poll(
             Duration::from_secs(10),
             Duration::from_millis(100),
             async || match self.metrics().await {
-                Ok(text) => Ok(sum_of(&text, RECONCILES)),
+                Ok(text) => Ok(sum_of(&text, metric)),
                 Err(e) => Err(format!(
                     "no /metrics from the operator at {}: {e}; log {}",
                     self.http,

@@ -118,3 +118,39 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kandev-operator.username" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "kandev-operator.serviceAccountName" .) }}
 {{- end }}
+
+{{/*
+resources.limits.memory in MiB (binary and decimal suffixes, or bytes); "" when unset or
+unreadable.
+*/}}
+{{- define "kandev-operator.memoryLimitMiB" -}}
+{{- $q := toString (dig "limits" "memory" "" (.Values.resources | default dict)) -}}
+{{- $n := regexFind "^[0-9]+" $q | default "0" | atoi -}}
+{{- $unit := trimPrefix (regexFind "^[0-9]+" $q) $q -}}
+{{- $mib := dict "" (div $n 1048576) "Ki" (div $n 1024) "Mi" $n "Gi" (mul $n 1024) "Ti" (mul $n 1048576) "k" (div (mul $n 1000) 1048576) "M" (div (mul $n 1000000) 1048576) "G" (div (mul $n 1000000000) 1048576) -}}
+{{- if and (regexMatch "^[0-9]+(Ki|Mi|Gi|Ti|k|M|G)?$" $q) (hasKey $mib $unit) -}}
+{{- get $mib $unit -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The restores' memory budget (controller.acpMemoryBudgetMiB, else half of the memory limit) must
+hold one restore with a session/load, 2 × controller.acpReplayLineLimitMiB: refused otherwise,
+as the operator would refuse to start. The budget in MiB, or "" when there is none to check.
+*/}}
+{{- define "kandev-operator.memoryBudgetMiB" -}}
+{{- $limit := include "kandev-operator.memoryLimitMiB" . -}}
+{{- if .Values.controller.acpMemoryBudgetMiB -}}
+{{- .Values.controller.acpMemoryBudgetMiB -}}
+{{- else if $limit -}}
+{{- div (atoi $limit) 2 -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kandev-operator.checkMemoryBudget" -}}
+{{- $budget := include "kandev-operator.memoryBudgetMiB" . -}}
+{{- $need := mul 2 .Values.controller.acpReplayLineLimitMiB -}}
+{{- if and $budget (lt (atoi $budget) (int $need)) -}}
+{{- fail (printf "controller.acpMemoryBudgetMiB: the restores' memory budget of %s MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs %d MiB (2 × controller.acpReplayLineLimitMiB): raise the memory limit or the budget, or lower acpReplayLineLimitMiB" $budget (int $need)) -}}
+{{- end -}}
+{{- end -}}
