@@ -360,6 +360,21 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
             "the operator's Deployment is Available: {deployment:#?}"
         );
         for pod in operator_pods(&client).await {
+            // The restores' memory budget: half of the chart's 256 Mi limit, read by the
+            // operator from its container's cgroup.
+            let log =
+                run(kubectl().args(["logs", "-n", CHART_NS, &pod.name_any(), "-c", "operator"]))
+                    .expect_success();
+            let budget = log
+                .lines()
+                .find(|l| l.contains("ACP memory budget"))
+                .unwrap_or_else(|| {
+                    panic!("no memory budget in the log of {}:\n{log}", pod.name_any())
+                });
+            assert!(
+                budget.contains("budget_mib=128") && budget.contains("container_limit_mib=256"),
+                "{budget}"
+            );
             // A real container of our image, as the chart's non-root user, with a read-only root.
             let container = container_id(&pod, "operator");
             let info: serde_json::Value =

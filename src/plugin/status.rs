@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use crate::agents::AgentRegistry;
 use crate::api::conditions::{self, RECONCILING, RESUMED};
 use crate::api::{ResumeReason, SessionState, TaskState};
 use crate::resume::{PodLiveness, SessionObjects};
@@ -75,6 +76,10 @@ pub struct StatusView {
     pub pod: PodView,
     pub last_resume: LastResumeView,
     pub error_message: Option<String>,
+    /// The command that reopens the session in the agent's own CLI: the profile's `cliResume`
+    /// with the token. Only for built-in profiles (custom ones live in the operator's
+    /// configuration, which the plugin does not read) and with a token.
+    pub cli_resume: Option<Vec<String>>,
     /// What the operator last wrote into status, for comparison (it may lag behind the pod).
     pub recorded: RecordedView,
 }
@@ -151,6 +156,7 @@ impl StatusView {
                 }),
             },
             error_message: status.error_message.clone().filter(|e| !e.is_empty()),
+            cli_resume: cli_resume(&snapshot.session.spec.agent, snapshot.resume_token()),
             recorded: RecordedView {
                 needs_resume: status.needs_resume,
                 is_resumable: status.is_resumable,
@@ -190,6 +196,9 @@ impl StatusView {
         if let Some(error) = &self.error_message {
             rows.push(("Error", error.clone()));
         }
+        if let Some(command) = &self.cli_resume {
+            rows.push(("Agent CLI", shell_words(command)));
+        }
         if self.recorded.needs_resume != self.needs_resume {
             rows.push((
                 "Operator",
@@ -226,6 +235,28 @@ impl StatusView {
             None
         }
     }
+}
+
+/// The built-in profile `agent`'s `cliResume` command for `token`.
+fn cli_resume(agent: &str, token: Option<&str>) -> Option<Vec<String>> {
+    let registry = AgentRegistry::builtin().ok()?;
+    registry.get(agent)?.cli_resume_command(token?)
+}
+
+/// `argv` as one shell command line: words with anything but `[A-Za-z0-9_./:=@%+-]` in single
+/// quotes.
+fn shell_words(argv: &[String]) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./:=@%+-".contains(c);
+    argv.iter()
+        .map(|word| {
+            if !word.is_empty() && word.chars().all(plain) {
+                word.clone()
+            } else {
+                format!("'{}'", word.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 impl LastResumeView {
@@ -347,9 +378,30 @@ Reason:        already_running
 Resume token:  present (tok-1)
 Pod:           demo-agent-abc (Running)
 Last resume:   request r1: Resumed=True Restored: restored ACP session tok-1 with session/resume
+Agent CLI:     claude --resume tok-1
 Next:          kubectl kandev prompt demo -n team \"<text>\"
 "
         );
+    }
+
+    /// `cliResume` is shown for the built-in profiles that have one, with the token quoted
+    /// for a shell; never without a token, nor for a profile the plugin does not know.
+    #[test]
+    fn the_agents_own_cli_command_for_the_token() {
+        assert_eq!(
+            cli_resume("claude-code", Some("tok-1")),
+            Some(vec!["claude".into(), "--resume".into(), "tok-1".into()])
+        );
+        assert_eq!(cli_resume("claude-code", None), None);
+        assert_eq!(cli_resume("my-custom-agent", Some("tok-1")), None);
+        let words = |w: &[&str]| shell_words(&w.iter().map(|w| w.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            words(&["claude", "--resume", "a-b_c.1"]),
+            "claude --resume a-b_c.1"
+        );
+        assert_eq!(words(&["x", "it's $HOME", ""]), r"x 'it'\''s $HOME' ''");
+        let json = serde_json::to_value(StatusView::new(&running_snapshot())).expect("json");
+        assert_eq!(json["cliResume"], json!(["claude", "--resume", "tok-1"]));
     }
 
     #[test]
