@@ -321,6 +321,12 @@ pub fn build_agentctl_pod(
         // The agent's own session store (e.g. ~/.claude) must survive the pod: it lives on the
         // workspace volume, which is what makes `session/resume` possible after a loss.
         env_value("HOME", &format!("{mount_path}/.kandev/home")),
+        // A volume's root belongs to root (fsGroup only gives its group), so git would refuse
+        // the workspace's clone as of "dubious ownership": the workspace is declared safe, as
+        // command-line configuration (the only kind besides the system's git trusts for this).
+        env_value("GIT_CONFIG_COUNT", "1"),
+        env_value("GIT_CONFIG_KEY_0", "safe.directory"),
+        env_value("GIT_CONFIG_VALUE_0", &mount_path),
         // The session's effective profile (custom profiles, per-session overrides) travels with
         // the pod, so agentctl needs no configuration file.
         env_value(ENV_AGENT_PROFILE_DEFINITION, &profile.to_document()),
@@ -493,7 +499,7 @@ fn checkout_container(main: &Container, repository: &RepositorySpec) -> Containe
         .env
         .iter()
         .flatten()
-        .filter(|e| e.name == "HOME")
+        .filter(|e| e.name == "HOME" || e.name.starts_with("GIT_CONFIG_"))
         .cloned()
         .collect();
     env.extend(repository_env(repository));
@@ -922,6 +928,22 @@ mod tests {
         );
         assert!(value(checkout, "KANDEV_REPOSITORY_BASE_BRANCH").is_none());
         assert_eq!(literal(checkout, "HOME"), literal(main, "HOME"));
+        for c in [main, checkout] {
+            assert_eq!(
+                (
+                    literal(c, "GIT_CONFIG_COUNT"),
+                    literal(c, "GIT_CONFIG_KEY_0"),
+                    literal(c, "GIT_CONFIG_VALUE_0")
+                ),
+                (
+                    Some("1".into()),
+                    Some("safe.directory".into()),
+                    Some("/workspace".into())
+                ),
+                "git trusts the workspace in {}",
+                c.name
+            );
+        }
         let password = value(checkout, "KANDEV_GIT_PASSWORD").expect("password env");
         assert!(password.value.is_none(), "referenced, never copied");
         let selector = password
