@@ -258,3 +258,77 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     assert_eq!(output.stdout, recorded);
 }
+
+/// `agentctl checkout` (the pod's init container): clones an empty workspace and exits 0, finds
+/// that clone again and exits 0, and refuses a workspace that holds something else with exit 1
+/// and `WorkspaceMismatch: …` in the termination log.
+#[test]
+fn checkout_prepares_the_workspace_or_says_why_not() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let git = |dir: &Path, args: &[&str]| {
+        let out = process::run(
+            std::process::Command::new("git")
+                .args(args)
+                .current_dir(dir),
+        );
+        assert!(out.status.success(), "git {args:?}: {}", out.stderr);
+        out.stdout
+    };
+    let seed = root.path().join("seed");
+    std::fs::create_dir_all(&seed).expect("mkdir");
+    git(&seed, &["init", "-q", "-b", "main"]);
+    std::fs::write(seed.join("README"), "hello").expect("write");
+    git(&seed, &["add", "README"]);
+    git(
+        &seed,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@e",
+            "commit",
+            "-q",
+            "-m",
+            "first",
+        ],
+    );
+    let url = path_str(&seed);
+    let ws = root.path().join("ws");
+    std::fs::create_dir_all(&ws).expect("mkdir");
+    let log = root.path().join("termination-log");
+    let checkout = |ws: &Path| {
+        run(&[
+            "checkout",
+            "--workspace",
+            &path_str(ws),
+            "--repository",
+            &url,
+            "--branch",
+            "kandev/t-1",
+            "--termination-log",
+            &path_str(&log),
+        ])
+    };
+    let (code, _, stderr) = checkout(&ws);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(ws.join("README").is_file(), "cloned");
+    assert!(stderr.contains("workspace ready"), "{stderr}");
+    assert_eq!(git(&ws, &["branch", "--show-current"]).trim(), "kandev/t-1");
+    let (code, _, stderr) = checkout(&ws);
+    assert_eq!(code, 0, "the clone of an earlier start is kept: {stderr}");
+    assert!(!log.exists(), "nothing to say");
+
+    let other = root.path().join("other");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("notes.txt"), "mine").expect("write");
+    let (code, _, stderr) = checkout(&other);
+    assert_eq!(code, 1, "{stderr}");
+    let why = std::fs::read_to_string(&log).expect("termination log");
+    assert!(why.starts_with("WorkspaceMismatch: "), "{why}");
+    assert_eq!(
+        std::fs::read_to_string(other.join("notes.txt"))
+            .ok()
+            .as_deref(),
+        Some("mine")
+    );
+}

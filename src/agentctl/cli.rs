@@ -435,7 +435,7 @@ async fn run(command: Command) -> i32 {
             Err(error) => Err(error),
         },
         Command::Restore(args) => return run_restore(args).await,
-        Command::Checkout(args) => run_checkout(&args).await.map(|_| ()),
+        Command::Checkout(args) => run_checkout(&args).await,
         Command::History(args) => {
             let workspace = args.workspace.unwrap_or_else(|| PathBuf::from("."));
             let source = match &args.file {
@@ -549,7 +549,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
 }
 
 /// `agentctl checkout`: prepares the workspace, as serve would, and ends.
-async fn run_checkout(args: &CheckoutArgs) -> Result<Option<Worktree>, AgentctlError> {
+async fn run_checkout(args: &CheckoutArgs) -> Result<(), AgentctlError> {
     let worktree = prepare_workspace(
         &args.workspace,
         &args.repository,
@@ -559,7 +559,7 @@ async fn run_checkout(args: &CheckoutArgs) -> Result<Option<Worktree>, AgentctlE
     if let Some(worktree) = &worktree {
         tracing::info!(branch = ?worktree.branch, commit = ?worktree.commit, cloned = worktree.cloned, "workspace ready");
     }
-    Ok(worktree)
+    Ok(())
 }
 
 /// Clones `--repository` into the workspace on the first start (see [`super::checkout`]); why
