@@ -231,16 +231,15 @@ async fn node_ip(client: &Client) -> std::net::IpAddr {
 /// itself works.
 fn assert_no_process_holds(pod: &Pod, secret: &str, session: &str) {
     let namespace = pod.namespace().expect("namespace");
-    let mut client = kubectl()
-        .args([
-            "exec",
-            "-n",
-            &namespace,
-            &pod.name_any(),
-            "-c",
-            "agentctl",
-            "--",
-        ])
+    let name = pod.name_any();
+    let exec = |flags: &[&str]| {
+        let mut cmd = kubectl();
+        cmd.arg("exec")
+            .args(flags)
+            .args(["-n", &namespace, &name, "-c", "agentctl", "--"]);
+        cmd
+    };
+    let mut client = exec(&[])
         .args(["agentctl", "events"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -250,21 +249,7 @@ fn assert_no_process_holds(pod: &Pod, secret: &str, session: &str) {
     std::thread::sleep(Duration::from_secs(2));
     let script = include_str!("data/proc_scan.js");
     let needles = json!({"secret": secret, "session": session}).to_string();
-    let out = run_with_stdin(
-        kubectl()
-            .args([
-                "exec",
-                "-i",
-                "-n",
-                &namespace,
-                &pod.name_any(),
-                "-c",
-                "agentctl",
-                "--",
-            ])
-            .args(["node", "-e", script]),
-        &needles,
-    );
+    let out = run_with_stdin(exec(&["-i"]).args(["node", "-e", script]), &needles);
     let _ = client.kill();
     let _ = client.wait();
     let report: Vec<serde_json::Value> =
