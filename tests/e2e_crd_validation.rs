@@ -41,8 +41,7 @@ struct Refused {
     expect: Expect,
 }
 
-const ENV_RESERVED: &str =
-    "credentials[].env must not be HOME, PATH or start with KANDEV_: the operator sets those";
+const ENV_RESERVED: &str = "credentials[].env must not be HOME, PATH or start with KANDEV_ or GIT_CONFIG_: the operator sets those";
 const ENV_NAME: &str = "credentials[].env must be a valid environment variable name";
 const SECRET_NAME: &str = "credentials[].secretName must be a Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit";
 const SECRET_KEY: &str = "credentials[].key must be a Secret data key: letters, digits, '-', '_' and '.', not '.' or '..' and not starting with '..'";
@@ -160,6 +159,7 @@ fn refused_cases() -> Vec<Refused> {
         case("env PATH", credential("PATH", "keys", "api-key"), "spec.credentials[0].env", Rule(ENV_RESERVED)),
         case("env set by the operator", credential("KANDEV_SESSION_NAME", "keys", "api-key"), "spec.credentials[0].env", Rule(ENV_RESERVED)),
         case("env with the KANDEV_ prefix", credential("KANDEV_ANYTHING", "keys", "api-key"), "spec.credentials[0].env", Rule(ENV_RESERVED)),
+        case("env with the GIT_CONFIG_ prefix", credential("GIT_CONFIG_ANYTHING", "keys", "api-key"), "spec.credentials[0].env", Rule(ENV_RESERVED)),
         case("env starting with a digit", credential("1TOKEN", "keys", "api-key"), "spec.credentials[0].env", Rule(ENV_NAME)),
         case("env too long", credential(&"A".repeat(129), "keys", "api-key"), "spec.credentials[0].env", MaxLength(128)),
         case("secretName with capitals", credential("TOKEN", "My_Secret", "api-key"), "spec.credentials[0].secretName", Rule(SECRET_NAME)),
@@ -495,13 +495,16 @@ fn the_operators_own_mounts_and_variables_are_reserved() {
                 && matches!(c.expect, Expect::Rule(ENV_RESERVED))
         })
     };
-    let prefix_refused = refused_env("KANDEV_ANYTHING");
+    let prefix_refused = |prefix: &str| refused_env(&format!("{prefix}ANYTHING"));
     for env in container.env.iter().flatten() {
         if env.name == "ANTHROPIC_API_KEY" {
             continue;
         }
         assert!(
-            refused_env(&env.name) || (prefix_refused && env.name.starts_with("KANDEV_")),
+            refused_env(&env.name)
+                || ["KANDEV_", "GIT_CONFIG_"]
+                    .iter()
+                    .any(|p| env.name.starts_with(p) && prefix_refused(p)),
             "the operator sets {} but a credential may too",
             env.name
         );

@@ -403,12 +403,12 @@ const SECRET_KEY: &str =
 #[serde(rename_all = "camelCase")]
 pub struct CredentialRef {
     /// Environment variable name inside the agent, e.g. `ANTHROPIC_API_KEY`, at most 128
-    /// characters. `HOME`, `PATH` and names starting with `KANDEV_` are reserved.
+    /// characters. `HOME`, `PATH` and names starting with `KANDEV_` or `GIT_CONFIG_` are reserved.
     #[schemars(length(max = 128))]
     #[x_kube(
         validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("credentials[].env must be a valid environment variable name"),
-        validation = Rule::new("!(self in ['HOME', 'PATH']) && !self.startsWith('KANDEV_')")
-            .message("credentials[].env must not be HOME, PATH or start with KANDEV_: the operator sets those")
+        validation = Rule::new("!(self in ['HOME', 'PATH']) && !self.startsWith('KANDEV_') && !self.startsWith('GIT_CONFIG_')")
+            .message("credentials[].env must not be HOME, PATH or start with KANDEV_ or GIT_CONFIG_: the operator sets those")
     )]
     pub env: String,
     /// Name of the Secret in the session's namespace (a DNS-1123 subdomain, at most 253
