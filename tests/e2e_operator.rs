@@ -1001,16 +1001,19 @@ async fn an_agent_slow_to_boot_is_waited_for_within_the_launch_deadline() {
     sessions.run(body).await;
 }
 
-/// One memory budget (issue 30, part 4): 32 sessions whose agents each replay a 30 MiB line on
+/// One memory budget (issue 30, part 4): 40 sessions whose agents each replay a 30 MiB line on
 /// `session/load` (under a replay line limit of 32 MiB) are resumed at once, under a budget of
-/// 128 MiB (a restore with a load reserves 2 + 62 MiB: two at a time). Every one is restored by
-/// its load, some after waiting for room (`kandev_acp_memory_waits_total`), none fails, and the
-/// operator's peak RSS stays under the chart's 256 Mi limit. (Without the budget, the same run
-/// peaked at 351 MiB.)
+/// 128 MiB (a restore with a load reserves 64 MiB in all: at most two at a time). Every one is
+/// restored by its load, some after waiting for room (`kandev_acp_memory_waits_total`), none
+/// fails, and the operator's peak RSS stays under the chart's 256 Mi limit. (Without the budget, the same run
+/// peaked at 351 MiB with 32 sessions. With 40, restores that held their 2 MiB while waiting
+/// for a load's 62 could fill the budget, 40 × 2 + 62 > 128, and wait for one another forever;
+/// a load gives back what it holds before it waits, as the unit test
+/// `connections_that_grow_together_never_wait_for_each_other` shows.)
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn replaying_agents_wait_for_the_memory_budget_and_all_resume() {
-    const N: usize = 32;
+    const N: usize = 40;
     let sessions = setup().await;
     let operator = operator()
         .args(&["--acp-memory-budget-mib", "128"])

@@ -282,6 +282,15 @@ fn assert_no_process_holds(pod: &Pod, secret: &str, session: &str) {
         "the reading works: {}",
         line(serve)
     );
+    let unread: Vec<String> = report
+        .iter()
+        .filter(|e| e["environ"] != "read" || e["memory"] != "read" || e["memoryRead"] == 0)
+        .map(line)
+        .collect();
+    assert!(
+        unread.is_empty(),
+        "processes the agent's user could not read (so the check says nothing of them): {unread:#?}"
+    );
     let holders: Vec<String> = report
         .iter()
         .filter(|e| {

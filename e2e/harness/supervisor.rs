@@ -451,7 +451,14 @@ impl Supervisor {
                 std::fs::read_to_string(plan::init_termination_log(&init.pod_dir, &init.container))
                     .ok()
                     .filter(|m| !m.trim().is_empty());
-            let message = written.unwrap_or_else(|| format!("kandev-e2e-harness: {message}"));
+            // Like a kubelet: no message of its own for a container that succeeded.
+            let message = written.unwrap_or_else(|| {
+                if code == 0 {
+                    String::new()
+                } else {
+                    format!("kandev-e2e-harness: {message}")
+                }
+            });
             info!(pod = %key, container = %init.container, exit_code = code, "init container ended");
             ended.push(InitEnded {
                 container: init.container,

@@ -3,11 +3,15 @@
 //! Each connection is bounded on its own (`rpc.rs`: a line of at most [`AcpLimits::line`], or
 //! [`AcpLimits::replay_line`] while a `session/load` replays), but many restores at once could
 //! together need far more than the container has. So a connection reserves its worst case from
-//! one process-wide budget before it reads from the agent, and a `session/load` reserves the
-//! larger replay line on top before it is sent: a line's buffer and what the line is parsed into,
+//! one process-wide budget before it reads from the agent, and before a `session/load` it grows
+//! that reservation by the larger replay line: a line's buffer and what the line is parsed into,
 //! twice the line limit. When the budget is spent, the next restore waits for one to finish: it
 //! finishes later rather than failing, and the process stays within its memory. The wait is
 //! outside every ACP deadline (those measure the agent, not us).
+//!
+//! A connection that grows gives back what it holds and then waits for the whole ([`Held`]):
+//! were it to wait while holding, restores that each hold a connection's share of a spent budget
+//! could wait for one another forever.
 //!
 //! The budget's size comes from `--acp-memory-budget-mib`, or half of the container's memory
 //! limit (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`), or [`UNLIMITED_DEFAULT`] where
@@ -126,6 +130,46 @@ impl MemoryBudget {
     }
 }
 
+/// A connection's reservation, which can grow (see the module docs).
+#[derive(Debug)]
+pub struct Held {
+    budget: MemoryBudget,
+    reservation: std::sync::Mutex<Option<Reservation>>,
+}
+
+impl Held {
+    /// Waits for `bytes` of `budget`.
+    pub async fn new(budget: MemoryBudget, bytes: u64) -> Self {
+        let reservation = budget.reserve(bytes).await;
+        Self {
+            budget,
+            reservation: std::sync::Mutex::new(Some(reservation)),
+        }
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> u64 {
+        self.slot().as_ref().map_or(0, |r| r.bytes)
+    }
+
+    /// Grows to `bytes` in all: gives back what it holds, then waits for the whole, holding
+    /// nothing meanwhile. Holding more already, it keeps what it has.
+    pub async fn grow_to(&self, bytes: u64) {
+        if self.bytes() >= bytes {
+            return;
+        }
+        drop(self.slot().take());
+        let grown = self.budget.reserve(bytes).await;
+        *self.slot() = Some(grown);
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Reservation>> {
+        self.reservation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// What a connection may hold outside a replay: one line and what it is parsed into.
 pub fn connection_need(limits: &AcpLimits) -> u64 {
     2 * limits.line as u64
@@ -188,6 +232,27 @@ mod tests {
                 "{flag} {v2:?} {v1:?}"
             );
         }
+    }
+
+    /// Five connections fill the budget; each then grows for a load that alone fits. Had they
+    /// waited while holding, none would ever get room; giving back first, all of them load.
+    #[tokio::test]
+    async fn connections_that_grow_together_never_wait_for_each_other() {
+        let budget = MemoryBudget::new(10 * MIB);
+        let mut holders = Vec::new();
+        for _ in 0..5 {
+            holders.push(Held::new(budget.clone(), 2 * MIB).await);
+        }
+        assert_eq!(budget.reserved(), 10 * MIB);
+        let loads = holders.into_iter().map(|held| async move {
+            held.grow_to(6 * MIB).await;
+            assert_eq!(held.bytes(), 6 * MIB);
+            tokio::task::yield_now().await;
+        });
+        tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(loads))
+            .await
+            .expect("every load got its room");
+        assert_eq!(budget.reserved(), 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::budget::{MemoryBudget, replay_need};
+use super::budget::{Held, connection_need, replay_need};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ContentBlock, Implementation, InitializeRequest, InitializeResponse,
@@ -105,8 +105,8 @@ pub struct AcpClient {
     saved_config: Option<SessionConfigState>,
     /// The id the next `session/prompt` carries ([`PROMPT_ID_META`]).
     prompt_id: Option<String>,
-    /// The process-wide budget a `session/load`'s longer lines are reserved from.
-    memory: Option<MemoryBudget>,
+    /// This connection's share of the process-wide memory budget; a `session/load` grows it.
+    memory: Option<Held>,
 }
 
 impl AcpClient {
@@ -127,10 +127,10 @@ impl AcpClient {
         }
     }
 
-    /// Reserves a `session/load`'s replay lines from `budget` before sending it (see
-    /// [`super::budget`]); the connection's own lines are the caller's to reserve.
-    pub fn set_memory_budget(&mut self, budget: MemoryBudget) {
-        self.memory = Some(budget);
+    /// What this connection holds of the process-wide memory budget (see [`super::budget`]),
+    /// until the client is dropped; a `session/load` grows it by the replay lines first.
+    pub fn set_memory(&mut self, held: Held) {
+        self.memory = Some(held);
     }
 
     /// Replaces the deadlines used by the individual calls.
@@ -321,10 +321,11 @@ impl AcpClient {
         let request = LoadSessionRequest::new(session_id.to_owned(), cwd);
         let params = self.params(method, &request)?;
         // Before the deadline starts: a wait for memory is ours, not the agent's.
-        let _replay_memory = match &self.memory {
-            Some(budget) => Some(budget.reserve(replay_need(&self.rpc.limits())).await),
-            None => None,
-        };
+        if let Some(held) = &self.memory {
+            let limits = self.rpc.limits();
+            held.grow_to(connection_need(&limits) + replay_need(&limits))
+                .await;
+        }
         let (answer, replayed) = self
             .rpc
             .call_replaying(method, params, Some(limit), session_id)

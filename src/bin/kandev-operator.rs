@@ -174,7 +174,7 @@ struct RunArgs {
     /// Memory all restores together may hold for the agents' lines, in MiB; 0 (the default):
     /// half of the container's memory limit (its cgroup), or 1024 where there is none. Each
     /// restore reserves twice the 1 MiB line limit, and a session/load twice
-    /// --acp-replay-line-limit-mib on top; once the budget is spent, the next restore waits
+    /// --acp-replay-line-limit-mib in all; once the budget is spent, the next restore waits
     /// (before any ACP deadline) and finishes later instead of failing. The start is refused
     /// when one restore could never fit.
     #[arg(long, default_value_t = 0, value_name = "MIB")]

@@ -528,6 +528,8 @@ fn checkout_container(main: &Container, repository: &RepositorySpec) -> Containe
             TERMINATION_LOG.to_string(),
         ]),
         termination_message_path: Some(TERMINATION_LOG.to_string()),
+        // A clone that dies without its word (killed, out of memory) still says something.
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         working_dir: Some(workspace.clone()),
         env: Some(env),
         resources: main.resources.clone(),

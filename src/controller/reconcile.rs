@@ -1372,12 +1372,11 @@ impl<'a> Session<'a> {
         let pods_api: Api<Pod> = Api::namespaced(self.ctx.streams.clone(), &self.ns);
         // This restore's lines, from the operator's one memory budget: when many restores
         // hold it, this one waits here, before any deadline, and finishes later.
-        let _memory = self
-            .ctx
-            .settings
-            .acp_memory
-            .reserve(budget::connection_need(&self.ctx.settings.acp_limits))
-            .await;
+        let memory = budget::Held::new(
+            self.ctx.settings.acp_memory.clone(),
+            budget::connection_need(&self.ctx.settings.acp_limits),
+        )
+        .await;
         tracing::debug!(pod = %pod_name, "opening the exec for the restore");
         let open_started = std::time::Instant::now();
         let open = PodConnection::open(&pods_api, &pod_name, pod_contract::CONTAINER);
@@ -1400,7 +1399,7 @@ impl<'a> Session<'a> {
         // The saved mode, model and config options: agentctl sets them back after a restore.
         client.set_saved_config(self.objects.executor_status().session_config.clone());
         client.set_limits(self.ctx.settings.acp_limits);
-        client.set_memory_budget(self.ctx.settings.acp_memory.clone());
+        client.set_memory(memory);
         let timeouts = AcpTimeouts {
             initialize: self.ctx.settings.acp_timeout,
             session: self.ctx.settings.restore_timeout,

@@ -256,10 +256,14 @@ fn suspension(pod: &Pod) -> Option<String> {
     if !matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
+    // The agent's container's word, not the checkout's (an init container that ended 0 first).
     terminated_containers(pod)
-        .find(|t| t.exit_code == 0)
-        .and_then(|t| t.message.as_deref())
-        .filter(|m| m.starts_with(&format!("{SUSPENDED}:")))
+        .filter(|t| t.exit_code == 0)
+        .find_map(|t| {
+            t.message
+                .as_deref()
+                .filter(|m| m.starts_with(&format!("{SUSPENDED}:")))
+        })
         .map(|m| m.trim().to_string())
 }
 
@@ -271,6 +275,28 @@ mod tests {
 
     use crate::resume::NodeHealth;
     use crate::resume::objects::fixtures::{Given, P, at, objects};
+
+    /// A suspended pod of a repository session: its checkout (init) container ended 0 with no
+    /// message before the agent's container wrote `Suspended: …`.
+    #[test]
+    fn a_suspension_is_read_past_the_checkout() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Succeeded",
+                "initContainerStatuses": [{"name": "checkout", "image": "i", "imageID": "",
+                    "ready": true, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed", "message": ""}}}],
+                "containerStatuses": [{"name": "agentctl", "image": "i", "imageID": "",
+                    "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                        "message": "Suspended: idle for 600s\n"}}}]}
+        }))
+        .expect("pod");
+        assert_eq!(
+            suspension(&pod).as_deref(),
+            Some("Suspended: idle for 600s")
+        );
+    }
 
     /// (given, state after, needsResume, reason, action, AgentLost event)
     type Row = (

@@ -107,8 +107,8 @@ pub fn launch_stall(
 /// `RepositoryCheckoutFailed`). Anything else (an agent that wrote its own message, a crash)
 /// is not a checkout failure.
 pub fn checkout_stall(pod: &Pod) -> Option<LaunchStall> {
-    let message = terminated_containers(pod).find_map(|t| t.message.as_deref())?;
-    let (reason, text) = CheckoutReason::from_termination_message(message)?;
+    let (reason, text) = terminated_containers(pod)
+        .find_map(|t| CheckoutReason::from_termination_message(t.message.as_deref()?))?;
     Some(LaunchStall {
         reason: reason.as_str(),
         message: format!("agentctl could not prepare the workspace: {text}"),

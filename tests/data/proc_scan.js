@@ -30,7 +30,7 @@ function scanMemory(pid, entry) {
         try {
           n = fs.readSync(fd, buf, 0, len, at);
         } catch {
-          break;
+          continue; // a chunk that cannot be read (a guard page); the rest of the mapping may
         }
         entry.memoryRead += n;
         const chunk = buf.subarray(0, n);
@@ -69,6 +69,7 @@ for (const name of fs.readdirSync("/proc")) {
   } catch (error) {
     entry.memory = error.code || String(error);
   }
+  if (!fs.existsSync(`/proc/${pid}`)) continue; // ended during the scan (a probe's exec)
   report.push(entry);
 }
 process.stdout.write(JSON.stringify(report));

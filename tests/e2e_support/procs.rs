@@ -65,18 +65,19 @@ fn memory_holds(pid: u32, needle: &[u8]) -> (bool, usize) {
         else {
             continue;
         };
-        // In chunks that overlap by the needle's length, so a needle across a chunk's end counts.
+        // In chunks that overlap by the needle's length, so a needle across a chunk's end counts;
+        // a chunk that cannot be read (a guard page) is skipped, not the rest of the mapping.
         const CHUNK: u64 = 4 << 20;
         let mut at = start;
         while at < end {
             let len = (end - at).min(CHUNK + needle.len() as u64);
             let mut buf = vec![0; len as usize];
-            let ok = mem.seek(SeekFrom::Start(at)).is_ok() && mem.read_exact(&mut buf).is_ok();
-            if !ok {
-                break;
-            }
-            read += buf.len();
-            if contains(&buf, needle) {
+            let got = match mem.seek(SeekFrom::Start(at)) {
+                Ok(_) => mem.read(&mut buf).unwrap_or(0),
+                Err(_) => 0,
+            };
+            read += got;
+            if contains(&buf[..got], needle) {
                 return (true, read);
             }
             at += CHUNK;
