@@ -1138,6 +1138,15 @@ fn invalid_values_fail_with_a_clear_message() {
             ],
             "budget of 50 MiB",
         ),
+        (
+            &[
+                "--set",
+                "resources.limits.memory=0.06Gi",
+                "--set",
+                "controller.acpReplayLineLimitMiB=32",
+            ],
+            "budget of 30 MiB",
+        ),
     ];
     for (args, mentions) in cases {
         match template(args) {

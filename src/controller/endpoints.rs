@@ -340,11 +340,11 @@ async fn serve_bounded(
             // connection's life like the rest.
             let deadline = tokio::time::Instant::now() + bounds.connection_timeout;
             match tls {
-                None => serve_connection(stream, state, routes, bounds, deadline).await,
+                None => serve_connection(stream, peer, state, routes, bounds, deadline).await,
                 Some(tls) => {
                     match tokio::time::timeout(bounds.read_timeout, tls.accept(stream)).await {
                         Ok(Ok(stream)) => {
-                            serve_connection(stream, state, routes, bounds, deadline).await
+                            serve_connection(stream, peer, state, routes, bounds, deadline).await
                         }
                         Ok(Err(err)) => debug!(%peer, %err, "TLS handshake failed"),
                         Err(_) => debug!(%peer, "TLS handshake cut off"),
@@ -359,6 +359,7 @@ async fn serve_bounded(
 /// One HTTP/1.1 connection on `stream` (plain TCP or TLS), cut off at `deadline`.
 async fn serve_connection<S>(
     stream: S,
+    peer: std::net::SocketAddr,
     state: Arc<HttpState>,
     routes: Routes,
     bounds: Bounds,
@@ -387,8 +388,9 @@ async fn serve_connection<S>(
         .serve_connection(TokioIo::new(stream), service);
     match tokio::time::timeout_at(deadline, connection).await {
         Ok(Ok(())) => {}
-        Ok(Err(err)) => debug!(%err, "HTTP connection ended with an error"),
+        Ok(Err(err)) => debug!(%peer, %err, "HTTP connection ended with an error"),
         Err(_) => debug!(
+            %peer,
             "HTTP connection cut off after {:?}",
             bounds.connection_timeout
         ),

@@ -120,16 +120,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
-resources.limits.memory in MiB (binary and decimal suffixes, or bytes); "" when unset or
-unreadable.
+resources.limits.memory in MiB, rounded down (whole or decimal numbers with a binary or decimal
+suffix, or bytes); "" when unset or unreadable.
 */}}
 {{- define "kandev-operator.memoryLimitMiB" -}}
-{{- $q := toString (dig "limits" "memory" "" (.Values.resources | default dict)) -}}
-{{- $n := regexFind "^[0-9]+" $q | default "0" | atoi -}}
-{{- $unit := trimPrefix (regexFind "^[0-9]+" $q) $q -}}
-{{- $mib := dict "" (div $n 1048576) "Ki" (div $n 1024) "Mi" $n "Gi" (mul $n 1024) "Ti" (mul $n 1048576) "k" (div (mul $n 1000) 1048576) "M" (div (mul $n 1000000) 1048576) "G" (div (mul $n 1000000000) 1048576) -}}
-{{- if and (regexMatch "^[0-9]+(Ki|Mi|Gi|Ti|k|M|G)?$" $q) (hasKey $mib $unit) -}}
-{{- get $mib $unit -}}
+{{- $v := dig "limits" "memory" "" (.Values.resources | default dict) -}}
+{{- if or (kindIs "float64" $v) (kindIs "int64" $v) (kindIs "int" $v) -}}
+{{- /* a plain number of bytes (YAML and --set make it a number) */ -}}
+{{- div (int64 $v) 1048576 -}}
+{{- else -}}
+{{- $q := toString $v -}}
+{{- if regexMatch "^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$" $q -}}
+{{- $num := regexFind "^[0-9]+([.][0-9]+)?" $q -}}
+{{- $factor := get (dict "" 1.0 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "k" 1000.0 "M" 1000000.0 "G" 1000000000.0 "T" 1000000000000.0) (trimPrefix $num $q) -}}
+{{- divf (mulf (float64 $num) $factor) 1048576.0 | floor | int64 -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
