@@ -25,10 +25,12 @@ ARG VERSION=0.1.0
 ARG REVISION=unknown
 
 FROM rust:1.95.0-bookworm AS build
+# Names this stage's image, which no tag keeps, so that e2e/images.sh can remove the old ones.
+LABEL dev.kandev.stage="build"
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-# Cargo.toml names these test-only binaries; they are not built here, but their sources must exist.
+# The workspace's test crates (e2e/*) are not built here, but Cargo loads their manifests.
 COPY e2e ./e2e
 COPY crds ./crds
 # The caches (crates and the target dir) make a rebuild incremental.

@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: demo test lint unit chart protocol agents-smoke e2e images e2e-real bench bench-smoke bench-idle fuzz bins agents crds dist cluster-up cluster-down help
+.PHONY: demo test disk lint unit chart protocol agents-smoke e2e images e2e-real bench bench-smoke bench-idle fuzz bins agents crds dist cluster-up cluster-down help
 
 help:
 	@echo "make demo          run the lose-and-resume demo on a local control plane (KEEP=1 keeps it)"
@@ -30,14 +30,26 @@ help:
 demo:
 	bash e2e/demo.sh $(if $(filter 1,$(KEEP)),--keep,)
 
-test: lint unit chart protocol e2e e2e-real bench-smoke
+test: disk lint unit chart protocol e2e e2e-real bench-smoke
 
+# Bounds the Cargo target dir (KANDEV_TARGET_CAP_GIB) and stops early when the disk is too full
+# for a run (KANDEV_MIN_FREE_GIB).
+disk:
+	bash e2e/disk.sh
+
+# The workspace lints (Cargo.toml: no unsafe code without an allow that says why, no unwrap or
+# expect outside tests) under clippy, then cargo-deny (deny.toml: bans, licenses, sources),
+# installed once into ~/.cache/kandev-operator/cargo-tools.
 lint:
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	tools="$$(bash e2e/cargo-tool.sh cargo-deny 0.20.2 | tail -n 1)" && \
+	  PATH="$$tools:$$PATH" $(CARGO) deny --workspace --locked check bans licenses sources
 
+# Every crate's tests; the agentctl tests run the scriptable test agent, a crate of its own.
 unit:
-	$(CARGO) test --locked
+	$(CARGO) build --locked -p kandev-test-agent
+	$(CARGO) test --workspace --locked
 
 # The Helm chart: lint, render with defaults and with the optional parts, then the tests marked
 # #[ignore = "chart: …"] (RBAC == REQUIRED_PERMISSIONS, Deployment defaults, the alerts' and the
@@ -60,6 +72,7 @@ chart:
 # The tests marked #[ignore = "protocol: …"] need the real agents that e2e/agents.sh installs
 # (the versions pinned in e2e/agents.versions); agents_smoke starts every one of them.
 protocol:
+	$(CARGO) build --locked -p kandev-test-agent
 	agents="$$(bash e2e/agents.sh | tail -n 1)" && \
 	  KANDEV_CLAUDE_AGENT_ACP="$$agents/claude-agent-acp" KANDEV_AGENTS_BIN="$$agents" \
 	  $(CARGO) test --locked --test 'protocol_*' --test 'agentctl_*' --test agents_smoke -- --ignored

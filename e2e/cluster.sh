@@ -53,7 +53,7 @@ pki="$KWOK_WORKDIR/clusters/$name/pki"
 # TLS, so the serving certificate (kwokctl's admin.crt) carries it (kubeApiserverCertSANs below).
 kubernetes_cluster_ip="10.0.0.1"
 # Annotation set by the harness once a pod's process runs and its kwok Exec exists
-# (must match HARNESS_PID_ANNOTATION in e2e/annotations.rs).
+# (must match HARNESS_PID_ANNOTATION in e2e/support/src/annotations.rs).
 harness_annotation="e2e.kandev.dev/harness-pid"
 # Pods the harness plays (any of these label selectors): agentctl pods, and the operator pods of
 # the Helm chart (run as local processes with their ServiceAccount's token, see e2e/README.md).

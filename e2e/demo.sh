@@ -80,7 +80,7 @@ note "first run on a fresh machine: the control plane build takes a while (progr
 bin="$(bash "$here/bin.sh" core | tail -n 1)"
 export KANDEV_AGENTS=claude-code
 bash "$here/agents.sh" "$KANDEV_AGENTS" | tail -n 1 >/dev/null
-run cargo build --locked --bins
+run cargo build --locked --workspace --bins
 PATH_ADD="${CARGO_TARGET_DIR:-$repo/target}/debug:$bin"
 export PATH="$PATH_ADD:$PATH"
 

@@ -271,6 +271,15 @@ build() { # build TARGET NAME
 build operator kandev-operator
 build agentctl agentctl
 
+# The images of earlier builds lost their tags to these: remove them (about 2 GB a build), and
+# only ours (the labels of our stages).
+for label in org.opencontainers.image.source=https://github.com/kandev/kandev-operator dev.kandev.stage=build; do
+  case "$engine" in
+    docker | podman) "$engine" image prune -f --filter "label=$label" >/dev/null ;;
+    buildah) buildah images -q --filter dangling=true --filter "label=$label" | xargs -r buildah rmi >/dev/null ;;
+  esac || log "could not remove the old images labelled $label (the disk keeps them)"
+done
+
 # The Rust crates compiled into both binaries (normal dependencies of the package).
 crates="$out/crates.txt"
 (cd "$repo" && cargo tree --locked --edges normal --prefix none --format '{p}' --target x86_64-unknown-linux-gnu) \

@@ -45,8 +45,8 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 t=$SECONDS
-log "cargo build --bins (the kubectl plugin the tests run)"
-cargo build --bins
+log "cargo build --workspace --bins (the kubectl plugin the tests run)"
+cargo build --workspace --bins
 log "built in $((SECONDS - t))s"
 
 t=$SECONDS

@@ -59,8 +59,8 @@ else
 fi
 
 t=$SECONDS
-log "cargo build --bins"
-cargo build --bins
+log "cargo build --workspace --bins"
+cargo build --workspace --bins
 log "built in $((SECONDS - t))s"
 
 harness="$target_dir/debug/kandev-e2e-harness"

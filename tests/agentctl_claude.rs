@@ -4,6 +4,7 @@
 //!
 //! Run: `bash e2e/agents.sh` (prints the bin dir), then
 //! `KANDEV_CLAUDE_AGENT_ACP=<bin>/claude-agent-acp cargo test --test agentctl_claude -- --ignored`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

@@ -1,5 +1,6 @@
 //! `agentctl` command-line behaviour around the bridge: clear failures, CLI-flag resume
 //! launches, graceful stop, and the one-shot `restore` report.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 
@@ -48,7 +49,7 @@ fn serve_rejects_a_socket_path_too_long_for_unix_sockets() {
         "--socket",
         &path_str(&long),
         "--",
-        TEST_AGENT,
+        TEST_AGENT.as_str(),
     ]);
     assert_eq!(code, 1);
     assert!(stderr.contains("shorter than 108 bytes"), "{stderr}");
@@ -86,7 +87,7 @@ fn a_cli_resume_profile_is_launched_with_its_resume_command() {
     // The test agent stands in; its `--new-session-id` shows which argv was used.
     let dir = tempfile::tempdir().expect("tempdir");
     let profiles = dir.path().join("profiles.yaml");
-    let agent = serde_json::to_string(TEST_AGENT).expect("json string");
+    let agent = serde_json::to_string(TEST_AGENT.as_str()).expect("json string");
     std::fs::write(
         &profiles,
         format!(
@@ -165,19 +166,27 @@ fn restore_prints_one_report_and_exits_by_outcome() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cwd = dir.path();
 
-    let (code, report) = restore(cwd, "saved-1", &[TEST_AGENT, "--known-session", "saved-1"]);
+    let (code, report) = restore(
+        cwd,
+        "saved-1",
+        &[TEST_AGENT.as_str(), "--known-session", "saved-1"],
+    );
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "restored");
     assert_eq!(report["method"], "session/resume");
     assert_eq!(report["sessionId"], "saved-1");
     assert!(report["capabilities"].is_object(), "{report}");
 
-    let (code, report) = restore(cwd, "-", &[TEST_AGENT]);
+    let (code, report) = restore(cwd, "-", &[TEST_AGENT.as_str()]);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "fresh");
     assert_eq!(report["method"], "session/new");
 
-    let (code, report) = restore(cwd, "saved-1", &[TEST_AGENT, "--on-resume", "error:-32000"]);
+    let (code, report) = restore(
+        cwd,
+        "saved-1",
+        &[TEST_AGENT.as_str(), "--on-resume", "error:-32000"],
+    );
     assert_eq!(code, 1, "{report}");
     assert_eq!(report["outcome"], "failed");
     assert_eq!(report["sessionId"], "saved-1", "the token is kept");

@@ -2,6 +2,7 @@
 //! `kandev-test-agent` as the agent: the bridge survives clients coming and going, one client
 //! at a time, initialize from the cache, events, history and history injection, the pod dying
 //! with its agent, and repository credentials kept from the agent.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

@@ -3,6 +3,7 @@
 //! after a restore agentctl sets back the saved values the restored session reports differently,
 //! before the client gets the restore's answer; a set-back the agent refuses is reported and the
 //! restore stands.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

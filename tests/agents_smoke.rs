@@ -13,6 +13,7 @@
 //!
 //! Run: `make agents-smoke`, or `bash e2e/agents.sh` (prints the bin dir), then
 //! `KANDEV_AGENTS_BIN=<bin dir> cargo test --test agents_smoke -- --ignored`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

@@ -1,6 +1,7 @@
 //! The Argo CD health check and actions (resume, complete, cancel) published in docs/gitops.md, run in Lua 5.1 (the
 //! language of Argo CD's gopher-lua) against sample TaskSessions. The scripts are read from the
 //! page itself, so what users copy is what is tested.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 use mlua::{Lua, LuaSerdeExt, Value as LuaValue};
 use serde_json::{Value, json};
@@ -9,7 +10,7 @@ const HEALTH_KEY: &str = "resource.customizations.health.kandev.dev_TaskSession"
 const ACTIONS_KEY: &str = "resource.customizations.actions.kandev.dev_TaskSession";
 
 /// The `data` of the argocd-cm snippet in docs/gitops.md.
-fn argocd_cm_data() -> serde_yaml::Mapping {
+fn argocd_cm_data() -> serde_yaml_ng::Mapping {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/gitops.md"))
         .expect("docs/gitops.md");
     let block = page
@@ -18,14 +19,14 @@ fn argocd_cm_data() -> serde_yaml::Mapping {
         .filter_map(|rest| rest.split("\n```").next())
         .find(|b| b.contains(HEALTH_KEY))
         .expect("a yaml block with the health check in docs/gitops.md");
-    let doc: serde_yaml::Value = serde_yaml::from_str(block).expect("the block is YAML");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(block).expect("the block is YAML");
     doc.get("data")
         .and_then(|d| d.as_mapping())
         .cloned()
         .expect("the block has data")
 }
 
-fn script(data: &serde_yaml::Mapping, key: &str) -> String {
+fn script(data: &serde_yaml_ng::Mapping, key: &str) -> String {
     data.get(key)
         .and_then(|v| v.as_str())
         .unwrap_or_else(|| panic!("{key} missing"))
@@ -34,8 +35,8 @@ fn script(data: &serde_yaml::Mapping, key: &str) -> String {
 
 /// The actions document: discovery.lua and the action.lua of each definition.
 fn actions() -> (String, Vec<(String, String)>) {
-    let doc: serde_yaml::Value =
-        serde_yaml::from_str(&script(&argocd_cm_data(), ACTIONS_KEY)).expect("actions YAML");
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&script(&argocd_cm_data(), ACTIONS_KEY)).expect("actions YAML");
     let discovery = doc["discovery.lua"]
         .as_str()
         .expect("discovery.lua")

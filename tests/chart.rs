@@ -9,6 +9,7 @@
 //!   policy, the optional resources, the PrometheusRule and Grafana dashboard (every PromQL
 //!   expression names only metrics, labels and label values the operator exports:
 //!   `chart_promql`), and the values schema rejecting bad values. A missing helm fails them.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod chart_promql;
 mod support;
@@ -118,7 +119,7 @@ fn operator_args(docs: &[Value]) -> Vec<String> {
 /// A YAML file of the chart (`Chart.yaml`, `values.yaml`), as JSON.
 fn chart_yaml(file: &str) -> Value {
     let text = std::fs::read_to_string(chart_dir().join(file)).expect(file);
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{file} parses: {e}"))
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{file} parses: {e}"))
 }
 
 // ---- without helm -------------------------------------------------------------------------
@@ -1348,7 +1349,7 @@ fn crds_are_templates_that_helm_upgrades_and_keeps() {
         // The same CRD as crds/, apart from the chart's labels and annotations.
         let file = std::fs::read_to_string(repo().join(format!("crds/{name}.yaml")))
             .expect("crds/ has it");
-        let mut expected: Value = serde_yaml::from_str(&file).expect("CRD YAML");
+        let mut expected: Value = serde_yaml_ng::from_str(&file).expect("CRD YAML");
         let mut rendered = crd.clone();
         for doc in [&mut expected, &mut rendered] {
             let metadata = doc["metadata"].as_object_mut().expect("metadata");

@@ -2,6 +2,7 @@
 //! the chart's templates under `charts/kandev-operator/templates/crds/` (the same CRDs with the
 //! chart's labels and `helm.sh/resource-policy: keep`). Regenerate both with `make crds` after
 //! changing `src/api/`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 use std::path::Path;
 

@@ -10,6 +10,7 @@
 //!
 //! `KANDEV_CHART=<dir>` tests another copy of the chart (e.g. one with a verb removed), and
 //! `KANDEV_HELM_TIMEOUT` (default 3m) bounds `helm install --wait`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

@@ -3,6 +3,7 @@
 //! Every test is `#[ignore]`d so plain `cargo test` skips them; `bash e2e/test.sh` (or `make e2e`)
 //! runs them with `-- --ignored --test-threads=1` and KUBECONFIG set. Run that way without a
 //! reachable cluster they FAIL: they never skip silently.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

@@ -9,6 +9,7 @@
 //!   the real API server and must be refused with its message; the valid edge cases and every
 //!   TaskSession example of the docs must be accepted (the examples named `*-invalid.yaml` must be
 //!   refused with the messages they are about).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 
@@ -614,7 +615,7 @@ fn examples() -> Vec<Example> {
             if !doc.contains("kind: TaskSession") {
                 continue;
             }
-            let object: Value = serde_yaml::from_str(doc)
+            let object: Value = serde_yaml_ng::from_str(doc)
                 .unwrap_or_else(|e| panic!("{source} document {i}: not YAML: {e}"));
             if object["kind"] == "TaskSession" {
                 out.push(Example {

@@ -4,6 +4,7 @@
 //! harness (local processes with the chart ServiceAccount's token, so the chart's RBAC is what
 //! they get), and the resume page loses and resumes a real claude-agent-acp session. A block
 //! marked `sh fails` must fail. Run by `bash e2e/test.sh`; `#[ignore]`d for plain `cargo test`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

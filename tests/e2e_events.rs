@@ -2,6 +2,7 @@
 //! hand their Events to: a repeat sent right after the first joins its series (one object's
 //! Events are published in order by one worker), a different action is an Event of its own
 //! (e2e/README.md).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

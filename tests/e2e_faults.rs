@@ -7,6 +7,7 @@
 //! A second proxy sits between the API server and the kubelet (kwok) for the exec partition. The
 //! API server answering 503 needs a proxy that terminates TLS: ours (e2e/apiproxy). The real
 //! restart stops and starts kube-apiserver itself (`e2e/cluster.sh restart-apiserver`).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

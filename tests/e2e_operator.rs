@@ -2,6 +2,7 @@
 //! with the real `claude-agent-acp` from npm inside the agentctl pods the harness plays, and the
 //! scriptable `kandev-test-agent` for refusals. Run by `bash e2e/test.sh` (see e2e/README.md):
 //! `#[ignore]`d for plain `cargo test`, failing (never skipping) without a cluster.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

@@ -3,6 +3,7 @@
 //! `claude-agent-acp` and the scriptable `kandev-test-agent` inside the agentctl pods. Run by
 //! `bash e2e/test.sh` (see e2e/README.md): `#[ignore]`d for plain `cargo test`, failing (never
 //! skipping) without a cluster. Every test works in its own namespace.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 
@@ -331,7 +332,7 @@ async fn status_and_resume_wait_on_a_lost_session() {
 /// A copy of $KUBECONFIG whose contexts all default to `ns`.
 fn kubeconfig_with_namespace(ns: &str) -> tempfile::NamedTempFile {
     let text = std::fs::read_to_string(kubeconfig_path()).expect("read kubeconfig");
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig YAML");
+    let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("kubeconfig YAML");
     let contexts = config
         .get_mut("contexts")
         .and_then(|c| c.as_sequence_mut())
@@ -342,7 +343,11 @@ fn kubeconfig_with_namespace(ns: &str) -> tempfile::NamedTempFile {
         }
     }
     let file = tempfile::NamedTempFile::new().expect("temp kubeconfig");
-    std::fs::write(file.path(), serde_yaml::to_string(&config).expect("YAML")).expect("write");
+    std::fs::write(
+        file.path(),
+        serde_yaml_ng::to_string(&config).expect("YAML"),
+    )
+    .expect("write");
     file
 }
 
@@ -1264,7 +1269,7 @@ async fn output_formats_and_kubectl_identity_flags() {
         let run = plugin(&["status", &name, "-n", &ns, "-o", "yaml"])
             .await
             .expect_code(0);
-        let yaml: Value = serde_yaml::from_str(&run.stdout).expect("YAML");
+        let yaml: Value = serde_yaml_ng::from_str(&run.stdout).expect("YAML");
         assert_eq!(yaml, status, "YAML and JSON print the same object");
         let run = plugin(&[
             "status",
@@ -1364,7 +1369,7 @@ async fn output_formats_and_kubectl_identity_flags() {
         let run = plugin(&["complete", &name, "-n", &ns, "-o", "yaml"])
             .await
             .expect_code(0);
-        let ts: Value = serde_yaml::from_str(&run.stdout).expect("YAML");
+        let ts: Value = serde_yaml_ng::from_str(&run.stdout).expect("YAML");
         assert_eq!(ts["kind"], json!("TaskSession"));
         assert_eq!(ts["spec"]["end"], json!("Completed"));
         assert!(ts["metadata"].get("managedFields").is_none(), "{ts:#?}");

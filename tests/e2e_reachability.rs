@@ -5,6 +5,7 @@
 //! operator deleted the pod; then a resume restores the same ACP session. Against the real
 //! control plane (kwok + harness) with the scriptable `kandev-test-agent`. Run by
 //! `bash e2e/test.sh is_lost_ a_resume_request_on_a_frozen` (see e2e/README.md).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

@@ -3,6 +3,7 @@
 //! HTTPS server with basic auth), the operator as a local process, agentctl pods played by the
 //! harness (their workspace volume is a local directory, so `git` runs on this machine). Run by
 //! `bash e2e/test.sh` (see e2e/README.md).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

@@ -16,6 +16,7 @@
 //!
 //! Run by `bash e2e/test.sh` (see e2e/README.md): `#[ignore]`d for plain `cargo test`, failing
 //! (never skipping) without a cluster.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

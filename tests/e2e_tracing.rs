@@ -3,6 +3,7 @@
 //! the agentctl pod gets the same endpoint from the operator (the harness plays the pod with
 //! its env) and continues the trace from the `traceparent` in the ACP request's `_meta`.
 //! Run by `bash e2e/test.sh` (see e2e/README.md).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

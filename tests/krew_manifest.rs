@@ -1,5 +1,6 @@
 //! The krew manifest `plugins/kandev.yaml` that `make dist` writes: its structure (always), and
 //! (run by `make dist`, `KANDEV_DIST=<dir of the archives>`) that it matches the archives built.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod support;
 
@@ -7,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 use support::process::run;
 
 const PLATFORMS: [(&str, &str); 4] = [
@@ -24,7 +25,7 @@ fn repo(rel: &str) -> PathBuf {
 fn manifest() -> Value {
     let path = repo("plugins/kandev.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
 }
 
 fn str_at<'a>(value: &'a Value, path: &[&str]) -> &'a str {

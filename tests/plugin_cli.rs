@@ -3,6 +3,7 @@
 //! executable's answers that need no cluster. The cluster side (session names, `--as`,
 //! `--token`, `-o` on real objects, completion through the real kubectl) is in
 //! `tests/e2e_plugin.rs`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod support;
 

@@ -8,6 +8,7 @@
 //! Each test gives the agent its own `HOME` (its session store lives in
 //! `$HOME/.claude/projects/`) and `IS_SANDBOX=1` (it refuses to run as root otherwise; our tests
 //! run as root, real pods do not).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

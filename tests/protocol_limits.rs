@@ -9,6 +9,7 @@
 //!
 //! The tests take turns (one lock): the peak RSS of this process then belongs to one flood at a
 //! time, and two floods do not fight over a shared machine.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

@@ -5,6 +5,7 @@
 //! callsite is hit. With a thread-local subscriber, a concurrent test registering the same
 //! callsites without one can cache them as disabled (a known tracing-core race), which would
 //! make this test flaky.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

@@ -3,6 +3,7 @@
 //! over stdio. Each test asserts the outcome AND, through the agent's `--log`, which methods
 //! were really called — above all that a failure which keeps the token never sent
 //! `session/new`.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod agentctl_support;
 

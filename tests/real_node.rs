@@ -6,6 +6,7 @@
 //!
 //! Environment (set by e2e/real.sh): KUBECONFIG, KANDEV_REAL_NODE (the real node's name),
 //! KANDEV_CONTAINERD_ADDRESS (its containerd socket, for `ctr`).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

@@ -2,6 +2,7 @@
 //! agent profiles of `tests/data/profiles/` load as the operator loads them, the reconcile count
 //! is read from the operator's real exposition, and Events are ordered and matched as the e2e
 //! tests assert them.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
 

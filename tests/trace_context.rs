@@ -6,6 +6,7 @@
 //! for the reason `protocol_spans.rs` gives: with a thread-local subscriber, a concurrent test
 //! registering the same callsites without one can cache them as disabled (a tracing-core race;
 //! it failed a CI run of the hub's test).
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 use std::sync::Once;
 use std::time::Duration;

@@ -242,7 +242,7 @@ impl Bench {
         std::fs::write(&token_file, token)?;
         let kubeconfig = self.work.join(format!("{name}.kubeconfig"));
         let config = token_kubeconfig(&self.admin, &token_file, IDENTITY_NAMESPACE);
-        std::fs::write(&kubeconfig, serde_yaml::to_string(&config)?)?;
+        std::fs::write(&kubeconfig, serde_yaml_ng::to_string(&config)?)?;
         Ok(Identity {
             user: format!("system:serviceaccount:{IDENTITY_NAMESPACE}:{name}"),
             kubeconfig,

@@ -10,14 +10,10 @@
 //! Test-only; not shipped in images. It exits non-zero only on an error of its own: targets the
 //! operator misses are shown as ❌ in the report, not asserted.
 
-#[path = "../annotations.rs"]
-mod annotations;
 mod audit;
 mod cluster;
 mod floor;
 mod idle;
-#[path = "../kubeconfig.rs"]
-mod kubeconfig;
 mod ours;
 mod plot;
 mod probe;
@@ -25,6 +21,7 @@ mod process;
 mod report;
 mod sandbox;
 
+use kandev_e2e_support::{annotations, kubeconfig};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;

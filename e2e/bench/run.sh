@@ -24,8 +24,8 @@ log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 t0=$SECONDS
 
 case "${BENCH_PROFILE:=release}" in
-  release) build=(cargo build --release --bins) profile_dir=release ;;
-  dev) build=(cargo build --bins) profile_dir=debug ;;
+  release) build=(cargo build --release --workspace --bins) profile_dir=release ;;
+  dev) build=(cargo build --workspace --bins) profile_dir=debug ;;
   *) log "BENCH_PROFILE must be release or dev, not '$BENCH_PROFILE'"; exit 2 ;;
 esac
 export BENCH_PROFILE

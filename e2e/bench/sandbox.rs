@@ -65,7 +65,7 @@ impl Contender {
         let file = crds.join("agents.x-k8s.io_sandboxes.yaml");
         let text =
             std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text)?;
         bench.install_crd(&crd).await?;
         Ok(Self { bin })
     }

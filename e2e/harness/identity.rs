@@ -72,7 +72,7 @@ pub async fn provide(
     std::fs::write(&token_file, token)?;
     let path = pod_dir.join("kubeconfig");
     let config = token_kubeconfig(admin, &token_file, namespace);
-    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
     Ok(Some(path))
 }
 

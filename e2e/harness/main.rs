@@ -8,13 +8,9 @@
 //!
 //! Test-only: never shipped in an image.
 
-#[path = "../annotations.rs"]
-mod annotations;
 mod configmaps;
 mod echo;
 mod identity;
-#[path = "../kubeconfig.rs"]
-mod kubeconfig;
 mod kwok;
 mod plan;
 mod pod_status;
@@ -24,6 +20,7 @@ mod provisioner;
 mod readiness;
 mod supervisor;
 
+use kandev_e2e_support::{annotations, kubeconfig};
 use std::path::PathBuf;
 use std::time::Duration;
 

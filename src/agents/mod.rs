@@ -22,7 +22,7 @@ pub enum AgentRegistryError {
     Parse {
         origin: String,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     #[error("agent profile {profile:?} is invalid: {problem}")]
     InvalidProfile { profile: String, problem: String },

@@ -69,7 +69,7 @@ impl AgentRegistry {
     pub fn extend_from_yaml(&mut self, text: &str, origin: &str) -> Result<(), AgentRegistryError> {
         // An empty document (or one of only comments) parses as `None`: nothing to add.
         let file: Option<ProfilesFile> =
-            serde_yaml::from_str(text).map_err(|source| AgentRegistryError::Parse {
+            serde_yaml_ng::from_str(text).map_err(|source| AgentRegistryError::Parse {
                 origin: origin.to_owned(),
                 source,
             })?;

@@ -55,14 +55,14 @@ pub struct CrdFile {
 }
 
 /// Renders every CRD as YAML, named `<plural>.<group>.yaml`.
-pub fn crd_files() -> Result<Vec<CrdFile>, serde_yaml::Error> {
+pub fn crd_files() -> Result<Vec<CrdFile>, serde_yaml_ng::Error> {
     crds()
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
             Ok(CrdFile {
                 file_name: format!("{name}.yaml"),
-                yaml: serde_yaml::to_string(&crd)?,
+                yaml: serde_yaml_ng::to_string(&crd)?,
             })
         })
         .collect()
@@ -75,7 +75,7 @@ pub const CHART_CRD_DIR: &str = "charts/kandev-operator/templates/crds";
 #[derive(Debug, thiserror::Error)]
 pub enum CrdTemplateError {
     #[error("rendering the CRDs as YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_yaml_ng::Error),
     #[error("CRD {file}: {problem}")]
     Shape { file: String, problem: &'static str },
 }
@@ -96,7 +96,7 @@ pub fn chart_crd_templates() -> Result<Vec<CrdFile>, CrdTemplateError> {
             if file.yaml.contains("{{") || file.yaml.contains("}}") {
                 return Err(shape("contains {{ or }}, which Helm would read as a template"));
             }
-            // serde_yaml writes `metadata:` with only `name:` below it, then `spec:`.
+            // serde_yaml_ng writes `metadata:` with only `name:` below it, then `spec:`.
             let (head, rest) = file
                 .yaml
                 .split_once("\nmetadata:\n  name: ")

@@ -4,6 +4,7 @@
 //! ACP agent directly over its stdio (spawn, restore, stop). Plain threads and std processes for
 //! agentctl: what is under test is the binaries, not an async client.
 #![allow(dead_code)]
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 #[path = "../support/mod.rs"]
 pub mod support;
@@ -22,7 +23,22 @@ use serde_json::{Value, json};
 pub use support::process::{line_reader, wait_exit};
 
 pub const AGENTCTL: &str = env!("CARGO_BIN_EXE_agentctl");
-pub const TEST_AGENT: &str = env!("CARGO_BIN_EXE_kandev-test-agent");
+/// `kandev-test-agent`, a binary of its own crate (e2e/test_agent): built beside the test
+/// binaries (`make unit` and `make protocol` build it first), so found next to their `deps/`.
+pub static TEST_AGENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target/<profile>/deps");
+    let agent = profile_dir.join("kandev-test-agent");
+    assert!(
+        agent.is_file(),
+        "{} is missing: build it with `cargo build -p kandev-test-agent`",
+        agent.display()
+    );
+    agent.display().to_string()
+});
 /// A saved session token (the test agent knows it with `--known-session`).
 pub const TOKEN: &str = "saved-session-1";
 /// Generous: the machine is shared with other builds.
@@ -49,7 +65,7 @@ pub fn connect_command(socket: &Path) -> Command {
 
 /// `kandev-test-agent <args>` as a command line.
 pub fn test_agent_command(args: &[&str]) -> Vec<String> {
-    std::iter::once(TEST_AGENT)
+    std::iter::once(TEST_AGENT.as_str())
         .chain(args.iter().copied())
         .map(str::to_owned)
         .collect()

@@ -2,6 +2,7 @@
 //! operator exports: a small reader that pulls the metric selectors (name and label matchers)
 //! and the grouping labels out of an expression, and [`Exported`], every sample name with its
 //! labels and label values, read from a render of the operator's own registry.
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

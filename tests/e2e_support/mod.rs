@@ -1,9 +1,8 @@
 //! Helpers shared by the end-to-end test targets (`tests/e2e_*.rs`): a client for the cluster
 //! of $KUBECONFIG that fails loudly when there is none, waiting, cleanup, the CRDs, kubectl.
 #![allow(dead_code)] // each test target uses a different subset
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
-#[path = "../../e2e/annotations.rs"]
-mod annotations;
 pub mod faults;
 pub mod git;
 pub mod jaeger;
@@ -13,7 +12,7 @@ pub mod sessions;
 #[path = "../support/mod.rs"]
 pub mod support;
 
-pub use annotations::HARNESS_PID_ANNOTATION;
+pub use kandev_e2e_support::annotations::HARNESS_PID_ANNOTATION;
 pub use support::process::{free_port, kubectl};
 
 use std::future::Future;
@@ -54,7 +53,7 @@ pub fn read_kubeconfig() -> Kubeconfig {
 
 /// Writes `kubeconfig` (one a test changed) to `path` as YAML.
 pub fn write_kubeconfig(path: &Path, kubeconfig: &Kubeconfig) {
-    let yaml = serde_yaml::to_string(kubeconfig).expect("kubeconfig as YAML");
+    let yaml = serde_yaml_ng::to_string(kubeconfig).expect("kubeconfig as YAML");
     std::fs::write(path, yaml)
         .unwrap_or_else(|e| panic!("write the kubeconfig {}: {e}", path.display()));
 }
@@ -237,7 +236,7 @@ fn compact_yaml<K: Serialize + kube::Resource>(obj: Option<K>) -> String {
         return "(gone)\n".into();
     };
     obj.meta_mut().managed_fields = None;
-    serde_yaml::to_string(&obj).unwrap_or_else(|e| format!("(not serializable: {e})\n"))
+    serde_yaml_ng::to_string(&obj).unwrap_or_else(|e| format!("(not serializable: {e})\n"))
 }
 
 /// What else a failed wait needs to be understood: the namespace's pods and its latest Events.
@@ -279,7 +278,8 @@ pub fn repo_path(rel: &str) -> PathBuf {
 pub fn read_crd(file: &str) -> CustomResourceDefinition {
     let path = repo_path(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()))
+    serde_yaml_ng::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()))
 }
 
 pub async fn install_crd(client: &Client, file: &str) -> CustomResourceDefinition {

@@ -70,8 +70,8 @@ pub fn template(args: &[&str]) -> Result<Vec<Value>, String> {
         return Err(out.stderr);
     }
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&out.stdout) {
-        let value = serde_yaml::Value::deserialize(doc).expect("rendered YAML parses");
+    for doc in serde_yaml_ng::Deserializer::from_str(&out.stdout) {
+        let value = serde_yaml_ng::Value::deserialize(doc).expect("rendered YAML parses");
         if value.is_null() {
             continue;
         }

@@ -2,6 +2,7 @@
 //! chart ([`chart`]). A target takes them with `mod support;`; the support modules of the e2e and
 //! agentctl tiers include them as their `support` module (`#[path]`).
 #![allow(dead_code)] // each test target uses a different subset
+#![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 pub mod chart;
 pub mod process;

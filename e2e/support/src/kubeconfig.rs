@@ -55,7 +55,7 @@ mod tests {
 
     #[test]
     fn kubeconfig_keeps_the_cluster_and_uses_the_token_file() {
-        let admin: Kubeconfig = serde_yaml::from_str(
+        let admin: Kubeconfig = serde_yaml_ng::from_str(
             r#"
 apiVersion: v1
 kind: Config
@@ -82,9 +82,9 @@ current-context: kwok
         assert!(user.client_certificate.is_none());
         let ctx = cfg.contexts[0].context.as_ref().expect("context");
         assert_eq!(ctx.namespace.as_deref(), Some("ops"));
-        let text = serde_yaml::to_string(&cfg).expect("yaml");
+        let text = serde_yaml_ng::to_string(&cfg).expect("yaml");
         assert!(text.contains("tokenFile: /pod/token"), "{text}");
-        let back: Kubeconfig = serde_yaml::from_str(&text).expect("reads back");
+        let back: Kubeconfig = serde_yaml_ng::from_str(&text).expect("reads back");
         let user = back.auth_infos[0].auth_info.as_ref().expect("user");
         assert_eq!(user.token_file.as_deref(), Some("/pod/token"));
     }
