@@ -1,39 +1,13 @@
-//! The result of a restore, typed for the controller and serialized for `agentctl restore`.
+//! The result of a restore ([`RestoreOutcome`], defined with the rules), serialized for
+//! `agentctl restore`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::api::NegotiatedCapabilities;
-use crate::resume::{FreshReason, RestoreErrorClass, RestoreMethod};
-
-/// How a restore ended (DESIGN §3 "ACP restore selection").
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RestoreOutcome {
-    /// The saved ACP session is back, through `method` (`session/resume` or `session/load`).
-    Restored {
-        method: RestoreMethod,
-        session_id: String,
-    },
-    /// A new session was started with `session/new`; `session_id` is the new resume token.
-    Fresh {
-        session_id: String,
-        why: FreshReason,
-    },
-    /// Nothing usable came out of it.
-    Failed {
-        /// The last restore method tried; `None` when `initialize` itself failed.
-        method: Option<RestoreMethod>,
-        class: RestoreErrorClass,
-        /// The caller must keep the saved token (DESIGN §3: transport, auth, cancellation,
-        /// timeouts and anything inconclusive keep it). False only when an earlier step proved
-        /// the token useless (-32601 / -32002 / restore unsupported) and the fallback
-        /// `session/new` then failed too, or when there was no token at all.
-        token_kept: bool,
-        /// The kept token, so a report can say which session is still waiting to be restored.
-        session_id: Option<String>,
-        /// Human-readable and starting with `class` (e.g. `auth_required: …`).
-        reason: String,
-    },
-}
+use crate::resume::RestoreMethod;
+pub use crate::resume::RestoreOutcome;
+#[cfg(test)]
+use crate::resume::{FreshReason, RestoreErrorClass};
 
 impl RestoreOutcome {
     /// `restored`, `fresh` or `failed`.

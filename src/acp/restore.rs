@@ -6,6 +6,7 @@
 //! survives are decided in `resume/`, never here.
 
 use std::path::Path;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -17,6 +18,7 @@ use crate::resume::{
     classify_restore_error, next_step_after_failure, select_restore_method,
 };
 
+use super::AcpError;
 use super::client::{AcpClient, AcpTimeouts};
 use super::outcome::RestoreOutcome;
 
@@ -71,21 +73,8 @@ impl AcpClient {
         fresh_requested: bool,
         timeouts: AcpTimeouts,
     ) -> RestoreOutcome {
-        if self.initialize_response().is_none()
-            && let Err(error) = self.initialize_within(timeouts.initialize).await
-        {
-            let failure = error.into_failure();
-            let class = classify_restore_error(&failure);
-            return RestoreOutcome::Failed {
-                method: None,
-                class,
-                token_kept: saved.is_some(),
-                session_id: saved.map(str::to_owned),
-                reason: format!(
-                    "{class}: initialize {}",
-                    failure.describe(Some(timeouts.initialize))
-                ),
-            };
+        if let Some(failed) = self.initialized(saved, timeouts.initialize).await {
+            return failed;
         }
         let capabilities = self.restore_capabilities();
         // One deadline for the whole restore: each step gets what the earlier ones left.
@@ -98,31 +87,7 @@ impl AcpClient {
         loop {
             let method = step.method();
             let left = deadline.saturating_duration_since(Instant::now());
-            let attempt = match &step {
-                RestorePlan::Resume(id) => self
-                    .resume_session_within(id, cwd, left)
-                    .instrument(tracing::info_span!("acp.session.resume", session_id = %id))
-                    .await
-                    .map(|()| id.clone()),
-                RestorePlan::Load(id) => self
-                    .load_session_within(id, cwd, left)
-                    .instrument(tracing::info_span!("acp.session.load", session_id = %id))
-                    .await
-                    .map(|replayed| {
-                        tracing::info!(
-                            replayed = replayed.updates,
-                            bytes = replayed.bytes,
-                            "session loaded"
-                        );
-                        id.clone()
-                    }),
-                RestorePlan::New { why } => {
-                    self.new_session_within(cwd, left)
-                        .instrument(tracing::info_span!("acp.session.new", why = why.as_str()))
-                        .await
-                }
-            };
-            let failure = match attempt {
+            let failure = match self.try_step(&step, cwd, left).await {
                 Ok(session_id) => {
                     return match step {
                         RestorePlan::New { why } => RestoreOutcome::Fresh { session_id, why },
@@ -135,31 +100,87 @@ impl AcpClient {
             let what = format!("{} {}", method.method_name(), failure.describe(Some(left)));
             tracing::warn!(method = method.method_name(), %class, "{what}");
             let next = next_step_after_failure(method, &class, capabilities);
-            step = match (step, next) {
-                (RestorePlan::Resume(id), NextStep::TryLoad) => {
+            match fall_back(step, next, saved.is_some()) {
+                Ok(next_step) => {
                     history.push(what);
-                    RestorePlan::Load(id)
+                    step = next_step;
                 }
-                (
-                    RestorePlan::Resume(_) | RestorePlan::Load(_),
-                    NextStep::FallBackToNew { why },
-                ) => {
-                    history.push(what);
-                    RestorePlan::New { why }
-                }
-                (RestorePlan::New { why }, _) => {
-                    // Nothing left to fall back to. The saved token survives unless an earlier
-                    // step (or the agent's capabilities) proved it useless.
-                    let token_kept = saved.is_some() && !why.agent_rejected_token();
+                Err(token_kept) => {
                     return failed(method, class, token_kept, saved, &what, &history);
                 }
-                // KeepTokenAndFail, or a combination the rules never produce (TryLoad after
-                // session/load): fail safe, keeping the token.
-                (RestorePlan::Resume(_) | RestorePlan::Load(_), _) => {
-                    return failed(method, class, saved.is_some(), saved, &what, &history);
-                }
-            };
+            }
         }
+    }
+
+    /// `initialize`, unless it was answered already; the restore's failure when it fails (the
+    /// saved token kept: nothing was learned about it).
+    async fn initialized(
+        &mut self,
+        saved: Option<&str>,
+        within: Duration,
+    ) -> Option<RestoreOutcome> {
+        if self.initialize_response().is_some() {
+            return None;
+        }
+        let error = self.initialize_within(within).await.err()?;
+        let failure = error.into_failure();
+        let class = classify_restore_error(&failure);
+        Some(RestoreOutcome::Failed {
+            method: None,
+            class,
+            token_kept: saved.is_some(),
+            session_id: saved.map(str::to_owned),
+            reason: format!("{class}: initialize {}", failure.describe(Some(within))),
+        })
+    }
+
+    /// One step of the restore within `left`; the session id it leaves the agent in.
+    async fn try_step(
+        &mut self,
+        step: &RestorePlan,
+        cwd: &Path,
+        left: Duration,
+    ) -> Result<String, AcpError> {
+        match step {
+            RestorePlan::Resume(id) => self
+                .resume_session_within(id, cwd, left)
+                .instrument(tracing::info_span!("acp.session.resume", session_id = %id))
+                .await
+                .map(|()| id.clone()),
+            RestorePlan::Load(id) => self
+                .load_session_within(id, cwd, left)
+                .instrument(tracing::info_span!("acp.session.load", session_id = %id))
+                .await
+                .map(|replayed| {
+                    tracing::info!(
+                        replayed = replayed.updates,
+                        bytes = replayed.bytes,
+                        "session loaded"
+                    );
+                    id.clone()
+                }),
+            RestorePlan::New { why } => {
+                self.new_session_within(cwd, left)
+                    .instrument(tracing::info_span!("acp.session.new", why = why.as_str()))
+                    .await
+            }
+        }
+    }
+}
+
+/// The step after `step` failed and the rules said `next`; `Err(token_kept)` when nothing is
+/// left to try. The saved token (`has_saved`) survives unless an earlier step (or the agent's
+/// capabilities) proved it useless.
+fn fall_back(step: RestorePlan, next: NextStep, has_saved: bool) -> Result<RestorePlan, bool> {
+    match (step, next) {
+        (RestorePlan::Resume(id), NextStep::TryLoad) => Ok(RestorePlan::Load(id)),
+        (RestorePlan::Resume(_) | RestorePlan::Load(_), NextStep::FallBackToNew { why }) => {
+            Ok(RestorePlan::New { why })
+        }
+        (RestorePlan::New { why }, _) => Err(has_saved && !why.agent_rejected_token()),
+        // KeepTokenAndFail, or a combination the rules never produce (TryLoad after
+        // session/load): fail safe, keeping the token.
+        (RestorePlan::Resume(_) | RestorePlan::Load(_), _) => Err(has_saved),
     }
 }
 

@@ -147,6 +147,29 @@ pub struct BranchPlan {
     pub created: bool,
 }
 
+/// Why the branch of a fresh clone could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    #[error(
+        "branch {branch:?} does not exist yet and its base branch {base:?} does not exist either"
+    )]
+    NoBase { branch: String, base: String },
+    #[error(
+        "branch {branch:?} does not exist yet and the repository has no default branch to create it from (set baseBranch)"
+    )]
+    NoDefaultForNew { branch: String },
+    #[error("base branch {base:?} does not exist")]
+    BaseMissing { base: String },
+    #[error("the repository has no default branch (is it empty?)")]
+    NoDefault,
+    #[error(transparent)]
+    Git(#[from] GitFailure),
+    #[error("cannot write git's exclude file: {0}")]
+    Exclude(#[source] std::io::Error),
+    #[error("cannot move the clone into the workspace: {0}")]
+    Move(#[source] std::io::Error),
+}
+
 /// `branch` when the remote has it; else a new `branch` from `base` (or the remote's default
 /// branch); without `branch`, `base` or the default branch itself.
 pub fn plan_branch(
@@ -154,7 +177,7 @@ pub fn plan_branch(
     base: Option<&str>,
     remote_default: Option<&str>,
     on_remote: impl Fn(&str) -> bool,
-) -> Result<BranchPlan, String> {
+) -> Result<BranchPlan, BranchError> {
     let from = base.or(remote_default);
     match branch {
         Some(b) if on_remote(b) => Ok(BranchPlan {
@@ -168,12 +191,11 @@ pub fn plan_branch(
                 from: f.into(),
                 created: true,
             }),
-            Some(f) => Err(format!(
-                "branch {b:?} does not exist yet and its base branch {f:?} does not exist either"
-            )),
-            None => Err(format!(
-                "branch {b:?} does not exist yet and the repository has no default branch to create it from (set baseBranch)"
-            )),
+            Some(f) => Err(BranchError::NoBase {
+                branch: b.into(),
+                base: f.into(),
+            }),
+            None => Err(BranchError::NoDefaultForNew { branch: b.into() }),
         },
         None => match from {
             Some(f) if on_remote(f) => Ok(BranchPlan {
@@ -181,8 +203,8 @@ pub fn plan_branch(
                 from: f.into(),
                 created: false,
             }),
-            Some(f) => Err(format!("base branch {f:?} does not exist")),
-            None => Err("the repository has no default branch (is it empty?)".into()),
+            Some(f) => Err(BranchError::BaseMissing { base: f.into() }),
+            None => Err(BranchError::NoDefault),
         },
     }
 }
@@ -383,8 +405,9 @@ async fn clone(
     }
     let result = set_up_branch(&tmp, repository).await;
     let result = match result {
-        Ok(()) => std::fs::rename(tmp.join(".git"), workspace.join(".git"))
-            .map_err(|e| format!("cannot move the clone into the workspace: {e}")),
+        Ok(()) => {
+            std::fs::rename(tmp.join(".git"), workspace.join(".git")).map_err(BranchError::Move)
+        }
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_dir_all(&tmp);
@@ -416,12 +439,12 @@ async fn clone(
 }
 
 /// In the fresh clone `dir`: the local branch, HEAD on it, agentctl's files excluded.
-async fn set_up_branch(dir: &Path, repository: &Repository) -> Result<(), String> {
+async fn set_up_branch(dir: &Path, repository: &Repository) -> Result<(), BranchError> {
     let run = |args: Vec<String>| async move {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         git(Some(dir), &args, &[], LOCAL_TIMEOUT)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(BranchError::Git)
     };
     let default = run(vec![
         "symbolic-ref".into(),
@@ -485,11 +508,11 @@ async fn set_up_branch(dir: &Path, repository: &Repository) -> Result<(), String
     run(vec!["symbolic-ref".into(), "HEAD".into(), local]).await?;
     let exclude = dir.join(".git").join("info").join("exclude");
     if let Some(parent) = exclude.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(parent).map_err(BranchError::Exclude)?;
     }
     let mut text = std::fs::read_to_string(&exclude).unwrap_or_default();
     text.push_str("\n# agentctl's own files (kandev-operator)\n/.kandev/\n/lost+found/\n");
-    std::fs::write(&exclude, text).map_err(|e| e.to_string())?;
+    std::fs::write(&exclude, text).map_err(BranchError::Exclude)?;
     Ok(())
 }
 
@@ -617,7 +640,7 @@ mod tempdir {
 
 /// A git command that did not succeed.
 #[derive(Debug)]
-struct GitFailure {
+pub struct GitFailure {
     what: String,
     stderr: String,
     timed_out: bool,
@@ -633,6 +656,8 @@ impl std::fmt::Display for GitFailure {
         }
     }
 }
+
+impl std::error::Error for GitFailure {}
 
 /// Runs `git <args>` in `dir` with `env` added, within `timeout` (then it is killed), and
 /// returns its stdout (at most [`STDOUT_LIMIT`]); on failure, the tail of its stderr.

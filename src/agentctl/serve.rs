@@ -460,13 +460,7 @@ impl Driver {
                 Some(input) = self.inputs_rx.recv() => {
                     if let Input::AgentExited(status) = input {
                         self.on_agent_exited(status).await?;
-                        return match (stopping, self.cut_off) {
-                            (_, Some(limit)) => Err(AgentctlError::AgentCutOff { limit }),
-                            (true, None) => Ok(()),
-                            (false, None) => {
-                                Err(AgentctlError::AgentExited { status: status.to_string() })
-                            }
-                        };
+                        return self.exit_after_agent(stopping, status);
                     }
                     self.handle(input).await?;
                 }
@@ -491,6 +485,18 @@ impl Driver {
                     }
                 }
             }
+        }
+    }
+
+    /// How serve ends once the agent exited with `status`: cleanly only when it was asked to
+    /// stop (and agentctl did not cut it off for breaking a bound).
+    fn exit_after_agent(&self, stopping: bool, status: ExitStatus) -> Result<(), AgentctlError> {
+        match (stopping, self.cut_off) {
+            (_, Some(limit)) => Err(AgentctlError::AgentCutOff { limit }),
+            (true, None) => Ok(()),
+            (false, None) => Err(AgentctlError::AgentExited {
+                status: status.to_string(),
+            }),
         }
     }
 
@@ -963,9 +969,20 @@ enum HistoryCommand {
     },
     Read {
         session: String,
-        reply: oneshot::Sender<Result<Vec<HistoryEntry>, String>>,
+        reply: oneshot::Sender<Result<Vec<HistoryEntry>, HistoryReadError>>,
     },
     Flush(oneshot::Sender<()>),
+}
+
+/// Why the recorded history could not be read.
+#[derive(Debug, thiserror::Error)]
+enum HistoryReadError {
+    #[error(transparent)]
+    Store(#[from] crate::history::HistoryError),
+    #[error("the history reader failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    #[error("history writer stopped")]
+    Stopped,
 }
 
 /// History entries waiting for the volume; when it falls this far behind, entries are dropped.
@@ -1002,8 +1019,8 @@ impl HistoryWriter {
                         let read = tokio::task::spawn_blocking(move || store.read(&session)).await;
                         let result = match read {
                             Ok(Ok(parsed)) => Ok(parsed.entries),
-                            Ok(Err(error)) => Err(error.to_string()),
-                            Err(error) => Err(error.to_string()),
+                            Ok(Err(error)) => Err(HistoryReadError::Store(error)),
+                            Err(error) => Err(HistoryReadError::Task(error)),
                         };
                         let _ = reply.send(result);
                     }
@@ -1034,15 +1051,13 @@ impl HistoryWriter {
         }
     }
 
-    async fn read(&self, session: String) -> Result<Vec<HistoryEntry>, String> {
+    async fn read(&self, session: String) -> Result<Vec<HistoryEntry>, HistoryReadError> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(HistoryCommand::Read { session, reply })
             .await
-            .map_err(|_| "history writer stopped".to_owned())?;
-        answer
-            .await
-            .map_err(|_| "history writer stopped".to_owned())?
+            .map_err(|_| HistoryReadError::Stopped)?;
+        answer.await.map_err(|_| HistoryReadError::Stopped)?
     }
 
     /// Waits until every earlier command is done.

@@ -12,6 +12,10 @@ pub const STALLED: &str = "Stalled";
 pub const AGENT_RUNNING: &str = "AgentRunning";
 pub const NEEDS_RESUME: &str = "NeedsResume";
 pub const RESUMED: &str = "Resumed";
+/// Whether the task description of the session's first launch reached the agent: True once
+/// sent, False with the reason when it could not be (it is not sent again). Absent while none
+/// was due.
+pub const TASK_SENT: &str = "TaskSent";
 /// True while the session is suspended after being idle ([`super::SUSPENDED`]).
 pub const SUSPENDED: &str = super::SUSPENDED;
 

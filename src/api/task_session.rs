@@ -446,12 +446,26 @@ pub struct IdleSpec {
     pub suspend_after: Option<String>,
 }
 
+/// An idle duration that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdleDurationError {
+    #[error("{text:?}: unknown unit {unit:?} (use h, m, s, or off)")]
+    UnknownUnit { text: String, unit: char },
+    #[error("{0:?}: expected e.g. 30m, 1h30m, 90s or off")]
+    Malformed(String),
+    #[error("{0:?}: a number too large")]
+    TooLarge(String),
+    #[error("{0:?}: at least 10s")]
+    TooShort(String),
+}
+
 /// `off`, or a duration of hours, minutes and seconds (`1h30m`, `90s`): `Ok(None)` for off.
 /// At least 10 s: a shorter one would stop an agent between a client's two calls.
-pub fn parse_idle_duration(text: &str) -> Result<Option<std::time::Duration>, String> {
+pub fn parse_idle_duration(text: &str) -> Result<Option<std::time::Duration>, IdleDurationError> {
     if text == "off" {
         return Ok(None);
     }
+    let malformed = || IdleDurationError::Malformed(text.to_string());
     let mut total: u64 = 0;
     let mut digits = String::new();
     let mut units = Vec::new();
@@ -465,24 +479,27 @@ pub fn parse_idle_duration(text: &str) -> Result<Option<std::time::Duration>, St
             'm' => 60,
             's' => 1,
             _ => {
-                return Err(format!(
-                    "{text:?}: unknown unit {c:?} (use h, m, s, or off)"
-                ));
+                return Err(IdleDurationError::UnknownUnit {
+                    text: text.to_string(),
+                    unit: c,
+                });
             }
         };
         if digits.is_empty() || units.last().is_some_and(|last| *last <= unit) {
-            return Err(format!("{text:?}: expected e.g. 30m, 1h30m, 90s or off"));
+            return Err(malformed());
         }
         units.push(unit);
-        let n: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| IdleDurationError::TooLarge(text.to_string()))?;
         total = total.saturating_add(n.saturating_mul(unit));
         digits.clear();
     }
     if !digits.is_empty() || units.is_empty() {
-        return Err(format!("{text:?}: expected e.g. 30m, 1h30m, 90s or off"));
+        return Err(malformed());
     }
     if total < 10 {
-        return Err(format!("{text:?}: at least 10s"));
+        return Err(IdleDurationError::TooShort(text.to_string()));
     }
     Ok(Some(std::time::Duration::from_secs(total)))
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -316,6 +317,80 @@ enum LogFormat {
     Json,
 }
 
+/// Why `kandev-operator` could not do what it was asked (or stopped): the binary's one error.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("rendering the CRDs as YAML: {0}")]
+    RenderCrds(#[from] serde_yaml_ng::Error),
+    #[error(transparent)]
+    ChartCrds(#[from] kandev_operator::api::CrdTemplateError),
+    #[error("{what} {}: {source}", path.display())]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error(transparent)]
+    Profiles(#[from] kandev_operator::agents::AgentRegistryError),
+    #[error(transparent)]
+    Flag(#[from] FlagError),
+    #[error(transparent)]
+    MemoryBudget(#[from] budget::BudgetError),
+    #[error(transparent)]
+    MetricsTls(#[from] metrics_tls::TlsError),
+    #[error(transparent)]
+    Bind(#[from] endpoints::BindError),
+    #[error("HTTP endpoints: {0}")]
+    LocalAddress(#[source] std::io::Error),
+    #[error(transparent)]
+    Connect(Box<ConnectError>),
+    #[error(transparent)]
+    Permissions(#[from] permissions::PermissionError),
+    #[error(
+        "RBAC self-check: the API server did not answer within {0}s (--startup-timeout-seconds)"
+    )]
+    PermissionsTimeout(u64),
+    #[error("lost the leader lease; exiting so a new leader takes over")]
+    LostLease,
+}
+
+impl From<ConnectError> for StartError {
+    fn from(error: ConnectError) -> Self {
+        Self::Connect(Box::new(error))
+    }
+}
+
+/// Why the API server could not be reached at start.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("loading the cluster configuration (kubeconfig or in-cluster): {0}")]
+    Config(#[source] kube::config::InferConfigError),
+    #[error("creating the Kubernetes client for {url}: {source}")]
+    Client {
+        url: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("the Kubernetes API server at {url} answered GET /version with an error: {source}")]
+    Refused {
+        url: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("the Kubernetes API server at {url} did not answer within {}s{} (--startup-timeout-seconds)", within.as_secs(), last.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NoAnswer {
+        url: String,
+        within: Duration,
+        /// The last transport error, if any.
+        last: Option<Box<kube::Error>>,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -337,15 +412,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn print_crds(output_dir: Option<&std::path::Path>) -> Result<(), String> {
-    let files = kandev_operator::api::crd_files()
-        .map_err(|e| format!("rendering the CRDs as YAML: {e}"))?;
+fn print_crds(output_dir: Option<&std::path::Path>) -> Result<(), StartError> {
+    let files = kandev_operator::api::crd_files()?;
     for file in files {
         match output_dir {
             Some(dir) => {
                 let path = dir.join(&file.file_name);
-                std::fs::write(&path, &file.yaml)
-                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                std::fs::write(&path, &file.yaml).map_err(|source| StartError::File {
+                    what: "writing",
+                    path: path.clone(),
+                    source,
+                })?;
                 eprintln!("wrote {}", path.display());
             }
             None => print!("---\n{}", file.yaml),
@@ -354,22 +431,42 @@ fn print_crds(output_dir: Option<&std::path::Path>) -> Result<(), String> {
     Ok(())
 }
 
-fn write_chart_crds(dir: &std::path::Path) -> Result<(), String> {
-    let files = kandev_operator::api::chart_crd_templates().map_err(|e| e.to_string())?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+fn write_chart_crds(dir: &std::path::Path) -> Result<(), StartError> {
+    let files = kandev_operator::api::chart_crd_templates()?;
+    std::fs::create_dir_all(dir).map_err(|source| StartError::File {
+        what: "creating",
+        path: dir.to_path_buf(),
+        source,
+    })?;
     for file in files {
         let path = dir.join(&file.file_name);
-        std::fs::write(&path, &file.yaml)
-            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        std::fs::write(&path, &file.yaml).map_err(|source| StartError::File {
+            what: "writing",
+            path: path.clone(),
+            source,
+        })?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
 }
 
-fn parse_toleration(text: &str) -> Result<k8s_openapi::api::core::v1::Toleration, String> {
+/// A flag's value that does not parse: its words name the value and the form it should have.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum FlagError {
+    #[error("toleration {0:?}: expected KEY[=VALUE]:EFFECT")]
+    Toleration(String),
+    #[error("resource {0:?}: expected NAME=QUANTITY, e.g. memory=2Gi")]
+    Resource(String),
+    #[error("{0:?} is not a size such as 512Mi or 1Gi")]
+    Size(String),
+    #[error("node selector {0:?}: expected KEY=VALUE")]
+    NodeSelector(String),
+}
+
+fn parse_toleration(text: &str) -> Result<k8s_openapi::api::core::v1::Toleration, FlagError> {
     let (key_value, effect) = text
         .rsplit_once(':')
-        .ok_or_else(|| format!("toleration {text:?}: expected KEY[=VALUE]:EFFECT"))?;
+        .ok_or_else(|| FlagError::Toleration(text.to_string()))?;
     let (key, value) = match key_value.split_once('=') {
         Some((k, v)) => (k, Some(v.to_string())),
         None => (key_value, None),
@@ -384,18 +481,14 @@ fn parse_toleration(text: &str) -> Result<k8s_openapi::api::core::v1::Toleration
 }
 
 /// `NAME=QUANTITY` pairs as a resource list (`None` when empty).
-fn parse_resources(list: &[String]) -> Result<Option<BTreeMap<String, Quantity>>, String> {
+fn parse_resources(list: &[String]) -> Result<Option<BTreeMap<String, Quantity>>, FlagError> {
     let mut out = BTreeMap::new();
     for text in list {
         match text.split_once('=') {
             Some((name, quantity)) if !name.is_empty() && !quantity.is_empty() => {
                 out.insert(name.to_string(), Quantity(quantity.to_string()));
             }
-            _ => {
-                return Err(format!(
-                    "resource {text:?}: expected NAME=QUANTITY, e.g. memory=2Gi"
-                ));
-            }
+            _ => return Err(FlagError::Resource(text.to_string())),
         }
     }
     Ok((!out.is_empty()).then_some(out))
@@ -403,7 +496,7 @@ fn parse_resources(list: &[String]) -> Result<Option<BTreeMap<String, Quantity>>
 
 /// A size as Kubernetes writes it: digits, an optional fraction, an optional binary or decimal
 /// suffix (`512Mi`, `1Gi`, `1.5G`, `1000000`).
-fn size_quantity(text: &str) -> Result<Quantity, String> {
+fn size_quantity(text: &str) -> Result<Quantity, FlagError> {
     let number = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let suffix = &text[number.len()..];
     let suffixes = [
@@ -414,21 +507,21 @@ fn size_quantity(text: &str) -> Result<Quantity, String> {
     if digits(whole) && digits(fraction) && suffixes.contains(&suffix) {
         Ok(Quantity(text.to_string()))
     } else {
-        Err(format!("{text:?} is not a size such as 512Mi or 1Gi"))
+        Err(FlagError::Size(text.to_string()))
     }
 }
 
-fn parse_node_selector(text: &str) -> Result<(String, String), String> {
+fn parse_node_selector(text: &str) -> Result<(String, String), FlagError> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
-        _ => Err(format!("node selector {text:?}: expected KEY=VALUE")),
+        _ => Err(FlagError::NodeSelector(text.to_string())),
     }
 }
 
 /// The default requests and limits of the agentctl container (`None` when both are empty).
 fn default_resources(
     args: &RunArgs,
-) -> Result<Option<k8s_openapi::api::core::v1::ResourceRequirements>, String> {
+) -> Result<Option<k8s_openapi::api::core::v1::ResourceRequirements>, FlagError> {
     let requests = parse_resources(&args.default_resource_requests)?;
     let limits = parse_resources(&args.default_resource_limits)?;
     Ok((requests.is_some() || limits.is_some()).then(|| {
@@ -453,12 +546,10 @@ fn watch_namespaces(list: &[String]) -> Vec<String> {
 
 /// The restores' memory budget (`--acp-memory-budget-mib`, else half of the cgroup's limit);
 /// refused when one restore with a `session/load` could never fit in it.
-fn acp_memory_budget(flag_mib: u64, limits: &AcpLimits) -> Result<MemoryBudget, String> {
+fn acp_memory_budget(flag_mib: u64, limits: &AcpLimits) -> Result<MemoryBudget, StartError> {
     let cgroup = budget::cgroup_memory_limit();
     let memory = MemoryBudget::new(budget::budget_size(flag_mib, cgroup));
-    memory
-        .check(budget::connection_need(limits) + budget::replay_need(limits))
-        .map_err(|e| e.to_string())?;
+    memory.check(budget::connection_need(limits) + budget::replay_need(limits))?;
     let mib = |bytes: u64| bytes / (1024 * 1024);
     tracing::info!(
         budget_mib = mib(memory.total()),
@@ -524,18 +615,18 @@ const API_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Clients whose API server answered, within `timeout`. Transport errors (server not up yet)
 /// are retried until then; an answer that is an error (e.g. 401) is final.
-async fn connect(timeout: Duration) -> Result<Clients, String> {
-    let config = kube::Config::infer().await.map_err(|e| {
-        format!("loading the cluster configuration (kubeconfig or in-cluster): {e}")
-    })?;
+async fn connect(timeout: Duration) -> Result<Clients, ConnectError> {
+    let config = kube::Config::infer().await.map_err(ConnectError::Config)?;
     let url = config.cluster_url.clone();
     let mut calls = config.clone();
     calls.read_timeout = Some(API_CALL_TIMEOUT);
     // The deadline counts from the request, not from when a pooled connection went idle.
     calls.reset_reader_on_write = true;
     let make = |config| {
-        kube::Client::try_from(config)
-            .map_err(|e| format!("creating the Kubernetes client for {url}: {e}"))
+        kube::Client::try_from(config).map_err(|source| ConnectError::Client {
+            url: url.to_string(),
+            source: Box::new(source),
+        })
     };
     let clients = Clients {
         calls: make(calls)?,
@@ -543,11 +634,10 @@ async fn connect(timeout: Duration) -> Result<Clients, String> {
     };
     let client = &clients.calls;
     let deadline = Instant::now() + timeout;
-    let gave_up = |detail: String| {
-        format!(
-            "the Kubernetes API server at {url} did not answer within {}s{detail} (--startup-timeout-seconds)",
-            timeout.as_secs()
-        )
+    let gave_up = |last: Option<kube::Error>| ConnectError::NoAnswer {
+        url: url.to_string(),
+        within: timeout,
+        last: last.map(Box::new),
     };
     loop {
         match tokio::time::timeout_at(deadline, client.apiserver_version()).await {
@@ -555,20 +645,21 @@ async fn connect(timeout: Duration) -> Result<Clients, String> {
                 tracing::info!(server = %url, version = %version.git_version, "connected to the API server");
                 return Ok(clients);
             }
-            Ok(Err(err @ kube::Error::Api(_))) => {
-                return Err(format!(
-                    "the Kubernetes API server at {url} answered GET /version with an error: {err}"
-                ));
+            Ok(Err(source @ kube::Error::Api(_))) => {
+                return Err(ConnectError::Refused {
+                    url: url.to_string(),
+                    source: Box::new(source),
+                });
             }
             Ok(Err(err)) => {
                 let retry = Duration::from_secs(2);
                 if Instant::now() + retry >= deadline {
-                    return Err(gave_up(format!(": {err}")));
+                    return Err(gave_up(Some(err)));
                 }
                 tracing::warn!(server = %url, %err, "API server not reachable yet; retrying");
                 tokio::time::sleep(retry).await;
             }
-            Err(_) => return Err(gave_up(String::new())),
+            Err(_) => return Err(gave_up(None)),
         }
     }
 }
@@ -593,26 +684,96 @@ fn cap_malloc_arenas() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn cap_malloc_arenas() {}
 
-fn run(args: RunArgs) -> Result<(), String> {
+fn run(args: RunArgs) -> Result<(), StartError> {
     cap_malloc_arenas();
-    let runtime =
-        tokio::runtime::Runtime::new().map_err(|e| format!("starting the async runtime: {e}"))?;
+    let runtime = tokio::runtime::Runtime::new().map_err(StartError::Runtime)?;
     // The OTLP exporter's batch task runs on the runtime.
     let telemetry = {
         let _runtime = runtime.enter();
-        telemetry::init(log_settings(args.log_format)).map_err(|e| e.to_string())?
+        telemetry::init(log_settings(args.log_format))?
     };
     let result = run_controller(&runtime, args);
     runtime.block_on(telemetry.shutdown());
     result
 }
 
-fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<(), String> {
+fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<(), StartError> {
     let agents = match &args.agent_profiles {
         Some(path) => AgentRegistry::load_file(path),
         None => AgentRegistry::builtin(),
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
+    let settings = operator_settings(&args)?;
+    runtime.block_on(async move {
+        // The endpoints come first: liveness holds while the startup checks and the wait for the
+        // lease run, and readiness says when the checks passed.
+        let metrics_auth = MetricsAuth::from(args.metrics_auth);
+        let http_state = HttpState::with_auth(metrics_auth);
+        serve_endpoints(&args, &http_state).await?;
+        let clients = startup_checks(&args, &settings, &http_state).await?;
+        http_state.set_ready();
+        if args.no_leader_election {
+            metrics::global().set_leader(true);
+            controller::run(clients, agents, settings).await;
+            return Ok(());
+        }
+        let identity = std::env::var("POD_NAME")
+            .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
+        let lease = LeaseSettings::new(
+            args.lease_namespace.clone(),
+            args.lease_name.clone(),
+            identity,
+        );
+        let election = leader::elect(clients.calls.clone(), lease);
+        tracing::info!(lease = %args.lease_name, "waiting to become the leader");
+        let mut leading = election.leading.clone();
+        let led = tokio::select! {
+            led = leading.wait_for(|l| *l) => led.is_ok(),
+            () = shutdown_signal() => false,
+        };
+        if !led {
+            election.release().await;
+            return Ok(());
+        }
+        tokio::select! {
+            // A shutdown signal ends the controller; the lease goes to the next leader at once.
+            () = controller::run(clients, agents, settings) => {
+                election.release().await;
+                Ok(())
+            }
+            _ = leading.wait_for(|l| !*l) => Err(StartError::LostLease),
+        }
+    })
+}
+
+/// What every reconcile shares, from the flags.
+fn operator_settings(args: &RunArgs) -> Result<OperatorSettings, StartError> {
+    let acp_limits = AcpLimits {
+        replay_line: kandev_operator::jsonrpc::codec::mib(args.acp_replay_line_limit_mib),
+        replay_budget: args.acp_replay_budget_mib.saturating_mul(1024 * 1024),
+        ..AcpLimits::default()
+    };
+    let acp_memory = acp_memory_budget(args.acp_memory_budget_mib, &acp_limits)?;
+    let seconds_if_set = |seconds: u64| (seconds > 0).then(|| Duration::from_secs(seconds));
+    Ok(OperatorSettings {
+        pod: pod_settings(args)?,
+        watch_namespaces: watch_namespaces(&args.watch_namespaces),
+        resync: Duration::from_secs(args.resync_seconds),
+        acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
+        restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
+        acp_limits,
+        acp_memory,
+        max_concurrent_reconciles: args.max_concurrent_reconciles,
+        launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
+        end_grace: Duration::from_secs(args.end_grace_seconds),
+        agent_unreachable_after: seconds_if_set(args.agent_unreachable_seconds),
+        node_lost_after: seconds_if_set(args.node_lost_seconds),
+        catch_up_execs_per_second: args.catch_up_execs_per_second,
+        journal_catch_up_every: seconds_if_set(args.journal_catch_up_seconds),
+    })
+}
+
+/// What the agentctl pods get, from the flags.
+fn pod_settings(args: &RunArgs) -> Result<PodSettings, StartError> {
     let tolerations = args
         .pod_tolerations
         .iter()
@@ -623,129 +784,111 @@ fn run_controller(runtime: &tokio::runtime::Runtime, args: RunArgs) -> Result<()
         .iter()
         .map(|s| parse_node_selector(s))
         .collect::<Result<BTreeMap<_, _>, _>>()?;
-    let acp_limits = AcpLimits {
-        replay_line: kandev_operator::jsonrpc::codec::mib(args.acp_replay_line_limit_mib),
-        replay_budget: args.acp_replay_budget_mib.saturating_mul(1024 * 1024),
-        ..AcpLimits::default()
-    };
-    let acp_memory = acp_memory_budget(args.acp_memory_budget_mib, &acp_limits)?;
-    let settings = OperatorSettings {
-        pod: PodSettings {
-            default_image: args.agentctl_image.clone(),
-            tolerations,
-            node_selector,
-            run_as_user: args.run_as_user,
-            replay_line_limit_mib: args.acp_replay_line_limit_mib,
-            default_resources: default_resources(&args)?,
-            suspend_idle_after: args.suspend_idle_after,
-            runtime_class_name: args.runtime_class_name.clone().filter(|n| !n.is_empty()),
-            user_namespace: !args.host_users,
-            allowed_image_prefixes: args
-                .allowed_image_prefixes
-                .iter()
-                .filter(|p| !p.is_empty())
-                .cloned()
-                .collect(),
-            network: args.agent_network_policy.then(|| NetworkRules {
-                allow: args.egress_allow_cidrs.clone(),
-                deny: args.egress_deny_cidrs.clone(),
-                ingress: args.ingress_allow_cidrs.clone(),
-            }),
-            scratch: ScratchLimits {
-                tmp: args.tmp_size_limit.clone(),
-                run: args.run_size_limit.clone(),
-            },
-            trace_env: telemetry::pod_env(),
+    Ok(PodSettings {
+        default_image: args.agentctl_image.clone(),
+        tolerations,
+        node_selector,
+        run_as_user: args.run_as_user,
+        replay_line_limit_mib: args.acp_replay_line_limit_mib,
+        default_resources: default_resources(args)?,
+        suspend_idle_after: args.suspend_idle_after,
+        runtime_class_name: args.runtime_class_name.clone().filter(|n| !n.is_empty()),
+        user_namespace: !args.host_users,
+        allowed_image_prefixes: args
+            .allowed_image_prefixes
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect(),
+        network: args.agent_network_policy.then(|| NetworkRules {
+            allow: args.egress_allow_cidrs.clone(),
+            deny: args.egress_deny_cidrs.clone(),
+            ingress: args.ingress_allow_cidrs.clone(),
+        }),
+        scratch: ScratchLimits {
+            tmp: args.tmp_size_limit.clone(),
+            run: args.run_size_limit.clone(),
         },
-        watch_namespaces: watch_namespaces(&args.watch_namespaces),
-        resync: Duration::from_secs(args.resync_seconds),
-        acp_timeout: Duration::from_secs(args.acp_timeout_seconds),
-        restore_timeout: Duration::from_secs(args.acp_restore_timeout_seconds),
-        acp_limits,
-        acp_memory: acp_memory.clone(),
-        max_concurrent_reconciles: args.max_concurrent_reconciles,
-        launch_deadline: Duration::from_secs(args.launch_deadline_seconds),
-        end_grace: Duration::from_secs(args.end_grace_seconds),
-        agent_unreachable_after: (args.agent_unreachable_seconds > 0)
-            .then(|| Duration::from_secs(args.agent_unreachable_seconds)),
-        node_lost_after: (args.node_lost_seconds > 0)
-            .then(|| Duration::from_secs(args.node_lost_seconds)),
-        catch_up_execs_per_second: args.catch_up_execs_per_second,
-        journal_catch_up_every: (args.journal_catch_up_seconds > 0)
-            .then(|| Duration::from_secs(args.journal_catch_up_seconds)),
-    };
-    runtime.block_on(async move {
-        // The endpoints come first: liveness holds while the startup checks and the wait for the
-        // lease run, and readiness says when the checks passed.
-        let metrics_auth = MetricsAuth::from(args.metrics_auth);
-        let http_state = HttpState::with_auth(metrics_auth);
-        let listeners = listeners(http_address(&args.http_address), http_address(&args.metrics_address));
-        if listeners.is_empty() {
-            tracing::info!("HTTP endpoints are off (--http-address)");
-        }
-        let tls = metrics_tls_source(&args)
-            .map(|source| metrics_tls::acceptor(&source).map(|acceptor| (acceptor, source)))
-            .transpose()
-            .map_err(|e| e.to_string())?;
-        for (address, routes, what) in listeners {
-            let listener = endpoints::bind(address).await?;
-            let local = listener.local_addr().map_err(|e| format!("HTTP endpoints: {e}"))?;
-            let tls = tls.as_ref().filter(|_| routes.metrics);
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            let certificate = tls.map(|(_, source)| match source {
-                metrics_tls::CertificateSource::Files { cert, .. } => cert.display().to_string(),
-                metrics_tls::CertificateSource::SelfSigned { names } => format!("self-signed for {}", names.join(", ")),
-            });
-            tracing::info!(address = %local, scheme, certificate, metrics_auth = ?metrics_auth, "serving {what}");
-            tokio::spawn(endpoints::serve(listener, http_state.clone(), routes, tls.map(|(acceptor, _)| acceptor.clone())));
-        }
-        let timeout = Duration::from_secs(args.startup_timeout_seconds);
-        let clients = connect(timeout).await?;
-        let client = clients.calls.clone();
-        http_state.set_reviewer(client.clone());
-        let user = tokio::time::timeout(timeout, permissions::whoami(&client)).await.ok().flatten();
-        tracing::info!(user = user.as_deref().unwrap_or("unknown"), "authenticated to the API server");
-        if args.skip_permission_check {
-            tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
-        } else {
-            let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
-            tokio::time::timeout(timeout, permissions::verify(&client, lease_namespace, &settings.watch_namespaces, (metrics_auth == MetricsAuth::Kubernetes, settings.node_lost_after.is_some()), user.as_deref()))
-                .await
-                .map_err(|_| format!("RBAC self-check: the API server did not answer within {}s (--startup-timeout-seconds)", timeout.as_secs()))??;
-            tracing::info!("RBAC self-check passed");
-        }
-        http_state.set_ready();
-        if !args.no_leader_election {
-            let identity = std::env::var("POD_NAME")
-                .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
-            let election = leader::elect(
-                client.clone(),
-                LeaseSettings::new(args.lease_namespace.clone(), args.lease_name.clone(), identity),
-            );
-            tracing::info!(lease = %args.lease_name, "waiting to become the leader");
-            let mut leading = election.leading.clone();
-            let led = tokio::select! {
-                led = leading.wait_for(|l| *l) => led.is_ok(),
-                () = shutdown_signal() => false,
-            };
-            if !led {
-                election.release().await;
-                return Ok(());
-            }
-            tokio::select! {
-                // A shutdown signal ends the controller; the lease goes to the next leader at once.
-                () = controller::run(clients, agents, settings) => {
-                    election.release().await;
-                    Ok(())
-                }
-                _ = leading.wait_for(|l| !*l) => Err("lost the leader lease; exiting so a new leader takes over".to_string()),
-            }
-        } else {
-            metrics::global().set_leader(true);
-            controller::run(clients, agents, settings).await;
-            Ok(())
-        }
+        trace_env: telemetry::pod_env(),
     })
+}
+
+/// Binds and serves `/healthz`, `/readyz` and `/metrics` (with TLS where asked).
+async fn serve_endpoints(args: &RunArgs, http_state: &Arc<HttpState>) -> Result<(), StartError> {
+    let listeners = listeners(
+        http_address(&args.http_address),
+        http_address(&args.metrics_address),
+    );
+    if listeners.is_empty() {
+        tracing::info!("HTTP endpoints are off (--http-address)");
+    }
+    let tls = metrics_tls_source(args)
+        .map(|source| metrics_tls::acceptor(&source).map(|acceptor| (acceptor, source)))
+        .transpose()?;
+    for (address, routes, what) in listeners {
+        let listener = endpoints::bind(address).await?;
+        let local = listener.local_addr().map_err(StartError::LocalAddress)?;
+        let tls = tls.as_ref().filter(|_| routes.metrics);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let certificate = tls.map(|(_, source)| match source {
+            metrics_tls::CertificateSource::Files { cert, .. } => cert.display().to_string(),
+            metrics_tls::CertificateSource::SelfSigned { names } => {
+                format!("self-signed for {}", names.join(", "))
+            }
+        });
+        let metrics_auth = http_state.auth();
+        tracing::info!(address = %local, scheme, certificate, metrics_auth = ?metrics_auth, "serving {what}");
+        let acceptor = tls.map(|(acceptor, _)| acceptor.clone());
+        tokio::spawn(endpoints::serve(
+            listener,
+            http_state.clone(),
+            routes,
+            acceptor,
+        ));
+    }
+    Ok(())
+}
+
+/// Connects to the API server, says who the operator is, and checks its RBAC permissions
+/// (unless `--skip-permission-check`), each within `--startup-timeout-seconds`.
+async fn startup_checks(
+    args: &RunArgs,
+    settings: &OperatorSettings,
+    http_state: &HttpState,
+) -> Result<Clients, StartError> {
+    let timeout = Duration::from_secs(args.startup_timeout_seconds);
+    let clients = connect(timeout).await?;
+    let client = &clients.calls;
+    http_state.set_reviewer(client.clone());
+    let user = tokio::time::timeout(timeout, permissions::whoami(client))
+        .await
+        .ok()
+        .flatten();
+    tracing::info!(
+        user = user.as_deref().unwrap_or("unknown"),
+        "authenticated to the API server"
+    );
+    if args.skip_permission_check {
+        tracing::warn!("--skip-permission-check: not checking RBAC permissions at startup");
+        return Ok(clients);
+    }
+    let lease_namespace = (!args.no_leader_election).then_some(args.lease_namespace.as_str());
+    let optional = (
+        http_state.auth() == MetricsAuth::Kubernetes,
+        settings.node_lost_after.is_some(),
+    );
+    let verify = permissions::verify(
+        client,
+        lease_namespace,
+        &settings.watch_namespaces,
+        optional,
+        user.as_deref(),
+    );
+    tokio::time::timeout(timeout, verify)
+        .await
+        .map_err(|_| StartError::PermissionsTimeout(timeout.as_secs()))??;
+    tracing::info!("RBAC self-check passed");
+    Ok(clients)
 }
 
 /// SIGTERM or Ctrl-C.

@@ -77,6 +77,11 @@ impl HttpState {
         self.ready.store(true, Ordering::Relaxed);
     }
 
+    /// Who may scrape `/metrics`.
+    pub fn auth(&self) -> MetricsAuth {
+        self.auth
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
@@ -258,20 +263,21 @@ fn answer(status: StatusCode, content_type: &'static str, body: String) -> Respo
 /// With `SO_REUSEPORT`: in a pod (its own network namespace) it changes nothing, and replicas
 /// that share one network namespace (the e2e harness plays pods as processes of one host) share
 /// the port instead of the second one failing to start.
-pub async fn bind(address: &str) -> Result<TcpListener, String> {
-    let failed = |e: std::io::Error| {
-        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+pub async fn bind(address: &str) -> Result<TcpListener, BindError> {
+    let failed = |source: std::io::Error| BindError::Io {
+        address: address.to_string(),
+        hint: if source.kind() == std::io::ErrorKind::AddrInUse {
             "; choose another --http-address (port 0 picks a free one)"
         } else {
             ""
-        };
-        format!("binding the HTTP endpoints to {address}: {e}{hint}")
+        },
+        source,
     };
     let addr = tokio::net::lookup_host(address)
         .await
         .map_err(failed)?
         .next()
-        .ok_or_else(|| format!("binding the HTTP endpoints to {address}: no such address"))?;
+        .ok_or_else(|| BindError::NoSuchAddress(address.to_string()))?;
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()
     } else {
@@ -282,6 +288,21 @@ pub async fn bind(address: &str) -> Result<TcpListener, String> {
     socket.set_reuseport(true).map_err(failed)?;
     socket.bind(addr).map_err(failed)?;
     socket.listen(1024).map_err(failed)
+}
+
+/// Why the endpoints' address could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("binding the HTTP endpoints to {address}: {source}{hint}")]
+    Io {
+        address: String,
+        #[source]
+        source: std::io::Error,
+        /// What to do about it, when known.
+        hint: &'static str,
+    },
+    #[error("binding the HTTP endpoints to {0}: no such address")]
+    NoSuchAddress(String),
 }
 
 /// Bounds of a listener: [`MAX_CONNECTIONS`], [`READ_TIMEOUT`], [`CONNECTION_TIMEOUT`].

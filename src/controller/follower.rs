@@ -50,6 +50,10 @@ use crate::controller::gate::{DEFAULT_EXECS_PER_SECOND, ExecGate};
 use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
 use crate::telemetry::WarnLimiter;
 
+/// The field manager of the followers' ExecutorRunning status writes (what the journal says:
+/// activity, token, last message, configuration, cursor, the handled nudge).
+pub const JOURNAL_MANAGER: &str = "kandev-operator-journal";
+
 /// While a prompt runs, serve sends a heartbeat every 10 s on the open stream: a stream silent
 /// for this long is dropped and opened again, which tells a quiet agent from a serve that does
 /// not answer.
@@ -130,6 +134,22 @@ pub fn status_patch_for(
     known: &Known,
     now: Timestamp,
 ) -> Option<(serde_json::Value, Known)> {
+    let next = known_after(line, known)?;
+    if next.same_fields(known) {
+        return None;
+    }
+    Some((json!({ "status": changed_fields(known, &next, now) }), next))
+}
+
+/// The journal is on the workspace volume, which the agent can write: a session or message id
+/// the operator would not keep (too long, control characters) is not applied.
+fn keeps(id: &str) -> bool {
+    session_id_problem(id).is_none()
+}
+
+/// What is known after `line`; `None` when the line changes nothing (an entry already read,
+/// one that says nothing about the executor, an id not kept).
+fn known_after(line: &EventLine, known: &Known) -> Option<Known> {
     let event = &line.event;
     let is_snapshot = matches!(event, Event::Snapshot { .. });
     if !is_snapshot && line.seq.is_some_and(|seq| seq <= known.cursor) {
@@ -143,9 +163,30 @@ pub fn status_patch_for(
         Some(seq) => next.cursor = next.cursor.max(seq),
         None => {}
     }
-    // The journal is on the workspace volume, which the agent can write: a session or message
-    // id the operator would not keep (too long, control characters) is not applied.
-    let keeps = |id: &String| session_id_problem(id).is_none();
+    apply_event(event, &mut next)?;
+    // A new session starts with its own configuration (its `session_config` event follows).
+    if next.resume_token != known.resume_token {
+        next.session_config = None;
+    }
+    // The last message id belongs to the session the token names: a new session starts without
+    // one, until the agent reports one.
+    match event {
+        Event::Snapshot {
+            last_message_id: Some(id),
+            ..
+        }
+        | Event::PromptFinished {
+            last_message_id: Some(id),
+            ..
+        } if keeps(id) => next.last_message_id = Some(id.clone()),
+        _ if next.resume_token != known.resume_token => next.last_message_id = None,
+        _ => {}
+    }
+    Some(next)
+}
+
+/// What `event` says about the executor, into `next`; `None` when it says nothing.
+fn apply_event(event: &Event, next: &mut Known) -> Option<()> {
     match event {
         Event::SessionCreated { session_id, .. } | Event::PromptFinished { session_id, .. }
             if !keeps(session_id) =>
@@ -190,27 +231,11 @@ pub fn status_patch_for(
         | Event::JournalGap { .. }
         | Event::Other => return None,
     }
-    // A new session starts with its own configuration (its `session_config` event follows).
-    if next.resume_token != known.resume_token {
-        next.session_config = None;
-    }
-    // The last message id belongs to the session the token names: a new session starts without
-    // one, until the agent reports one.
-    match event {
-        Event::Snapshot {
-            last_message_id: Some(id),
-            ..
-        }
-        | Event::PromptFinished {
-            last_message_id: Some(id),
-            ..
-        } if keeps(id) => next.last_message_id = Some(id.clone()),
-        _ if next.resume_token != known.resume_token => next.last_message_id = None,
-        _ => {}
-    }
-    if next.same_fields(known) {
-        return None;
-    }
+    Some(())
+}
+
+/// The status fields that differ between `known` and `next`, as a merge patch's `status`.
+fn changed_fields(known: &Known, next: &Known, now: Timestamp) -> serde_json::Value {
     let mut status = json!({ "lastSeenAt": Time(now) });
     if next.running != known.running {
         status["status"] = json!(ExecutorPhase::Running);
@@ -239,7 +264,7 @@ pub fn status_patch_for(
     if next.cursor != known.cursor {
         status["journalCursor"] = json!(next.cursor);
     }
-    Some((json!({ "status": status }), next))
+    status
 }
 
 /// The followers, by pod UID: the running ones, and when each pod's journal was last read.
@@ -442,7 +467,11 @@ async fn follow(
                 debug!(cursor = known.cursor, "agent idle; journal caught up");
                 if let Some(patch) = nudges.handled_patch()
                     && let Err(err) = executors
-                        .patch_status(&executor, &PatchParams::default(), &Patch::Merge(&patch))
+                        .patch_status(
+                            &executor,
+                            &PatchParams::apply(JOURNAL_MANAGER),
+                            &Patch::Merge(&patch),
+                        )
                         .await
                 {
                     warn!(error = %err, "could not record the handled nudge; a restarted operator reads this journal again");
@@ -513,36 +542,60 @@ async fn stream_events(
             }
             Ok(Frame::Eof) | Err(_) => return Ok(StreamEnd::Dropped),
         }
-        let line: EventLine = match serde_json::from_slice(lines.line()) {
-            Ok(line) => line,
-            Err(err) => {
-                if let Some(suppressed) = warnings.allow() {
-                    let line = String::from_utf8_lossy(lines.line());
-                    warn!(err = %cap(&err.to_string(), AGENT_TEXT_MAX), suppressed, line = %cap(&line, 200), "unreadable agentctl event");
-                }
-                continue;
-            }
+        let Some(line) = parse_line(lines.line(), &mut warnings) else {
+            continue;
         };
-        debug!(line = %cap(&format!("{line:?}"), AGENT_TEXT_MAX), "agentctl event");
-        if let Event::ConfigSetBackFailed {
-            session_id,
-            method,
-            error,
-        } = &line.event
-        {
-            warn!(%executor, session_id = %cap(session_id, SESSION_ID_MAX), method = %cap(method, AGENT_NAME_MAX), code = error.code, message = %cap(&error.message, AGENT_TEXT_MAX), "agentctl could not set the session's saved configuration back after the restore; the restore stands");
-        }
-        if let Some((patch, next)) = status_patch_for(&line, known, Timestamp::now()) {
-            executors
-                .patch_status(executor, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            *known = next;
-        } else if let Some(seq) = line.seq {
-            known.cursor = known.cursor.max(seq);
-        }
+        apply_line(&line, (executors, executor), known).await?;
         // The snapshot ends the replay; agentctl closes the stream once the agent is idle.
         caught_up |= matches!(line.event, Event::Snapshot { .. });
     }
+}
+
+/// One event line; an unreadable one is warned about (rate-limited) and skipped.
+fn parse_line(bytes: &[u8], warnings: &mut WarnLimiter) -> Option<EventLine> {
+    match serde_json::from_slice::<EventLine>(bytes) {
+        Ok(line) => {
+            debug!(line = %cap(&format!("{line:?}"), AGENT_TEXT_MAX), "agentctl event");
+            Some(line)
+        }
+        Err(err) => {
+            if let Some(suppressed) = warnings.allow() {
+                let line = String::from_utf8_lossy(bytes);
+                warn!(err = %cap(&err.to_string(), AGENT_TEXT_MAX), suppressed, line = %cap(&line, 200), "unreadable agentctl event");
+            }
+            None
+        }
+    }
+}
+
+/// What `line` changes in the executor's status, written under [`JOURNAL_MANAGER`]; `known`
+/// moves on with it (its cursor at least).
+async fn apply_line(
+    line: &EventLine,
+    (executors, executor): (&Api<ExecutorRunning>, &str),
+    known: &mut Known,
+) -> Result<(), kube::Error> {
+    if let Event::ConfigSetBackFailed {
+        session_id,
+        method,
+        error,
+    } = &line.event
+    {
+        warn!(%executor, session_id = %cap(session_id, SESSION_ID_MAX), method = %cap(method, AGENT_NAME_MAX), code = error.code, message = %cap(&error.message, AGENT_TEXT_MAX), "agentctl could not set the session's saved configuration back after the restore; the restore stands");
+    }
+    if let Some((patch, next)) = status_patch_for(line, known, Timestamp::now()) {
+        executors
+            .patch_status(
+                executor,
+                &PatchParams::apply(JOURNAL_MANAGER),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        *known = next;
+    } else if let Some(seq) = line.seq {
+        known.cursor = known.cursor.max(seq);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

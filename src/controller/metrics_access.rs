@@ -50,17 +50,28 @@ pub enum Verdict {
     Unavailable(String),
 }
 
+/// Why a scrape carries no bearer token the operator can review.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("no Authorization header; send a bearer token")]
+    Missing,
+    #[error("more than one Authorization header")]
+    Several,
+    #[error("the Authorization header is not visible ASCII")]
+    NotAscii,
+    #[error("the Authorization header is not \"Bearer <token>\"")]
+    NotBearer,
+}
+
 /// The token of an `Authorization: Bearer <token>` header (the scheme is case-insensitive).
-pub fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {
+pub fn bearer_token(headers: &HeaderMap) -> Result<&str, TokenError> {
     let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
     let value = match (values.next(), values.next()) {
-        (None, _) => return Err("no Authorization header; send a bearer token".to_owned()),
-        (Some(_), Some(_)) => return Err("more than one Authorization header".to_owned()),
+        (None, _) => return Err(TokenError::Missing),
+        (Some(_), Some(_)) => return Err(TokenError::Several),
         (Some(value), None) => value,
     };
-    let value = value
-        .to_str()
-        .map_err(|_| "the Authorization header is not visible ASCII".to_owned())?;
+    let value = value.to_str().map_err(|_| TokenError::NotAscii)?;
     match value.split_once(' ') {
         Some((scheme, token))
             if scheme.eq_ignore_ascii_case("bearer")
@@ -69,7 +80,7 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {
         {
             Ok(token.trim())
         }
-        _ => Err("the Authorization header is not \"Bearer <token>\"".to_owned()),
+        _ => Err(TokenError::NotBearer),
     }
 }
 
@@ -144,7 +155,7 @@ pub fn verdict(
 pub async fn check(client: &Client, headers: &HeaderMap) -> Verdict {
     let token = match bearer_token(headers) {
         Ok(token) => token,
-        Err(why) => return Verdict::Unauthenticated(why),
+        Err(why) => return Verdict::Unauthenticated(why.to_string()),
     };
     match tokio::time::timeout(REVIEW_TIMEOUT, review(client, token)).await {
         Ok(verdict) => verdict,

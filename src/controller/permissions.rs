@@ -301,7 +301,7 @@ pub async fn verify(
     watch_namespaces: &[String],
     (metrics_auth, nodes): (bool, bool),
     user: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), PermissionError> {
     let checks = access_checks(lease_namespace, watch_namespaces, metrics_auth, nodes);
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let answers = join_all(checks.iter().map(|check| {
@@ -311,11 +311,9 @@ pub async fn verify(
     .await;
     let mut missing = Vec::new();
     for (check, answer) in checks.iter().zip(answers) {
-        let review = answer.map_err(|e| {
-            format!(
-                "RBAC self-check: the SelfSubjectAccessReview for {} failed: {e}",
-                check.describe()
-            )
+        let review = answer.map_err(|source| PermissionError::Review {
+            check: check.describe(),
+            source,
         })?;
         let allowed = review.status.as_ref().is_some_and(|s| s.allowed);
         if !allowed {
@@ -328,7 +326,23 @@ pub async fn verify(
     if missing.is_empty() {
         return Ok(());
     }
-    Err(missing_permissions_message(&missing, user))
+    Err(PermissionError::Missing(missing_permissions_message(
+        &missing, user,
+    )))
+}
+
+/// Why the RBAC self-check did not pass.
+#[derive(Debug, thiserror::Error)]
+pub enum PermissionError {
+    #[error("RBAC self-check: the SelfSubjectAccessReview for {check} failed: {source}")]
+    Review {
+        check: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Every missing permission, and what to do (see [`missing_permissions_message`]).
+    #[error("{0}")]
+    Missing(String),
 }
 
 /// The authenticated user name (best effort: for logs and error messages).

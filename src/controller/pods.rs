@@ -184,12 +184,22 @@ fn mask(bits: u128, width: u8, prefix: u8) -> u128 {
     }
 }
 
-impl FromStr for Cidr {
-    type Err = String;
+/// A value that is not a CIDR (`why`), with the form it should have.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a CIDR ({why}), e.g. 10.0.0.0/8 or fc00::/7")]
+pub struct CidrError {
+    text: String,
+    why: &'static str,
+}
 
-    fn from_str(text: &str) -> Result<Self, String> {
-        let bad =
-            |why: &str| format!("{text:?} is not a CIDR ({why}), e.g. 10.0.0.0/8 or fc00::/7");
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(text: &str) -> Result<Self, CidrError> {
+        let bad = |why| CidrError {
+            text: text.to_string(),
+            why,
+        };
         let (address, prefix) = text.split_once('/').ok_or_else(|| bad("no /prefix"))?;
         let address: IpAddr = address.parse().map_err(|_| bad("not an IP address"))?;
         let prefix: u8 = prefix.parse().map_err(|_| bad("not a prefix length"))?;
@@ -311,12 +321,131 @@ pub fn build_agentctl_pod(
     profile: &AgentProfile,
 ) -> Pod {
     let session = ts.name_any();
-    let mount_path = ts.spec.workspace.mount_path.clone();
     let mut labels = session_labels(ts);
     labels.insert(REQUEST_LABEL.to_string(), short_hash(request));
+    let container = agentctl_container(ts, settings, profile);
+    // Only the clone gets the repository's credentials: an init container that ends before
+    // the agent's container starts, so neither the agent, nor serve, nor anything exec'd into
+    // the pod ever holds them.
+    let init_containers = ts
+        .spec
+        .repository
+        .as_ref()
+        .map(|repository| vec![checkout_container(&container, repository)]);
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name(&session, request)),
+            namespace: ts.namespace(),
+            labels: Some(labels),
+            owner_references: ts.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            init_containers,
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            runtime_class_name: settings.runtime_class_name.clone(),
+            host_users: settings.user_namespace.then_some(false),
+            security_context: Some(pod_security_context(settings.run_as_user)),
+            tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
+            node_selector: (!settings.node_selector.is_empty())
+                .then(|| settings.node_selector.clone()),
+            volumes: Some(pod_volumes(ts, settings)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
 
+/// The agentctl container: `agentctl serve` on the workspace, with its environment, limits,
+/// readiness probe and mounts.
+fn agentctl_container(
+    ts: &TaskSession,
+    settings: &PodSettings,
+    profile: &AgentProfile,
+) -> Container {
+    let mount_path = ts.spec.workspace.mount_path.clone();
+    let mut args = serve_args(ts, &mount_path);
+    // agentctl says why it ended (a checkout that failed, a suspension) in the container's
+    // termination message.
+    let suspend = suspend_idle_after(ts, settings);
+    let says_why = suspend.is_some();
+    if says_why {
+        args.extend(["--termination-log".to_string(), TERMINATION_LOG.to_string()]);
+    }
+    Container {
+        name: CONTAINER.to_string(),
+        image: Some(agent_image(ts, settings)),
+        command: Some(vec!["agentctl".to_string()]),
+        args: Some(args),
+        termination_message_path: says_why.then(|| TERMINATION_LOG.to_string()),
+        working_dir: Some(mount_path.clone()),
+        env: Some(container_env(ts, settings, profile, suspend)),
+        resources: ts
+            .spec
+            .resources
+            .clone()
+            .filter(|r| r.requests.is_some() || r.limits.is_some())
+            .or_else(|| settings.default_resources.clone()),
+        readiness_probe: Some(readiness_probe()),
+        volume_mounts: Some(vec![
+            mount("workspace", &mount_path),
+            mount("run", SOCKET_DIR),
+            mount("tmp", "/tmp"),
+        ]),
+        security_context: Some(container_security_context()),
+        ..Default::default()
+    }
+}
+
+/// The agentctl container's environment: the base ([`base_env`]), the clone to find, the idle
+/// suspension, the trace context and the session's credentials.
+fn container_env(
+    ts: &TaskSession,
+    settings: &PodSettings,
+    profile: &AgentProfile,
+    suspend: Option<Duration>,
+) -> Vec<EnvVar> {
+    let mount_path = &ts.spec.workspace.mount_path;
+    let mut env = base_env(&ts.name_any(), mount_path, settings, profile);
+    if let Some(repository) = &ts.spec.repository {
+        // The init container cloned it; serve finds that clone (and reports its branch and
+        // commit), without the credentials.
+        env.extend(repository_env(repository));
+    }
+    if let Some(after) = suspend {
+        env.push(env_value(
+            ENV_SUSPEND_IDLE_AFTER,
+            &after.as_secs().to_string(),
+        ));
+    }
+    env.extend(
+        settings
+            .trace_env
+            .iter()
+            .map(|(name, value)| env_value(name, value)),
+    );
+    env.extend(
+        ts.spec
+            .credentials
+            .iter()
+            .map(|c| secret_env(&c.env, &c.secret_name, &c.key)),
+    );
+    env
+}
+
+/// What agentctl needs in every pod: the session, its socket, HOME on the workspace volume,
+/// git's trust in the workspace, the effective profile, the pod's name and the replay bound.
+fn base_env(
+    session: &str,
+    mount_path: &str,
+    settings: &PodSettings,
+    profile: &AgentProfile,
+) -> Vec<EnvVar> {
     let mut env = vec![
-        env_value(ENV_SESSION_NAME, &session),
+        env_value(ENV_SESSION_NAME, session),
         env_value(ENV_AGENTCTL_SOCKET, &format!("{SOCKET_DIR}/agentctl.sock")),
         // The agent's own session store (e.g. ~/.claude) must survive the pod: it lives on the
         // workspace volume, which is what makes `session/resume` possible after a loss.
@@ -326,7 +455,7 @@ pub fn build_agentctl_pod(
         // command-line configuration (the only kind besides the system's git trusts for this).
         env_value("GIT_CONFIG_COUNT", "1"),
         env_value("GIT_CONFIG_KEY_0", "safe.directory"),
-        env_value("GIT_CONFIG_VALUE_0", &mount_path),
+        env_value("GIT_CONFIG_VALUE_0", mount_path),
         // The session's effective profile (custom profiles, per-session overrides) travels with
         // the pod, so agentctl needs no configuration file.
         env_value(ENV_AGENT_PROFILE_DEFINITION, &profile.to_document()),
@@ -349,132 +478,60 @@ pub fn build_agentctl_pod(
             &settings.replay_line_limit_mib.to_string(),
         ));
     }
-    let mut args = vec![
+    env
+}
+
+/// `agentctl serve` on the workspace, in the session's profile.
+fn serve_args(ts: &TaskSession, mount_path: &str) -> Vec<String> {
+    vec![
         "serve".to_string(),
         "--workspace".to_string(),
-        mount_path.clone(),
+        mount_path.to_string(),
         "--cwd".to_string(),
-        mount_path.clone(),
+        mount_path.to_string(),
         "--profile".to_string(),
         ts.spec.agent.clone(),
-    ];
-    if let Some(repository) = &ts.spec.repository {
-        // The init container cloned it; serve finds that clone (and reports its branch and
-        // commit), without the credentials.
-        env.extend(repository_env(repository));
-    }
-    // agentctl says why it ended (a checkout that failed, a suspension) in the container's
-    // termination message.
-    let suspend = suspend_idle_after(ts, settings);
-    if let Some(after) = suspend {
-        env.push(env_value(
-            ENV_SUSPEND_IDLE_AFTER,
-            &after.as_secs().to_string(),
-        ));
-    }
-    let says_why = suspend.is_some();
-    if says_why {
-        args.extend(["--termination-log".to_string(), TERMINATION_LOG.to_string()]);
-    }
-    env.extend(
-        settings
-            .trace_env
-            .iter()
-            .map(|(name, value)| env_value(name, value)),
-    );
-    env.extend(
-        ts.spec
-            .credentials
-            .iter()
-            .map(|c| secret_env(&c.env, &c.secret_name, &c.key)),
-    );
+    ]
+}
 
-    let container = Container {
-        name: CONTAINER.to_string(),
-        image: Some(agent_image(ts, settings)),
-        command: Some(vec!["agentctl".to_string()]),
-        args: Some(args),
-        termination_message_path: says_why.then(|| TERMINATION_LOG.to_string()),
-        working_dir: Some(mount_path.clone()),
-        env: Some(env),
-        resources: ts
-            .spec
-            .resources
-            .clone()
-            .filter(|r| r.requests.is_some() || r.limits.is_some())
-            .or_else(|| settings.default_resources.clone()),
-        readiness_probe: Some(readiness_probe()),
-        volume_mounts: Some(vec![
-            mount("workspace", &mount_path),
-            mount("run", SOCKET_DIR),
-            mount("tmp", "/tmp"),
-        ]),
-        security_context: Some(container_security_context()),
-        ..Default::default()
-    };
-    // Only the clone gets the repository's credentials: an init container that ends before
-    // the agent's container starts, so neither the agent, nor serve, nor anything exec'd into
-    // the pod ever holds them.
-    let init_containers = ts
-        .spec
-        .repository
-        .as_ref()
-        .map(|repository| vec![checkout_container(&container, repository)]);
-
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(pod_name(&session, request)),
-            namespace: ts.namespace(),
-            labels: Some(labels),
-            owner_references: ts.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![container],
-            init_containers,
-            restart_policy: Some("Never".into()),
-            automount_service_account_token: Some(false),
-            enable_service_links: Some(false),
-            runtime_class_name: settings.runtime_class_name.clone(),
-            host_users: settings.user_namespace.then_some(false),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(settings.run_as_user),
-                run_as_group: Some(settings.run_as_user),
-                fs_group: Some(settings.run_as_user),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
-            node_selector: (!settings.node_selector.is_empty())
-                .then(|| settings.node_selector.clone()),
-            volumes: Some(vec![
-                Volume {
-                    name: "workspace".into(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: workspace_claim_name(ts),
-                        read_only: Some(false),
-                    }),
-                    ..Default::default()
-                },
-                Volume {
-                    name: "run".into(),
-                    empty_dir: Some(sized_empty_dir(&settings.scratch.run)),
-                    ..Default::default()
-                },
-                Volume {
-                    name: "tmp".into(),
-                    empty_dir: Some(sized_empty_dir(&settings.scratch.tmp)),
-                    ..Default::default()
-                },
-            ]),
+/// Non-root as `uid` (its group and the volumes' group too), with the runtime's default
+/// seccomp profile.
+fn pod_security_context(uid: i64) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        run_as_group: Some(uid),
+        fs_group: Some(uid),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// The workspace PVC and the two sized scratch directories (`/run/kandev`, `/tmp`).
+fn pod_volumes(ts: &TaskSession, settings: &PodSettings) -> Vec<Volume> {
+    vec![
+        Volume {
+            name: "workspace".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: workspace_claim_name(ts),
+                read_only: Some(false),
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "run".into(),
+            empty_dir: Some(sized_empty_dir(&settings.scratch.run)),
+            ..Default::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(sized_empty_dir(&settings.scratch.tmp)),
+            ..Default::default()
+        },
+    ]
 }
 
 /// The environment naming the session's repository (no credentials).
@@ -571,54 +628,8 @@ fn container_security_context() -> SecurityContext {
 /// (nothing by default: the operator reaches agentctl through exec, the kubelet's probes run
 /// inside the container).
 pub fn build_network_policy(ts: &TaskSession, rules: &NetworkRules) -> NetworkPolicy {
-    let dns_ports = ["UDP", "TCP"]
-        .iter()
-        .map(|protocol| NetworkPolicyPort {
-            port: Some(IntOrString::Int(53)),
-            protocol: Some(protocol.to_string()),
-            ..Default::default()
-        })
-        .collect();
-    let dns = NetworkPolicyEgressRule {
-        to: Some(vec![NetworkPolicyPeer {
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(
-                    "kubernetes.io/metadata.name".to_string(),
-                    "kube-system".to_string(),
-                )])),
-                ..Default::default()
-            }),
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(
-                    "k8s-app".to_string(),
-                    "kube-dns".to_string(),
-                )])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }]),
-        ports: Some(dns_ports),
-    };
-    let blocks: Vec<NetworkPolicyPeer> = rules
-        .allow
-        .iter()
-        .map(|allow| {
-            let except: Vec<String> = rules
-                .deny
-                .iter()
-                .filter(|deny| allow.contains(deny) && *deny != allow)
-                .map(Cidr::to_string)
-                .collect();
-            NetworkPolicyPeer {
-                ip_block: Some(IPBlock {
-                    cidr: allow.to_string(),
-                    except: (!except.is_empty()).then_some(except),
-                }),
-                ..Default::default()
-            }
-        })
-        .collect();
-    let mut egress = vec![dns];
+    let mut egress = vec![dns_egress()];
+    let blocks = allowed_blocks(rules);
     if !blocks.is_empty() {
         egress.push(NetworkPolicyEgressRule {
             to: Some(blocks),
@@ -665,6 +676,53 @@ pub fn build_network_policy(ts: &TaskSession, rules: &NetworkRules) -> NetworkPo
             ingress: Some(ingress),
         }),
     }
+}
+
+/// DNS, to the cluster's resolver only (kube-dns in kube-system), over UDP and TCP.
+fn dns_egress() -> NetworkPolicyEgressRule {
+    let ports = ["UDP", "TCP"]
+        .iter()
+        .map(|protocol| NetworkPolicyPort {
+            port: Some(IntOrString::Int(53)),
+            protocol: Some(protocol.to_string()),
+            ..Default::default()
+        })
+        .collect();
+    let labels = |key: &str, value: &str| LabelSelector {
+        match_labels: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
+        ..Default::default()
+    };
+    NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            namespace_selector: Some(labels("kubernetes.io/metadata.name", "kube-system")),
+            pod_selector: Some(labels("k8s-app", "kube-dns")),
+            ..Default::default()
+        }]),
+        ports: Some(ports),
+    }
+}
+
+/// One IP block per allowed CIDR, with the denied CIDRs inside it as exceptions.
+fn allowed_blocks(rules: &NetworkRules) -> Vec<NetworkPolicyPeer> {
+    rules
+        .allow
+        .iter()
+        .map(|allow| {
+            let except: Vec<String> = rules
+                .deny
+                .iter()
+                .filter(|deny| allow.contains(deny) && *deny != allow)
+                .map(Cidr::to_string)
+                .collect();
+            NetworkPolicyPeer {
+                ip_block: Some(IPBlock {
+                    cidr: allow.to_string(),
+                    except: (!except.is_empty()).then_some(except),
+                }),
+                ..Default::default()
+            }
+        })
+        .collect()
 }
 
 /// The kubelet's check of agentctl, inside the container: `agentctl events --once` asks serve

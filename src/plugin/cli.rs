@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::error::{EXIT_CODES_HELP, parse_duration, parse_request_timeout};
+use super::error::{EXIT_CODES_HELP, UsageError, parse_duration, parse_request_timeout};
 use super::output::OutputFormat;
 
 /// kubectl kandev — inspect, resume and talk to kandev TaskSessions (AI coding-agent sessions).
@@ -77,12 +77,12 @@ pub struct GlobalArgs {
 
 impl GlobalArgs {
     /// What clap cannot check across global flags: `--as-group` needs `--as` (as in kubectl).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), UsageError> {
         if !self.as_groups.is_empty() && self.as_user.is_none() {
-            return Err("--as-group needs --as (the user to impersonate)".into());
+            return Err(UsageError::GroupWithoutUser);
         }
         if self.token.as_deref() == Some("") {
-            return Err("--token is empty".into());
+            return Err(UsageError::EmptyToken);
         }
         Ok(())
     }
@@ -232,7 +232,7 @@ pub struct EndArgs {
     pub output: OutputFormat,
 }
 
-fn parse_output(text: &str) -> Result<OutputFormat, String> {
+fn parse_output(text: &str) -> Result<OutputFormat, super::output::FormatError> {
     text.parse()
 }
 
@@ -320,7 +320,7 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
         let cli = parse(&["status", "demo", "--as-group", "g"]).expect("parse");
         assert_eq!(
-            cli.global.validate(),
+            cli.global.validate().map_err(|e| e.to_string()),
             Err("--as-group needs --as (the user to impersonate)".into())
         );
     }

@@ -70,47 +70,13 @@ pub fn plan(words: &[String]) -> Plan {
         Some((current, before)) => (current.clone(), before),
         None => (String::new(), &[][..]),
     };
-    let mut sub: Option<ClapCommand> = None;
-    let mut positionals = 0usize;
-    let mut pending: Option<Arg> = None;
-    let mut global_args = Vec::new();
-    let mut only_positionals = false;
-    for word in before {
-        if let Some(arg) = pending.take() {
-            if arg.is_global_set() {
-                global_args.push(word.clone());
-            }
-            continue;
-        }
-        if only_positionals || !word.starts_with('-') || word == "-" {
-            match &sub {
-                None => sub = root.find_subcommand(word).cloned(),
-                Some(_) => positionals += 1,
-            }
-            continue;
-        }
-        if word == "--" {
-            only_positionals = true;
-            continue;
-        }
-        let (flag, inline) = match word.split_once('=') {
-            Some((flag, value)) => (flag, Some(value)),
-            None if !word.starts_with("--") && word.len() > 2 => (&word[..2], Some(&word[2..])),
-            None => (word.as_str(), None),
-        };
-        let Some(arg) = find_arg(&root, sub.as_ref(), flag) else {
-            continue;
-        };
-        if arg.is_global_set() {
-            global_args.push(flag.to_string());
-            if let Some(value) = inline {
-                global_args.push(value.to_string());
-            }
-        }
-        if takes_value(&arg) && inline.is_none() {
-            pending = Some(arg);
-        }
-    }
+    let Scanned {
+        sub,
+        positionals,
+        pending,
+        global_args,
+        only_positionals,
+    } = scan(&root, before);
     let mut plan = Plan {
         candidates: Vec::new(),
         fetch: None,
@@ -154,6 +120,67 @@ pub fn plan(words: &[String]) -> Plan {
         Some(_) => {}
     }
     plan
+}
+
+/// What the words before the one being completed say.
+struct Scanned {
+    /// The subcommand, once named.
+    sub: Option<ClapCommand>,
+    /// Positional words after the subcommand.
+    positionals: usize,
+    /// A flag whose value is the next word.
+    pending: Option<Arg>,
+    /// The global flags given, with their values (for the fetch of the session names).
+    global_args: Vec<String>,
+    /// `--` was given: every word after it is positional.
+    only_positionals: bool,
+}
+
+fn scan(root: &ClapCommand, before: &[String]) -> Scanned {
+    let mut scanned = Scanned {
+        sub: None,
+        positionals: 0,
+        pending: None,
+        global_args: Vec::new(),
+        only_positionals: false,
+    };
+    for word in before {
+        if let Some(arg) = scanned.pending.take() {
+            if arg.is_global_set() {
+                scanned.global_args.push(word.clone());
+            }
+            continue;
+        }
+        if scanned.only_positionals || !word.starts_with('-') || word == "-" {
+            match &scanned.sub {
+                None => scanned.sub = root.find_subcommand(word).cloned(),
+                Some(_) => scanned.positionals += 1,
+            }
+            continue;
+        }
+        if word == "--" {
+            scanned.only_positionals = true;
+            continue;
+        }
+        let (flag, inline) = match word.split_once('=') {
+            Some((flag, value)) => (flag, Some(value)),
+            None if !word.starts_with("--") && word.len() > 2 => (&word[..2], Some(&word[2..])),
+            None => (word.as_str(), None),
+        };
+        let Some(arg) = find_arg(root, scanned.sub.as_ref(), flag) else {
+            continue;
+        };
+        if arg.is_global_set() {
+            scanned.global_args.push(flag.to_string());
+            if let Some(value) = inline {
+                scanned.global_args.push(value.to_string());
+            }
+        }
+        if takes_value(&arg) && inline.is_none() {
+            scanned.pending = Some(arg);
+        }
+    }
+    scanned
 }
 
 fn complete_value(arg: &Arg, plan: &mut Plan) {

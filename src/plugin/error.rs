@@ -173,36 +173,60 @@ pub fn format_duration(duration: Duration) -> String {
     out
 }
 
+/// A command line that cannot run: exit code 2, its words after `error: `.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("empty duration")]
+    EmptyDuration,
+    #[error("invalid duration {text:?}: expected e.g. 90s, 2m, 1m30s, 500ms ({reason})")]
+    InvalidDuration { text: String, reason: String },
+    #[error("invalid duration {0:?}: must not be negative")]
+    NegativeDuration(String),
+    #[error("duration {0:?} must be greater than zero")]
+    ZeroDuration(String),
+    #[error("--as-group needs --as (the user to impersonate)")]
+    GroupWithoutUser,
+    #[error("--token is empty")]
+    EmptyToken,
+    #[error("cannot read the prompt from stdin: {0}")]
+    PromptStdin(#[source] std::io::Error),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
 /// Parses `--timeout` with jiff's duration syntax: its "friendly" format (`90s`, `2m`, `1m30s`,
 /// `1h 30m`, `500ms`, `1.5s`, `2 minutes`) or ISO 8601 (`PT1M30S`), plus a bare integer of
 /// seconds. Negative and zero durations are refused: they could never be met.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, UsageError> {
     let text = text.trim();
     if text.is_empty() {
-        return Err("empty duration".into());
+        return Err(UsageError::EmptyDuration);
     }
     if let Ok(secs) = text.parse::<u64>() {
         return nonzero(Duration::from_secs(secs), text);
     }
-    let signed: jiff::SignedDuration = text.parse().map_err(|err| {
-        format!("invalid duration {text:?}: expected e.g. 90s, 2m, 1m30s, 500ms ({err})")
-    })?;
-    let duration = Duration::try_from(signed)
-        .map_err(|_| format!("invalid duration {text:?}: must not be negative"))?;
+    let signed: jiff::SignedDuration =
+        text.parse()
+            .map_err(|err: jiff::Error| UsageError::InvalidDuration {
+                text: text.to_string(),
+                reason: err.to_string(),
+            })?;
+    let duration =
+        Duration::try_from(signed).map_err(|_| UsageError::NegativeDuration(text.to_string()))?;
     nonzero(duration, text)
 }
 
 /// Parses `--request-timeout` like kubectl: a duration, or `0` for no limit.
-pub fn parse_request_timeout(text: &str) -> Result<Duration, String> {
+pub fn parse_request_timeout(text: &str) -> Result<Duration, UsageError> {
     match text.trim() {
         "0" | "0s" => Ok(Duration::ZERO),
         _ => parse_duration(text),
     }
 }
 
-fn nonzero(duration: Duration, text: &str) -> Result<Duration, String> {
+fn nonzero(duration: Duration, text: &str) -> Result<Duration, UsageError> {
     if duration.is_zero() {
-        Err(format!("duration {text:?} must be greater than zero"))
+        Err(UsageError::ZeroDuration(text.to_string()))
     } else {
         Ok(duration)
     }
@@ -231,8 +255,8 @@ mod tests {
         ];
         for (text, millis) in ok {
             assert_eq!(
-                parse_duration(text),
-                Ok(Duration::from_millis(millis)),
+                parse_duration(text).ok(),
+                Some(Duration::from_millis(millis)),
                 "{text}"
             );
         }
@@ -254,7 +278,11 @@ mod tests {
         for (duration, text) in cases {
             assert_eq!(format_duration(duration), text);
             if !duration.is_zero() {
-                assert_eq!(parse_duration(text), Ok(duration), "round trip {text}");
+                assert_eq!(
+                    parse_duration(text).ok(),
+                    Some(duration),
+                    "round trip {text}"
+                );
             }
         }
     }

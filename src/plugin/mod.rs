@@ -119,15 +119,14 @@ fn init_tracing() {
 }
 
 /// The prompt argument, or stdin for `-`; never empty.
-fn prompt_text(arg: &str) -> Result<String, String> {
+fn prompt_text(arg: &str) -> Result<String, error::UsageError> {
     let text = if arg == "-" {
-        std::io::read_to_string(std::io::stdin())
-            .map_err(|e| format!("cannot read the prompt from stdin: {e}"))?
+        std::io::read_to_string(std::io::stdin()).map_err(error::UsageError::PromptStdin)?
     } else {
         arg.to_string()
     };
     if text.trim().is_empty() {
-        Err("the prompt is empty".into())
+        Err(error::UsageError::EmptyPrompt)
     } else {
         Ok(text)
     }
@@ -186,7 +185,7 @@ pub(crate) fn print_object(
         reason,
     };
     let value = serde_json::to_value(value).map_err(|e| failed(e.to_string()))?;
-    match output::render(&value, format).map_err(failed)? {
+    match output::render(&value, format).map_err(|e| failed(e.to_string()))? {
         Some(rendered) => write_stdout(&rendered),
         None => write_stdout(&text()),
     }

@@ -36,8 +36,20 @@ pub const OUTPUT_VALUES: &[(&str, &str)] = &[
     ),
 ];
 
+/// An `-o` value that is not a format.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error(
+        "unknown output format {0:?}; allowed: text, json, yaml, jsonpath=TEMPLATE (e.g. -o jsonpath='{{.state}}{{\"\\n\"}}')"
+    )]
+    Unknown(String),
+    /// An unclosed `{`, a `{range}` without `{end}`, a path that `jsonpath-rust` refuses.
+    #[error("bad jsonpath template {template:?}: {why}")]
+    BadTemplate { template: String, why: String },
+}
+
 impl FromStr for OutputFormat {
-    type Err = String;
+    type Err = FormatError;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         match value {
@@ -46,24 +58,34 @@ impl FromStr for OutputFormat {
             "yaml" => Ok(Self::Yaml),
             _ => match value.split_once('=') {
                 Some(("jsonpath", template)) => Template::parse(template).map(Self::JsonPath),
-                _ => Err(format!(
-                    "unknown output format {value:?}; allowed: text, json, yaml, jsonpath=TEMPLATE (e.g. -o jsonpath='{{.state}}{{\"\\n\"}}')"
-                )),
+                _ => Err(FormatError::Unknown(value.to_string())),
             },
         }
     }
 }
 
+/// Why `-o` could not render the output.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("encoding the JSON output: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("encoding the YAML output: {0}")]
+    Yaml(#[source] serde_yaml_ng::Error),
+    /// A path of the template matched nothing, or could not be run.
+    #[error("jsonpath template {template:?}: {why}")]
+    Template { template: String, why: String },
+}
+
 /// Renders `value` as JSON, YAML or a template. `Text` is the verb's own business: `None`.
-pub fn render(value: &Value, format: &OutputFormat) -> Result<Option<String>, String> {
+pub fn render(value: &Value, format: &OutputFormat) -> Result<Option<String>, RenderError> {
     match format {
         OutputFormat::Text => Ok(None),
         OutputFormat::Json => serde_json::to_string_pretty(value)
             .map(|s| Some(s + "\n"))
-            .map_err(|e| format!("encoding the JSON output: {e}")),
-        OutputFormat::Yaml => serde_yaml::to_string(value)
+            .map_err(RenderError::Json),
+        OutputFormat::Yaml => serde_yaml_ng::to_string(value)
             .map(Some)
-            .map_err(|e| format!("encoding the YAML output: {e}")),
+            .map_err(RenderError::Yaml),
         OutputFormat::JsonPath(template) => template.execute(value).map(Some),
     }
 }
@@ -96,8 +118,11 @@ impl fmt::Debug for Template {
 impl Template {
     /// Parses `text`; an unclosed `{`, a `{range}` without `{end}` or a path that `jsonpath-rust`
     /// refuses are errors that name the template.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = |why: String| format!("bad jsonpath template {text:?}: {why}");
+    pub fn parse(text: &str) -> Result<Self, FormatError> {
+        let bad = |why: String| FormatError::BadTemplate {
+            template: text.to_string(),
+            why,
+        };
         let mut stack: Vec<(String, Vec<Node>)> = Vec::new();
         let mut current: Vec<Node> = Vec::new();
         let mut rest = text;
@@ -163,10 +188,12 @@ impl Template {
     /// Fills the template from `value`, like kubectl: several matches of one path are joined by
     /// a space, strings print bare, other values as compact JSON; a path that matches nothing
     /// is an error (kubectl's "is not found").
-    pub fn execute(&self, value: &Value) -> Result<String, String> {
+    pub fn execute(&self, value: &Value) -> Result<String, RenderError> {
         let mut out = String::new();
-        execute(&self.nodes, value, &mut out)
-            .map_err(|why| format!("jsonpath template {:?}: {why}", self.source))?;
+        execute(&self.nodes, value, &mut out).map_err(|why| RenderError::Template {
+            template: self.source.clone(),
+            why,
+        })?;
         Ok(out)
     }
 }
@@ -378,7 +405,7 @@ mod tests {
             "jsonpath={.state",
             "jsonpath={range .a}",
         ] {
-            let err = bad.parse::<OutputFormat>().expect_err(bad);
+            let err = bad.parse::<OutputFormat>().expect_err(bad).to_string();
             assert!(
                 err.contains("jsonpath") || err.contains("allowed"),
                 "{bad}: {err}"
@@ -452,7 +479,8 @@ mod tests {
             ("{\"}\"}", "}"),
         ] {
             let parsed = Template::parse(template).unwrap_or_else(|e| panic!("{template}: {e}"));
-            assert_eq!(parsed.execute(&value).as_deref(), Ok(want), "{template}");
+            let got = parsed.execute(&value).map_err(|e| e.to_string());
+            assert_eq!(got.as_deref(), Ok(want), "{template}");
         }
     }
 
@@ -462,7 +490,7 @@ mod tests {
             .expect("parse")
             .execute(&session())
             .expect_err("missing");
-        assert!(err.contains("['nope'] is not found"), "{err}");
+        assert!(err.to_string().contains("['nope'] is not found"), "{err}");
     }
 
     #[test]
@@ -475,7 +503,7 @@ mod tests {
             "{\"\\q\"}",
             "{.a[?(@.b==]}",
         ] {
-            let err = Template::parse(bad).expect_err(bad);
+            let err = Template::parse(bad).expect_err(bad).to_string();
             assert!(err.starts_with("bad jsonpath template"), "{bad}: {err}");
         }
     }

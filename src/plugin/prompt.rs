@@ -188,42 +188,13 @@ pub async fn prompt(
     loop {
         let ready = ensure_ready(cluster, name, Deadline::after(timeout)).await?;
         if let Some((pod, cursor)) = lost_with.take() {
-            let what = match delivery(cluster, &ready.pod, &prompt_id, cursor).await {
-                Ok(false) => None,
-                Ok(true) => Some(format!(
-                    "agentctl's journal shows that the agent received the prompt (prompt_started, id {prompt_id})"
-                )),
-                Err(reason) => Some(format!(
-                    "whether the agent received the prompt cannot be told ({reason})"
-                )),
-            };
-            if let Some(what) = what {
-                return Err(PluginError::NotResent {
-                    name: name.to_string(),
-                    namespace: cluster.namespace.clone(),
-                    pod,
-                    what,
-                });
-            }
-            eprintln!(
-                "kubectl-kandev: agentctl's journal shows that the prompt never reached the agent in pod {pod}; sending it once more"
-            );
+            never_received(cluster, name, &ready.pod, &prompt_id, (pod, cursor)).await?;
         }
-        let failure = match attempt(cluster, name, &ready, text, &prompt_id, &mut printer).await {
-            Attempt::Done { stop_reason } => {
-                printer.finish();
-                eprintln!("[stop reason: {stop_reason}]");
-                return if stop_reason_succeeded(&stop_reason) {
-                    Ok(ExitCode::Ok)
-                } else {
-                    Err(PluginError::PromptFailed {
-                        name: name.to_string(),
-                        reason: format!("the turn ended with stop reason {stop_reason}"),
-                    })
-                };
-            }
+        let attempted = attempt(cluster, name, &ready, text, &prompt_id, &mut printer).await;
+        printer.finish();
+        let failure = match attempted {
+            Attempt::Done { stop_reason } => return turn_done(name, &stop_reason),
             Attempt::Interrupted => {
-                printer.finish();
                 return Err(PluginError::Interrupted(format!(
                     "disconnected from the agent, which keeps working; see its answer later with: kubectl kandev history {name} -n {}",
                     cluster.namespace
@@ -231,7 +202,6 @@ pub async fn prompt(
             }
             Attempt::Failed(failure) => failure,
         };
-        printer.finish();
         let grace = match failure.stage {
             AttemptStage::Connect => LOSS_GRACE_AFTER_CONNECT,
             AttemptStage::Prompt => LOSS_GRACE_AFTER_PROMPT,
@@ -275,6 +245,51 @@ pub async fn prompt(
     }
 }
 
+/// A prompt sent into a pod that was then lost is sent again only when agentctl's journal in
+/// the new pod (`ready_pod`, on the same workspace) proves that the agent never received it
+/// (no `prompt_started` with its id after `cursor`).
+async fn never_received(
+    cluster: &Cluster,
+    name: &str,
+    ready_pod: &str,
+    prompt_id: &str,
+    (lost_pod, cursor): (String, u64),
+) -> Result<(), PluginError> {
+    let what = match delivery(cluster, ready_pod, prompt_id, cursor).await {
+        Ok(false) => {
+            eprintln!(
+                "kubectl-kandev: agentctl's journal shows that the prompt never reached the agent in pod {lost_pod}; sending it once more"
+            );
+            return Ok(());
+        }
+        Ok(true) => format!(
+            "agentctl's journal shows that the agent received the prompt (prompt_started, id {prompt_id})"
+        ),
+        Err(reason) => {
+            format!("whether the agent received the prompt cannot be told ({reason})")
+        }
+    };
+    Err(PluginError::NotResent {
+        name: name.to_string(),
+        namespace: cluster.namespace.clone(),
+        pod: lost_pod,
+        what,
+    })
+}
+
+/// The exit of a turn that ended with `stop_reason`.
+fn turn_done(name: &str, stop_reason: &str) -> Result<ExitCode, PluginError> {
+    eprintln!("[stop reason: {stop_reason}]");
+    if stop_reason_succeeded(stop_reason) {
+        Ok(ExitCode::Ok)
+    } else {
+        Err(PluginError::PromptFailed {
+            name: name.to_string(),
+            reason: format!("the turn ended with stop reason {stop_reason}"),
+        })
+    }
+}
+
 /// Waits until the session waits for input with a running pod, requesting a resume when its
 /// agent is gone (DESIGN §4: resume and wait for WAITING_FOR_INPUT).
 async fn ensure_ready(
@@ -282,86 +297,30 @@ async fn ensure_ready(
     name: &str,
     deadline: Deadline,
 ) -> Result<Ready, PluginError> {
-    let mut requests: Vec<String> = Vec::new();
-    let mut reported: Option<String> = None;
+    let mut requests = Requests::default();
     let mut snapshot = cluster.snapshot(name).await?;
     let mut watch = SessionWatch::start(cluster, &snapshot);
     // A prompt prints text.
     let mut progress = Progress::for_output(&OutputFormat::Text);
     loop {
-        let waiting_for: String;
         let status = snapshot.status();
-        // Our latest request is handled: a failure ends here.
-        if let Some(token) = requests.last()
-            && status.last_handled_resume_request.as_deref() == Some(token.as_str())
-            && reported.as_deref() != Some(token.as_str())
-        {
-            let outcome = interpret_outcome(&status, token);
-            if !outcome.kind.succeeded() {
-                return Err(PluginError::ResumeFailed {
-                    name: name.to_string(),
-                    verdict: format!("failed ({}): {}", outcome.reason, outcome.message),
-                });
-            }
-            eprintln!(
-                "kubectl-kandev: tasksession {name:?} resumed ({}){}",
-                outcome.kind.as_str(),
-                if outcome.message.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", outcome.message)
-                }
-            );
-            reported = Some(token.clone());
-        }
-        match prompt_readiness(&status, &snapshot.evaluation(), snapshot.liveness()) {
-            Readiness::Ready => {
-                if let Some(ready) = ready_target(&snapshot) {
-                    return Ok(ready);
-                }
-                waiting_for = "the agent's ACP session id (resume token)".into();
-            }
-            Readiness::Refuse(why) => {
-                return Err(PluginError::NotResumable {
-                    name: name.to_string(),
-                    namespace: cluster.namespace.clone(),
-                    why,
-                });
-            }
-            Readiness::Wait(what) => waiting_for = what,
-            Readiness::NeedsResume => {
-                let pending = requests.last().is_some_and(|t| {
-                    status.last_handled_resume_request.as_deref() != Some(t.as_str())
-                });
-                if pending {
-                    waiting_for = format!(
-                        "the operator to handle resume request {:?}",
-                        requests.last().map(String::as_str).unwrap_or_default()
-                    );
-                } else if requests.len() >= MAX_REQUESTS {
-                    return Err(PluginError::ResumeFailed {
+        requests.report_handled(name, &status)?;
+        let waiting_for =
+            match prompt_readiness(&status, &snapshot.evaluation(), snapshot.liveness()) {
+                Readiness::Ready => match ready_target(&snapshot) {
+                    Some(ready) => return Ok(ready),
+                    None => "the agent's ACP session id (resume token)".to_string(),
+                },
+                Readiness::Refuse(why) => {
+                    return Err(PluginError::NotResumable {
                         name: name.to_string(),
-                        verdict: format!(
-                            "did not bring the agent back after {MAX_REQUESTS} requests ({})",
-                            snapshot.last_seen()
-                        ),
+                        namespace: cluster.namespace.clone(),
+                        why,
                     });
-                } else {
-                    // The operator's word for a suspended session; otherwise the rules'.
-                    let reason = status
-                        .resume_reason
-                        .filter(|r| *r == ResumeReason::Suspended)
-                        .unwrap_or(snapshot.evaluation().reason);
-                    let token = cluster.request_resume(&snapshot, false).await?;
-                    eprintln!(
-                        "kubectl-kandev: tasksession {name:?} needs a resume ({reason}); requested it (request {token}); waiting up to {}",
-                        super::format_duration(deadline.total)
-                    );
-                    waiting_for = format!("the operator to handle resume request {token:?}");
-                    requests.push(token);
                 }
-            }
-        }
+                Readiness::Wait(what) => what,
+                Readiness::NeedsResume => requests.resume(cluster, &snapshot, deadline).await?,
+            };
         let timeout = || PluginError::Timeout {
             what: format!("tasksession {name:?} to be ready for a prompt ({waiting_for})"),
             waited: deadline.total,
@@ -371,7 +330,7 @@ async fn ensure_ready(
             return Err(timeout());
         }
         // While a resume it requested goes on, where the session stands.
-        let resuming = !requests.is_empty();
+        let resuming = !requests.made.is_empty();
         if resuming {
             progress.at(&snapshot);
         }
@@ -396,6 +355,91 @@ async fn ensure_ready(
     }
 }
 
+/// The resume requests one `prompt` made while getting the session ready.
+#[derive(Default)]
+struct Requests {
+    made: Vec<String>,
+    /// The last one whose outcome was printed.
+    reported: Option<String>,
+}
+
+impl Requests {
+    /// Once the latest request is handled: a failure ends here, a success is said once.
+    fn report_handled(
+        &mut self,
+        name: &str,
+        status: &TaskSessionStatus,
+    ) -> Result<(), PluginError> {
+        let Some(token) = self.made.last() else {
+            return Ok(());
+        };
+        if status.last_handled_resume_request.as_deref() != Some(token.as_str())
+            || self.reported.as_deref() == Some(token.as_str())
+        {
+            return Ok(());
+        }
+        let outcome = interpret_outcome(status, token);
+        if !outcome.kind.succeeded() {
+            return Err(PluginError::ResumeFailed {
+                name: name.to_string(),
+                verdict: format!("failed ({}): {}", outcome.reason, outcome.message),
+            });
+        }
+        let message = if outcome.message.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", outcome.message)
+        };
+        eprintln!(
+            "kubectl-kandev: tasksession {name:?} resumed ({}){message}",
+            outcome.kind.as_str()
+        );
+        self.reported = Some(token.clone());
+        Ok(())
+    }
+
+    /// The session needs a resume: requested once its previous request is handled, at most
+    /// [`MAX_REQUESTS`] times. What the wait is for.
+    async fn resume(
+        &mut self,
+        cluster: &Cluster,
+        snapshot: &Snapshot,
+        deadline: Deadline,
+    ) -> Result<String, PluginError> {
+        let status = snapshot.status();
+        let name = snapshot.name();
+        if let Some(pending) = self
+            .made
+            .last()
+            .filter(|t| status.last_handled_resume_request.as_deref() != Some(t.as_str()))
+        {
+            return Ok(format!("the operator to handle resume request {pending:?}"));
+        }
+        if self.made.len() >= MAX_REQUESTS {
+            return Err(PluginError::ResumeFailed {
+                name,
+                verdict: format!(
+                    "did not bring the agent back after {MAX_REQUESTS} requests ({})",
+                    snapshot.last_seen()
+                ),
+            });
+        }
+        // The operator's word for a suspended session; otherwise the rules'.
+        let reason = status
+            .resume_reason
+            .filter(|r| *r == ResumeReason::Suspended)
+            .unwrap_or(snapshot.evaluation().reason);
+        let token = cluster.request_resume(snapshot, false).await?;
+        eprintln!(
+            "kubectl-kandev: tasksession {name:?} needs a resume ({reason}); requested it (request {token}); waiting up to {}",
+            super::format_duration(deadline.total)
+        );
+        let waiting_for = format!("the operator to handle resume request {token:?}");
+        self.made.push(token);
+        Ok(waiting_for)
+    }
+}
+
 fn ready_target(snapshot: &Snapshot) -> Option<Ready> {
     let pod = snapshot.running_pod()?;
     Some(Ready {
@@ -411,23 +455,44 @@ const JOURNAL_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Whether prompt `id` reached the agent, from agentctl's journal (on the workspace volume,
 /// read through `pod`) after `cursor`; `Err` says why that cannot be told.
-async fn delivery(cluster: &Cluster, pod: &str, id: &str, cursor: u64) -> Result<bool, String> {
+async fn delivery(
+    cluster: &Cluster,
+    pod: &str,
+    id: &str,
+    cursor: u64,
+) -> Result<bool, DeliveryError> {
     let since = cursor.to_string();
     let command = ["agentctl", "events", "--since", since.as_str(), "--once"];
     let read = tokio::time::timeout(JOURNAL_READ_TIMEOUT, exec_read(cluster, pod, &command));
+    let pod = pod.to_string();
     match read.await {
         Ok(Ok((stdout, _, true, _))) => Ok(prompt_received(&String::from_utf8_lossy(&stdout), id)),
-        Ok(Ok((_, stderr, false, code))) => Err(format!(
-            "agentctl events in pod {pod} failed (exit {}): {}",
-            code.map_or("?".to_string(), |c| c.to_string()),
-            String::from_utf8_lossy(&stderr).trim()
-        )),
-        Ok(Err(ReadError::Kube(e))) => Err(format!("exec into pod {pod}: {e}")),
-        Ok(Err(ReadError::Io(e))) => Err(format!("reading agentctl events in pod {pod}: {e}")),
-        Err(_) => Err(format!(
-            "agentctl events in pod {pod} did not finish within {JOURNAL_READ_TIMEOUT:?}"
-        )),
+        Ok(Ok((_, stderr, false, code))) => Err(DeliveryError::Failed {
+            pod,
+            code: code.map_or("?".to_string(), |c| c.to_string()),
+            stderr: String::from_utf8_lossy(&stderr).trim().to_string(),
+        }),
+        Ok(Err(ReadError::Kube(source))) => Err(DeliveryError::Exec { pod, source }),
+        Ok(Err(ReadError::Io(source))) => Err(DeliveryError::Read { pod, source }),
+        Err(_) => Err(DeliveryError::Timeout { pod }),
     }
+}
+
+/// Why agentctl's journal could not tell whether a prompt was received.
+#[derive(Debug, thiserror::Error)]
+enum DeliveryError {
+    #[error("agentctl events in pod {pod} failed (exit {code}): {stderr}")]
+    Failed {
+        pod: String,
+        code: String,
+        stderr: String,
+    },
+    #[error("exec into pod {pod}: {source}")]
+    Exec { pod: String, source: kube::Error },
+    #[error("reading agentctl events in pod {pod}: {source}")]
+    Read { pod: String, source: std::io::Error },
+    #[error("agentctl events in pod {pod} did not finish within {JOURNAL_READ_TIMEOUT:?}")]
+    Timeout { pod: String },
 }
 
 /// One connection: `initialize` (agentctl answers from its cache), `session/prompt` on the

@@ -354,30 +354,11 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
         state: status.state,
         task_state: status.task_state,
         token_before: token_before.clone(),
-        token_after: token_before.clone(),
+        token_after: token_before,
         reason: None,
         message: None,
     };
-    let plan = match plan_resume(
-        &status,
-        &snapshot.evaluation(),
-        snapshot.liveness(),
-        args.fresh,
-    ) {
-        // A request whose pod cannot start: a new one supersedes it (the cause may be fixed).
-        ResumePlan::AwaitActive(token) => {
-            match stalling_launch(&status, &token, snapshot.current_pod()) {
-                Some(why) => {
-                    eprintln!(
-                        "resume request {token} is stalled ({why}); a new request supersedes it"
-                    );
-                    ResumePlan::Request
-                }
-                None => ResumePlan::AwaitActive(token),
-            }
-        }
-        plan => plan,
-    };
+    let plan = resume_plan(&snapshot, args.fresh);
     let request = match plan {
         ResumePlan::Refuse(why) => {
             return Err(PluginError::NotResumable {
@@ -387,19 +368,11 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
             });
         }
         ResumePlan::AlreadyRunning | ResumePlan::Starting => {
-            let message = if plan == ResumePlan::AlreadyRunning {
+            let message = nothing_to_resume(&plan, &snapshot);
+            if plan == ResumePlan::AlreadyRunning {
                 report.outcome = Some(HandledAs::AlreadyRunning);
                 report.succeeded = Some(true);
-                format!("the agent is already running (state {})", status.state)
-            } else if status.state == crate::api::SessionState::Created {
-                "the session has not started yet (state CREATED): the operator launches it by itself; nothing to resume".to_string()
-            } else {
-                format!(
-                    "the operator is launching the agent (state {}, pod {}); nothing to resume",
-                    status.state,
-                    liveness_name(snapshot.liveness())
-                )
-            };
+            }
             report.message = Some(message.clone());
             print_object(&report, &args.output, || {
                 format!("tasksession {name:?}: {message}\n")
@@ -428,17 +401,58 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
         })?;
         return Ok(ExitCode::Ok);
     }
+    await_outcome(cluster, &args, report, &request).await
+}
+
+/// The plan for the session as it is now ([`plan_resume`]); a request in progress whose pod
+/// cannot start is superseded by a new one (the cause may be fixed).
+fn resume_plan(snapshot: &Snapshot, fresh: bool) -> ResumePlan {
+    let status = snapshot.status();
+    match plan_resume(&status, &snapshot.evaluation(), snapshot.liveness(), fresh) {
+        ResumePlan::AwaitActive(token) => {
+            match stalling_launch(&status, &token, snapshot.current_pod()) {
+                Some(why) => {
+                    eprintln!(
+                        "resume request {token} is stalled ({why}); a new request supersedes it"
+                    );
+                    ResumePlan::Request
+                }
+                None => ResumePlan::AwaitActive(token),
+            }
+        }
+        plan => plan,
+    }
+}
+
+/// Why `plan` (already running, or starting) needs no resume.
+fn nothing_to_resume(plan: &ResumePlan, snapshot: &Snapshot) -> String {
+    let state = snapshot.status().state;
+    if *plan == ResumePlan::AlreadyRunning {
+        format!("the agent is already running (state {state})")
+    } else if state == crate::api::SessionState::Created {
+        "the session has not started yet (state CREATED): the operator launches it by itself; nothing to resume".to_string()
+    } else {
+        format!(
+            "the operator is launching the agent (state {state}, pod {}); nothing to resume",
+            liveness_name(snapshot.liveness())
+        )
+    }
+}
+
+/// `--wait`: until the operator handled `request`, then its outcome as the report and the
+/// exit code.
+async fn await_outcome(
+    cluster: &Cluster,
+    args: &ResumeArgs,
+    mut report: ResumeReport,
+    request: &str,
+) -> Result<ExitCode, PluginError> {
+    let name = report.name.clone();
     let progress = Progress::for_output(&args.output);
-    let handled = wait_handled(
-        cluster,
-        &name,
-        &request,
-        Deadline::after(args.timeout),
-        progress,
-    )
-    .await?;
+    let deadline = Deadline::after(args.timeout);
+    let handled = wait_handled(cluster, &name, request, deadline, progress).await?;
     let status = handled.status();
-    let outcome = interpret_outcome(&status, &request);
+    let outcome = interpret_outcome(&status, request);
     report.handled = true;
     report.outcome = Some(outcome.kind);
     report.succeeded = Some(outcome.kind.succeeded());

@@ -76,6 +76,8 @@ pub struct StatusView {
     pub pod: PodView,
     pub last_resume: LastResumeView,
     pub error_message: Option<String>,
+    /// Why the task description never reached the agent (`TaskSent=False`), if it did not.
+    pub task_not_sent: Option<String>,
     /// The command that reopens the session in the agent's own CLI: the profile's `cliResume`
     /// with the token. Only for built-in profiles (custom ones live in the operator's
     /// configuration, which the plugin does not read) and with a token.
@@ -156,6 +158,9 @@ impl StatusView {
                 }),
             },
             error_message: status.error_message.clone().filter(|e| !e.is_empty()),
+            task_not_sent: conditions::find(&status.conditions, conditions::TASK_SENT)
+                .filter(|c| c.status == "False")
+                .map(|c| c.message.clone()),
             cli_resume: cli_resume(&snapshot.session.spec.agent, snapshot.resume_token()),
             recorded: RecordedView {
                 needs_resume: status.needs_resume,
@@ -195,6 +200,9 @@ impl StatusView {
         ];
         if let Some(error) = &self.error_message {
             rows.push(("Error", error.clone()));
+        }
+        if let Some(why) = &self.task_not_sent {
+            rows.push(("Task", format!("never sent: {why}")));
         }
         if let Some(command) = &self.cli_resume {
             rows.push(("Agent CLI", shell_words(command)));
@@ -440,6 +448,28 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
             ),
             "{table}"
         );
+    }
+
+    /// `TaskSent=False` (the launch could not send the task description) is shown with why;
+    /// `TaskSent=True` is not worth a line.
+    #[test]
+    fn a_task_description_that_never_reached_the_agent_is_shown() {
+        let with = |status: &str| {
+            let mut snap = running_snapshot();
+            let s = snap.session.status.as_mut().expect("status");
+            s.conditions = vec![
+                serde_json::from_value(cond("TaskSent", status, "TaskNotSent", "eof"))
+                    .expect("condition"),
+            ];
+            StatusView::new(&snap)
+        };
+        let view = with("False");
+        assert_eq!(view.task_not_sent.as_deref(), Some("eof"));
+        assert!(view.table().contains("Task:          never sent: eof\n"));
+        let json = serde_json::to_value(&view).expect("json");
+        assert_eq!(json["taskNotSent"], "eof");
+        assert_eq!(with("True").task_not_sent, None);
+        assert!(!with("True").table().contains("Task:"));
     }
 
     #[test]

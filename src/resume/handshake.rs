@@ -86,82 +86,32 @@ pub fn answer_request(
     latched_pod: Option<&str>,
     now: Timestamp,
 ) -> RequestAnswer {
-    let mut next = status.clone();
-    let generation = objects.session.metadata.generation;
-    let set = |status: &mut TaskSessionStatus, wanted: &[Want]| {
-        status.conditions = conditions::merge(&status.conditions, wanted, generation, now);
-    };
     let handled = |key: &str, resumed: bool, reason: &'static str, event: Note| {
-        let mut next = status.clone();
-        next.last_handled_resume_request = Some(key.to_string());
-        remember_handled(&mut next.recent_resume_requests, key);
-        // A refused token during a launch (or before the first): the launch goes on at once.
-        let requeue = if at_rest(&objects.session, &next) {
-            Requeue::AwaitChange
-        } else {
-            Requeue::After(Duration::from_millis(100))
-        };
-        set(
-            &mut next,
-            &[Want::new(
-                conditions::RESUMED,
-                resumed,
-                reason,
-                &event.message,
-            )],
-        );
-        RequestAnswer::Done(Transition {
-            status: next,
-            write: true,
-            action: None,
-            event: Some(event),
-            metric: Some(Metric::ResumeHandled(if resumed {
-                ResumeOutcome::AlreadyRunning
-            } else {
-                ResumeOutcome::Refused
-            })),
-            requeue,
-        })
+        RequestAnswer::Done(request_handled(
+            objects,
+            status,
+            key,
+            (resumed, reason),
+            event,
+            now,
+        ))
     };
     if token.len() > MAX_TOKEN_BYTES {
         let message = format!(
             "resume request refused: the {RESUME_ANNOTATION} value is {} bytes long, at most {MAX_TOKEN_BYTES} are accepted",
             token.len()
         );
-        return handled(
-            &handled_key(token),
-            false,
-            "InvalidToken",
-            Note::warning("ResumeRefused", "Resume", message),
-        );
+        let event = Note::warning("ResumeRefused", "Resume", message);
+        return handled(&handled_key(token), false, "InvalidToken", event);
     }
+    let generation = objects.session.metadata.generation;
     if let Some(old) = status.active_resume_request.as_deref() {
-        remember_handled(&mut next.recent_resume_requests, old);
-        next.last_handled_resume_request = Some(old.to_string());
-        next.active_resume_request = Some(token.to_string());
-        let deleting = latched_pod
-            .map(|pod| format!("; deleting its pod {pod}"))
-            .unwrap_or_default();
-        let message = format!("resume request {token:?} supersedes {old:?}{deleting}");
-        set(
-            &mut next,
-            &[
-                Want::new(conditions::RESUMED, false, "Superseded", &message),
-                Want::new(conditions::RECONCILING, true, "ResumeRequested", &message),
-                Want::new(conditions::STALLED, false, "Superseded", ""),
-            ],
-        );
-        return RequestAnswer::Done(Transition {
-            status: next,
-            write: true,
-            action: latched_pod.map(|pod| NextAction::DeletePod {
-                pod: pod.to_string(),
-            }),
-            event: Some(Note::normal("ResumeSuperseded", "Resume", message)),
-            metric: Some(Metric::ResumeHandled(ResumeOutcome::Superseded)),
-            // The launch of the new request goes on at once (it waits for the old pod to go).
-            requeue: Requeue::After(Duration::from_millis(100)),
-        });
+        let superseded = Superseding {
+            old,
+            new: token,
+            latched_pod,
+        };
+        return RequestAnswer::Done(request_superseded(status, &superseded, generation, now));
     }
     let eval = evaluate_resume_eligibility(&objects.facts_with(status, objects.current_pod()));
     if status.state.is_terminal() && !eval.is_resumable {
@@ -169,34 +119,125 @@ pub fn answer_request(
             "resume request {token:?} refused: the session is {}",
             status.state
         );
-        return handled(
-            token,
-            false,
-            "TerminalState",
-            Note::warning("ResumeRefused", "Resume", message),
-        );
+        let event = Note::warning("ResumeRefused", "Resume", message);
+        return handled(token, false, "TerminalState", event);
     }
     if eval.reason == ResumeReason::AlreadyRunning && status.state.is_active() {
         let message = format!("resume request {token:?}: the agent is already running");
-        return handled(
-            token,
-            true,
-            "AlreadyRunning",
-            Note::normal("AlreadyRunning", "Resume", message),
-        );
+        let event = Note::normal("AlreadyRunning", "Resume", message);
+        return handled(token, true, "AlreadyRunning", event);
     }
+    RequestAnswer::Latched(request_latched(status, token, generation, now))
+}
+
+/// A request answered without a launch under `key`: `Resumed` with `(resumed, reason)` and
+/// the Event's message; a refusal during a launch (or before the first) lets it go on at once.
+fn request_handled(
+    objects: &SessionObjects,
+    status: &TaskSessionStatus,
+    key: &str,
+    (resumed, reason): (bool, &'static str),
+    event: Note,
+    now: Timestamp,
+) -> Transition {
+    let mut next = status.clone();
+    next.last_handled_resume_request = Some(key.to_string());
+    remember_handled(&mut next.recent_resume_requests, key);
+    let requeue = if at_rest(&objects.session, &next) {
+        Requeue::AwaitChange
+    } else {
+        Requeue::After(Duration::from_millis(100))
+    };
+    let wanted = [Want::new(
+        conditions::RESUMED,
+        resumed,
+        reason,
+        &event.message,
+    )];
+    let generation = objects.session.metadata.generation;
+    next.conditions = conditions::merge(&next.conditions, &wanted, generation, now);
+    let outcome = if resumed {
+        ResumeOutcome::AlreadyRunning
+    } else {
+        ResumeOutcome::Refused
+    };
+    Transition {
+        status: next,
+        write: true,
+        action: None,
+        event: Some(event),
+        metric: Some(Metric::ResumeHandled(outcome)),
+        requeue,
+    }
+}
+
+/// A new request while another is latched.
+struct Superseding<'a> {
+    old: &'a str,
+    new: &'a str,
+    /// The old request's pod, if it exists.
+    latched_pod: Option<&'a str>,
+}
+
+/// The old request is handled (`Resumed=False/Superseded`), the new one latched, and the old
+/// request's pod deleted after the status; the new launch goes on at once (it waits for the
+/// old pod to go).
+fn request_superseded(
+    status: &TaskSessionStatus,
+    superseding: &Superseding,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Transition {
+    let Superseding {
+        old,
+        new,
+        latched_pod,
+    } = *superseding;
+    let mut next = status.clone();
+    remember_handled(&mut next.recent_resume_requests, old);
+    next.last_handled_resume_request = Some(old.to_string());
+    next.active_resume_request = Some(new.to_string());
+    let deleting = latched_pod
+        .map(|pod| format!("; deleting its pod {pod}"))
+        .unwrap_or_default();
+    let message = format!("resume request {new:?} supersedes {old:?}{deleting}");
+    let wanted = [
+        Want::new(conditions::RESUMED, false, "Superseded", &message),
+        Want::new(conditions::RECONCILING, true, "ResumeRequested", &message),
+        Want::new(conditions::STALLED, false, "Superseded", ""),
+    ];
+    next.conditions = conditions::merge(&next.conditions, &wanted, generation, now);
+    Transition {
+        status: next,
+        write: true,
+        action: latched_pod.map(|pod| NextAction::DeletePod {
+            pod: pod.to_string(),
+        }),
+        event: Some(Note::normal("ResumeSuperseded", "Resume", message)),
+        metric: Some(Metric::ResumeHandled(ResumeOutcome::Superseded)),
+        requeue: Requeue::After(Duration::from_millis(100)),
+    }
+}
+
+/// `token` is latched; the launch writes it with `STARTING` (one write), except while a
+/// launch is persisted as `STARTING` already (an interrupted one), where it is written now.
+fn request_latched(
+    status: &TaskSessionStatus,
+    token: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Transition {
+    let mut next = status.clone();
     next.active_resume_request = Some(token.to_string());
-    set(
-        &mut next,
-        &[Want::new(
-            conditions::RECONCILING,
-            true,
-            "ResumeRequested",
-            format!("handling resume request {token:?}"),
-        )],
-    );
+    let wanted = [Want::new(
+        conditions::RECONCILING,
+        true,
+        "ResumeRequested",
+        format!("handling resume request {token:?}"),
+    )];
+    next.conditions = conditions::merge(&next.conditions, &wanted, generation, now);
     let starting = status.state == SessionState::Starting;
-    RequestAnswer::Latched(Transition {
+    Transition {
         status: next,
         write: starting,
         action: None,
@@ -209,7 +250,7 @@ pub fn answer_request(
         }),
         metric: None,
         requeue: Requeue::After(Duration::from_millis(100)),
-    })
+    }
 }
 
 #[cfg(test)]

@@ -9,26 +9,42 @@ mod classify;
 mod end;
 mod handshake;
 mod launch;
+mod launch_begin;
+mod launch_end;
+mod launch_stop;
 mod objects;
 mod observe;
 mod prompt;
 mod reach;
+mod record;
 mod request;
 mod rest;
 mod restore;
+mod route;
 mod session_config;
 mod stall;
 mod status;
 mod transition;
 
 pub use classify::{RestoreErrorClass, classify_restore_error};
-pub use end::{EndFacts, EndStep, end_step};
+pub use end::{
+    EndFacts, EndStep, deletes_workspace, end_step, end_word, ending_begun, ending_since,
+    session_finished,
+};
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,
     is_new_resume_request, remember_handled,
 };
 pub mod defaults;
 pub use launch::{LaunchFacts, LaunchStep, launch_step, previous_pod_alive};
+pub use launch_begin::{
+    Begin, ClaimSeen, INITIAL_LAUNCH, WorkspaceFacts, WorkspaceStep, describe_launch, launch_begun,
+    workspace_step, workspace_wait,
+};
+pub use launch_end::{
+    AfterRestore, LaunchEnd, RestoreFacts, finish_request, launch_ended, restore_end, what_is_kept,
+};
+pub use launch_stop::{LaunchStop, Refusal, launch_stopped, refusal};
 pub use objects::{SessionObjects, is_controlled_by};
 pub use observe::observe;
 pub use prompt::{InitialPrompt, dispatch_initial_prompt};
@@ -36,12 +52,14 @@ pub use reach::{
     LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, not_ready_since,
     running_request,
 };
+pub use record::{ExecutorRecord, RecordFacts, executor_record};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use rest::{RECHECK, Unrest, at_rest, bounded, loaded_at_rest, unrest};
 pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,
-    RestorePlan, next_step_after_failure, select_restore_method,
+    RestoreOutcome, RestorePlan, next_step_after_failure, select_restore_method,
 };
+pub use route::{ending, launching, request_meets_running_pod};
 pub use session_config::{ReportedConfig, SetBack, apply_config_update, reported_config, set_back};
 pub use stall::{LaunchStall, checkout_stall, launch_stall, previous_pod_stall};
 pub use status::{

@@ -6,13 +6,14 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{self, Want};
 use crate::api::{
-    AgentActivity, RESUME_ANNOTATION, ResumeReason, SUSPENDED, SessionState, TaskState,
+    AgentActivity, RESUME_ANNOTATION, ResumeReason, SUSPENDED, SessionState, TaskSessionStatus,
+    TaskState,
 };
 use k8s_openapi::api::core::v1::Pod;
 
 use super::reach::{LossCause, Reach, ReachFacts, judge};
 use super::status::terminated_containers;
-use super::transition::{Metric, NextAction, Note, Requeue, Transition};
+use super::transition::{Metric, NextAction, Note, Requeue, Transition, settle};
 use super::{PodLiveness, SessionObjects, evaluate_resume_eligibility, pod_liveness};
 
 /// Decides the steady state of `objects` at `now`.
@@ -81,92 +82,26 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
     } else {
         eval.reason
     });
-    let (ready_reason, needs_message) = if suspended {
-        (
-            conditions::SUSPENDED.to_string(),
-            format!("{suspension_message}; annotate {RESUME_ANNOTATION} to resume"),
-        )
-    } else if eval.needs_resume {
-        let why = match &carried {
-            Some((cause, _)) => format!("{}, {}", eval.reason, cause.reason()),
-            None => eval.reason.to_string(),
-        };
-        (
-            conditions::NEEDS_RESUME.to_string(),
-            format!("agent not running ({why}); annotate {RESUME_ANNOTATION} to resume"),
-        )
-    } else {
-        (
-            conditions::camel(&status.state.as_str().to_ascii_lowercase()),
-            String::new(),
-        )
-    };
     let lost_running = match &verdict {
         Reach::Lost { cause, message } => Some((*cause, message.clone())),
         Reach::Reachable | Reach::Suspect { .. } => None,
     };
-    let agent_running = match (&lost_running, &carried) {
-        (Some((cause, message)), _) | (None, Some((cause, message))) => {
-            Want::new(conditions::AGENT_RUNNING, false, cause.reason(), message)
-        }
-        (None, None) if running => Want::new(conditions::AGENT_RUNNING, true, "PodRunning", ""),
-        (None, None) if suspended => Want::new(
-            conditions::AGENT_RUNNING,
-            false,
-            conditions::SUSPENDED,
-            &suspension_message,
-        ),
-        (None, None) => Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
-    };
-    let needs_reason = match &carried {
-        _ if suspended => conditions::SUSPENDED.to_string(),
-        Some((cause, _)) if eval.needs_resume => cause.reason().to_string(),
-        _ => conditions::camel(eval.reason.as_str()),
-    };
-    let (ready, ready_reason, ready_message) = match &lost_running {
-        Some((cause, message)) => (false, cause.reason().to_string(), message.clone()),
-        None => (
-            running && !status.state.is_terminal(),
-            ready_reason,
-            needs_message.clone(),
-        ),
+    let seen = Seen {
+        pod,
+        running,
+        verdict: &verdict,
+        lost_running: lost_running.as_ref(),
+        carried: carried.as_ref(),
+        newly_lost,
+        suspended,
+        suspended_by: suspended_by.is_some(),
+        suspension_message: &suspension_message,
+        reason: eval.reason,
     };
     let generation = objects.session.metadata.generation;
-    // Suspended is written once a session was suspended, and stays (False) after its resume.
-    let suspended_condition = if suspended {
-        Some(Want::new(
-            conditions::SUSPENDED,
-            true,
-            "Idle",
-            &suspension_message,
-        ))
-    } else {
-        conditions::find(&loaded.conditions, conditions::SUSPENDED)
-            .filter(|c| c.status == "True")
-            .map(|_| Want::new(conditions::SUSPENDED, false, "NotSuspended", ""))
-    };
-    status.conditions = conditions::merge(
-        &status.conditions,
-        &[
-            agent_running,
-            Want::new(
-                conditions::NEEDS_RESUME,
-                eval.needs_resume,
-                needs_reason,
-                &needs_message,
-            ),
-            Want::new(conditions::READY, ready, ready_reason, &ready_message),
-            Want::new(conditions::RECONCILING, false, "Idle", ""),
-        ]
-        .into_iter()
-        .chain(suspended_condition)
-        .collect::<Vec<_>>(),
-        generation,
-        now,
-    );
-    status.observed_generation = generation;
+    let wanted = steady_conditions(&seen, eval.needs_resume, status.state, &loaded);
+    settle(&mut status, &wanted, generation, now);
     let write = status != loaded;
-
     let mut transition = Transition {
         status,
         write,
@@ -175,7 +110,125 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         metric: None,
         requeue: Requeue::Resync,
     };
-    if let (Some((cause, message)), Some(pod)) = (&lost_running, pod) {
+    one_action(objects, &loaded, &seen, &mut transition);
+    transition
+}
+
+/// What the steady state saw, for its one action.
+struct Seen<'a> {
+    pod: Option<&'a Pod>,
+    running: bool,
+    verdict: &'a Reach,
+    /// The running pod counts as lost (its cause and message).
+    lost_running: Option<&'a (LossCause, String)>,
+    /// The cause of a loss that AgentRunning carries from the pass that deleted the pod.
+    carried: Option<&'a (LossCause, String)>,
+    newly_lost: bool,
+    suspended: bool,
+    /// agentctl's termination message says the pod was suspended.
+    suspended_by: bool,
+    suspension_message: &'a str,
+    reason: ResumeReason,
+}
+
+/// The steady state's conditions: `AgentRunning` (with a loss's cause, or the suspension),
+/// `NeedsResume`, `Ready`, `Reconciling`, and `Suspended` once a session was suspended (it stays,
+/// False, after its resume).
+fn steady_conditions(
+    seen: &Seen,
+    needs_resume: bool,
+    state: SessionState,
+    loaded: &TaskSessionStatus,
+) -> Vec<Want> {
+    let resume_hint = format!("annotate {RESUME_ANNOTATION} to resume");
+    let (ready_reason, needs_message) = if seen.suspended {
+        (
+            conditions::SUSPENDED.to_string(),
+            format!("{}; {resume_hint}", seen.suspension_message),
+        )
+    } else if needs_resume {
+        let why = match seen.carried {
+            Some((cause, _)) => format!("{}, {}", seen.reason, cause.reason()),
+            None => seen.reason.to_string(),
+        };
+        (
+            conditions::NEEDS_RESUME.to_string(),
+            format!("agent not running ({why}); {resume_hint}"),
+        )
+    } else {
+        (
+            conditions::camel(&state.as_str().to_ascii_lowercase()),
+            String::new(),
+        )
+    };
+    let agent_running = match (seen.lost_running, seen.carried) {
+        (Some((cause, message)), _) | (None, Some((cause, message))) => {
+            Want::new(conditions::AGENT_RUNNING, false, cause.reason(), message)
+        }
+        (None, None) if seen.running => {
+            Want::new(conditions::AGENT_RUNNING, true, "PodRunning", "")
+        }
+        (None, None) if seen.suspended => Want::new(
+            conditions::AGENT_RUNNING,
+            false,
+            conditions::SUSPENDED,
+            seen.suspension_message,
+        ),
+        (None, None) => Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
+    };
+    let needs_reason = match seen.carried {
+        _ if seen.suspended => conditions::SUSPENDED.to_string(),
+        Some((cause, _)) if needs_resume => cause.reason().to_string(),
+        _ => conditions::camel(seen.reason.as_str()),
+    };
+    let (ready, ready_reason, ready_message) = match seen.lost_running {
+        Some((cause, message)) => (false, cause.reason().to_string(), message.clone()),
+        None => (
+            seen.running && !state.is_terminal(),
+            ready_reason,
+            needs_message.clone(),
+        ),
+    };
+    let suspended = if seen.suspended {
+        Some(Want::new(
+            conditions::SUSPENDED,
+            true,
+            "Idle",
+            seen.suspension_message,
+        ))
+    } else {
+        conditions::find(&loaded.conditions, conditions::SUSPENDED)
+            .filter(|c| c.status == "True")
+            .map(|_| Want::new(conditions::SUSPENDED, false, "NotSuspended", ""))
+    };
+    [
+        agent_running,
+        Want::new(
+            conditions::NEEDS_RESUME,
+            needs_resume,
+            needs_reason,
+            &needs_message,
+        ),
+        Want::new(conditions::READY, ready, ready_reason, &ready_message),
+        Want::new(conditions::RECONCILING, false, "Idle", ""),
+    ]
+    .into_iter()
+    .chain(suspended)
+    .collect()
+}
+
+/// The one action of the steady state, its Event, metric and recheck: a running pod that
+/// counts as lost is said so once and deleted; a running pod is followed; a suspension marks
+/// the executor lost without a Warning, then its pod goes; a loss seen for the first time marks
+/// the executor lost, counts it and says so.
+fn one_action(
+    objects: &SessionObjects,
+    loaded: &TaskSessionStatus,
+    seen: &Seen,
+    transition: &mut Transition,
+) {
+    let pod = seen.pod;
+    if let (Some((cause, message)), Some(pod)) = (seen.lost_running, pod) {
         let pod = pod.metadata.name.clone().unwrap_or_default();
         // Once per pod: the pass that first says so (a later pass only deletes again).
         let said = conditions::find(&loaded.conditions, conditions::AGENT_RUNNING)
@@ -191,14 +244,14 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             pod,
             force: cause.force_delete(),
         });
-    } else if let Some(pod) = pod.filter(|_| running) {
+    } else if let Some(pod) = pod.filter(|_| seen.running) {
         transition.action = Some(NextAction::Follow {
             pod: pod.metadata.name.clone().unwrap_or_default(),
         });
-        if let Reach::Suspect { recheck } = verdict {
-            transition.requeue = Requeue::After(recheck);
+        if let Reach::Suspect { recheck } = seen.verdict {
+            transition.requeue = Requeue::After(*recheck);
         }
-    } else if newly_lost && suspended {
+    } else if seen.newly_lost && seen.suspended {
         // Not a loss: what was asked for. The pod goes at the next pass.
         transition.action = Some(NextAction::MarkExecutorLost {
             resumable: objects.resume_token().is_some(),
@@ -208,16 +261,17 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             reason: conditions::SUSPENDED,
             action: "Observe",
             message: format!(
-                "{suspension_message}; pod {} ends, the token and the workspace are kept",
+                "{}; pod {} ends, the token and the workspace are kept",
+                seen.suspension_message,
                 pod.and_then(|p| p.metadata.name.clone())
                     .unwrap_or_default()
             ),
         });
-    } else if let Some(pod) = pod.filter(|_| suspended && suspended_by.is_some()) {
+    } else if let Some(pod) = pod.filter(|_| seen.suspended && seen.suspended_by) {
         transition.action = Some(NextAction::DeletePod {
             pod: pod.metadata.name.clone().unwrap_or_default(),
         });
-    } else if newly_lost {
+    } else if seen.newly_lost {
         let pod_name = pod
             .and_then(|p| p.metadata.name.clone())
             .or(objects.executor_status().pod_name)
@@ -226,27 +280,23 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             resumable: objects.resume_token().is_some(),
         });
         transition.metric = Some(Metric::AgentLost);
-        transition.event = Some(Note {
-            warning: true,
-            reason: "AgentLost",
-            action: "Observe",
-            message: {
-                let how = match pod_liveness(pod) {
-                    PodLiveness::Terminating => "is being deleted",
-                    PodLiveness::Failed => "has failed",
-                    _ => "is gone",
-                };
-                let why = match &carried {
-                    Some((cause, _)) => format!("{}, {}", eval.reason, cause.reason()),
-                    None => eval.reason.to_string(),
-                };
-                format!(
-                    "agentctl pod {pod_name} {how} ({why}); nothing relaunched until a resume is requested"
-                )
-            },
-        });
+        let how = match pod_liveness(pod) {
+            PodLiveness::Terminating => "is being deleted",
+            PodLiveness::Failed => "has failed",
+            _ => "is gone",
+        };
+        let why = match seen.carried {
+            Some((cause, _)) => format!("{}, {}", seen.reason, cause.reason()),
+            None => seen.reason.to_string(),
+        };
+        transition.event = Some(Note::warning(
+            "AgentLost",
+            "Observe",
+            format!(
+                "agentctl pod {pod_name} {how} ({why}); nothing relaunched until a resume is requested"
+            ),
+        ));
     }
-    transition
 }
 
 /// agentctl's word that it suspended the session: the pod ended, its container exited 0 with

@@ -276,6 +276,36 @@ pub fn next_step_after_failure(
     }
 }
 
+/// How a restore ended (DESIGN §3 "ACP restore selection").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// The saved ACP session is back, through `method` (`session/resume` or `session/load`).
+    Restored {
+        method: RestoreMethod,
+        session_id: String,
+    },
+    /// A new session was started with `session/new`; `session_id` is the new resume token.
+    Fresh {
+        session_id: String,
+        why: FreshReason,
+    },
+    /// Nothing usable came out of it.
+    Failed {
+        /// The last restore method tried; `None` when `initialize` itself failed.
+        method: Option<RestoreMethod>,
+        class: RestoreErrorClass,
+        /// The caller must keep the saved token (DESIGN §3: transport, auth, cancellation,
+        /// timeouts and anything inconclusive keep it). False only when an earlier step proved
+        /// the token useless (-32601 / -32002 / restore unsupported) and the fallback
+        /// `session/new` then failed too, or when there was no token at all.
+        token_kept: bool,
+        /// The kept token, so a report can say which session is still waiting to be restored.
+        session_id: Option<String>,
+        /// Human-readable and starting with `class` (e.g. `auth_required: …`).
+        reason: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,7 +387,7 @@ mod tests {
     fn native_session_resume_is_written_auto_true_or_false() {
         use NativeSessionResume::{Always, Auto, Never};
         for (yaml, expected) in [("auto", Auto), ("true", Always), ("false", Never)] {
-            let parsed: NativeSessionResume = serde_yaml::from_str(yaml).expect(yaml);
+            let parsed: NativeSessionResume = serde_yaml_ng::from_str(yaml).expect(yaml);
             assert_eq!(parsed, expected, "{yaml}");
             let json = serde_json::to_string(&parsed).expect("serializes");
             let back: NativeSessionResume = serde_json::from_str(&json).expect("round trip");
@@ -366,7 +396,7 @@ mod tests {
         }
         assert_eq!(NativeSessionResume::default(), Auto);
         for bad in ["maybe", "\"yes\"", "1", "[true]"] {
-            let result: Result<NativeSessionResume, _> = serde_yaml::from_str(bad);
+            let result: Result<NativeSessionResume, _> = serde_yaml_ng::from_str(bad);
             assert!(result.is_err(), "{bad} should be rejected");
         }
     }

@@ -4,7 +4,22 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
+
 use crate::api::TaskSessionStatus;
+use crate::api::conditions::{self, Want};
+
+/// Merges `wanted` into the conditions of `status` at `now` and stamps `observedGeneration`:
+/// the last step of a decision before it returns its [`Transition`].
+pub fn settle(
+    status: &mut TaskSessionStatus,
+    wanted: &[Want],
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    status.conditions = conditions::merge(&status.conditions, wanted, generation, now);
+    status.observed_generation = generation;
+}
 
 /// The outcome of a pure decision over [`super::SessionObjects`].
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +40,14 @@ pub struct Transition {
 pub enum NextAction {
     /// Read (and, while the agent works, follow) the event journal of this running pod.
     Follow { pod: String },
+    /// The agent of this running pod is idle after its launch: the journal so far counts as
+    /// read (and the client's prompt nudge as handled), so that the next pass reads nothing.
+    CaughtUp { pod: String },
+    /// Read this running pod's journal once, with this nudge (a session that ends: whether a
+    /// prompt runs).
+    ReadJournal { pod: String, nudge: String },
+    /// The session is over: stop following its pods.
+    StopFollowing,
     /// ExecutorRunning becomes `Lost`; `resumable` when it holds a token. Written before the
     /// session's status, so that the status never claims more than the executor says.
     MarkExecutorLost { resumable: bool },

@@ -86,33 +86,7 @@ impl Hub {
             Some("tool_call") => {
                 // Keep the order the user saw: what the agent said, then the tool it called.
                 out.extend(self.flush_agent_text(session_id));
-                let tool_call_id = str_field(update, "toolCallId").unwrap_or_default();
-                let name = str_field(update, "title")
-                    .or_else(|| str_field(update, "kind"))
-                    .unwrap_or("tool")
-                    .to_owned();
-                out.push(Output::Record {
-                    history_session: history_session.clone(),
-                    entry: HistoryEntry::ToolCall {
-                        name: name.clone(),
-                        input: update.get("rawInput").cloned().unwrap_or(Value::Null),
-                        timestamp: None,
-                    },
-                });
-                let recording = self.sessions.entry(session_id.to_owned()).or_default();
-                recording.tools.insert(
-                    tool_call_id.to_owned(),
-                    ToolRecord {
-                        name,
-                        result_recorded: false,
-                    },
-                );
-                out.extend(record_tool_result(
-                    recording,
-                    tool_call_id,
-                    update,
-                    &history_session,
-                ));
+                out.extend(self.record_tool_call(session_id, update, &history_session));
             }
             Some("tool_call_update") => {
                 let tool_call_id = str_field(update, "toolCallId").unwrap_or_default();
@@ -136,6 +110,44 @@ impl Hub {
             }
             _ => {}
         }
+        out
+    }
+
+    /// A `tool_call`: its entry (named by its title, else its kind), and its result when the
+    /// call came with one.
+    fn record_tool_call(
+        &mut self,
+        session_id: &str,
+        update: &Value,
+        history_session: &str,
+    ) -> Vec<Output> {
+        let tool_call_id = str_field(update, "toolCallId").unwrap_or_default();
+        let name = str_field(update, "title")
+            .or_else(|| str_field(update, "kind"))
+            .unwrap_or("tool")
+            .to_owned();
+        let mut out = vec![Output::Record {
+            history_session: history_session.to_owned(),
+            entry: HistoryEntry::ToolCall {
+                name: name.clone(),
+                input: update.get("rawInput").cloned().unwrap_or(Value::Null),
+                timestamp: None,
+            },
+        }];
+        let recording = self.sessions.entry(session_id.to_owned()).or_default();
+        recording.tools.insert(
+            tool_call_id.to_owned(),
+            ToolRecord {
+                name,
+                result_recorded: false,
+            },
+        );
+        out.extend(record_tool_result(
+            recording,
+            tool_call_id,
+            update,
+            history_session,
+        ));
         out
     }
 
