@@ -450,27 +450,7 @@ impl Hub {
         mut raw: Map<String, Value>,
     ) -> Vec<Output> {
         if method == method::INITIALIZE {
-            return match &mut self.init {
-                InitState::Ready(result) => vec![Output::ToClient(
-                    conn,
-                    jsonrpc::result_message(id, result.clone()),
-                )],
-                InitState::Failed { code, message } => vec![Output::ToClient(
-                    conn,
-                    jsonrpc::error_message(id, *code, message),
-                )],
-                InitState::Waiting { clients, .. } => {
-                    clients.push((conn, id));
-                    Vec::new()
-                }
-                InitState::NotStarted => {
-                    self.init = InitState::Waiting {
-                        agent_id: 0,
-                        clients: vec![(conn, id)],
-                    };
-                    Vec::new()
-                }
-            };
+            return self.client_initialize(conn, id);
         }
         let session_id = raw
             .get("params")
@@ -492,13 +472,7 @@ impl Hub {
         let agent_id = self.alloc_id();
         raw.insert("id".into(), json!(agent_id));
         if let Some(key) = &launch {
-            self.last_launch = Some(key.0.clone());
-            if self.launch_requests.len() >= LAUNCH_REQUESTS_KEPT {
-                self.launch_requests
-                    .retain(|_, request| matches!(request, LaunchRequest::Open(_)));
-            }
-            self.launch_requests
-                .insert(key.clone(), LaunchRequest::Open(agent_id));
+            self.open_launch_request(key, agent_id);
         }
         if let (Some(cwd), method::SESSION_NEW | method::SESSION_LOAD | method::SESSION_RESUME) =
             (&self.config.session_cwd, method.as_str())
@@ -506,26 +480,80 @@ impl Hub {
         {
             params.insert("cwd".into(), json!(cwd));
         }
-        // The operator's trace (a `traceparent` in `_meta`) goes on here; the agent gets ours.
-        let span = tracing::info_span!(
-            parent: None,
-            "agentctl.forward",
-            method = %method,
-            session_id = session_id.as_deref().unwrap_or(""),
-            launch = launch.as_ref().map(|l| l.0.as_str()).unwrap_or(""),
-            outcome = tracing::field::Empty,
-            error_code = tracing::field::Empty,
-        );
-        telemetry::set_remote_parent(&span, &trace);
+        let span = forward_span(&method, session_id.as_deref(), launch.as_ref(), &trace);
         put_trace_context(&mut raw, telemetry::inject(&span));
         tracing::debug!(%method, %id, agent_id, "client request forwarded");
+        let out = self.forward_to_agent(&method, session_id.as_deref(), prompt_id, raw);
+        self.pending.insert(
+            agent_id,
+            Pending {
+                conn,
+                client_id: id,
+                method,
+                session_id,
+                launch,
+                saved_config,
+                span,
+            },
+        );
+        out
+    }
+
+    /// A client's `initialize`: the agent's answer once it has one (or its failure); until
+    /// then the client waits, and the first such client starts the agent's own `initialize`.
+    fn client_initialize(&mut self, conn: ConnId, id: Value) -> Vec<Output> {
+        match &mut self.init {
+            InitState::Ready(result) => vec![Output::ToClient(
+                conn,
+                jsonrpc::result_message(id, result.clone()),
+            )],
+            InitState::Failed { code, message } => vec![Output::ToClient(
+                conn,
+                jsonrpc::error_message(id, *code, message),
+            )],
+            InitState::Waiting { clients, .. } => {
+                clients.push((conn, id));
+                Vec::new()
+            }
+            InitState::NotStarted => {
+                self.init = InitState::Waiting {
+                    agent_id: 0,
+                    clients: vec![(conn, id)],
+                };
+                Vec::new()
+            }
+        }
+    }
+
+    /// Remembers a launch-tagged request sent to the agent as `agent_id`, so that a repeat of
+    /// it gets this one's answer; only the open ones are kept once the map is full.
+    fn open_launch_request(&mut self, key: &LaunchKey, agent_id: u64) {
+        self.last_launch = Some(key.0.clone());
+        if self.launch_requests.len() >= LAUNCH_REQUESTS_KEPT {
+            self.launch_requests
+                .retain(|_, request| matches!(request, LaunchRequest::Open(_)));
+        }
+        self.launch_requests
+            .insert(key.clone(), LaunchRequest::Open(agent_id));
+    }
+
+    /// What goes to the agent for a client's request (with what it journals and records): a
+    /// prompt is journaled before the agent gets it, carries the history when it is due, and
+    /// its text is recorded; a load is counted while it replays.
+    fn forward_to_agent(
+        &mut self,
+        method: &str,
+        session_id: Option<&str>,
+        prompt_id: Option<String>,
+        raw: Map<String, Value>,
+    ) -> Vec<Output> {
         let mut out = Vec::new();
-        match (method.as_str(), &session_id) {
+        match (method, session_id) {
             (method::SESSION_PROMPT, Some(session_id)) => {
                 // Journaled before the agent gets the prompt: an entry with the client's id is
                 // the proof that the prompt may have reached it.
                 out.push(Output::Event(Event::PromptStarted {
-                    session_id: session_id.clone(),
+                    session_id: session_id.to_owned(),
                     prompt_id,
                 }));
                 let history_session = self.history_session(session_id);
@@ -552,23 +580,14 @@ impl Hub {
                 }
             }
             (method::SESSION_LOAD, Some(session_id)) => {
-                self.sessions.entry(session_id.clone()).or_default().loading += 1;
+                self.sessions
+                    .entry(session_id.to_owned())
+                    .or_default()
+                    .loading += 1;
                 out.push(Output::ToAgent(Value::Object(raw)));
             }
             _ => out.push(Output::ToAgent(Value::Object(raw))),
         }
-        self.pending.insert(
-            agent_id,
-            Pending {
-                conn,
-                client_id: id,
-                method,
-                session_id,
-                launch,
-                saved_config,
-                span,
-            },
-        );
         out
     }
 
@@ -642,6 +661,25 @@ impl Hub {
         if let Some(code) = error.and_then(|e| e.get("code")).and_then(Value::as_i64) {
             pending.span.record("error_code", code);
         }
+        let mut out = self.request_answered(&pending, result, error);
+        if self.client == Some(pending.conn) {
+            raw.insert("id".into(), pending.client_id);
+            out.push(Output::ToClient(pending.conn, Value::Object(raw)));
+        } else {
+            tracing::debug!(method = %pending.method, "response for a departed client dropped");
+        }
+        out
+    }
+
+    /// What the agent's answer to a forwarded request means for the sessions: a created or
+    /// restored session is journaled and its configuration read (a fresh one gets the history
+    /// with its next prompt, a restored one does not), a finished prompt is journaled.
+    fn request_answered(
+        &mut self,
+        pending: &Pending,
+        result: Option<&Value>,
+        error: Option<&Value>,
+    ) -> Vec<Output> {
         let mut out = Vec::new();
         match pending.method.as_str() {
             method::SESSION_NEW => {
@@ -683,12 +721,6 @@ impl Hub {
                 }
             }
             _ => {}
-        }
-        if self.client == Some(pending.conn) {
-            raw.insert("id".into(), pending.client_id);
-            out.push(Output::ToClient(pending.conn, Value::Object(raw)));
-        } else {
-            tracing::debug!(method = %pending.method, "response for a departed client dropped");
         }
         out
     }
@@ -779,6 +811,28 @@ fn str_field<'a>(value: &'a Value, field: &str) -> Option<&'a str> {
 
 /// The W3C trace context keys of `_meta` (ACP reserves them for exactly this).
 const TRACE_META: [&str; 2] = ["traceparent", "tracestate"];
+
+/// The span of one request forwarded to the agent: a root of agentctl's own, with the
+/// operator's trace (a `traceparent` in the request's `_meta`) as its remote parent; the agent
+/// gets this span's context instead.
+fn forward_span(
+    method: &str,
+    session_id: Option<&str>,
+    launch: Option<&LaunchKey>,
+    trace: &HashMap<String, String>,
+) -> tracing::Span {
+    let span = tracing::info_span!(
+        parent: None,
+        "agentctl.forward",
+        method = %method,
+        session_id = session_id.unwrap_or(""),
+        launch = launch.map(|l| l.0.as_str()).unwrap_or(""),
+        outcome = tracing::field::Empty,
+        error_code = tracing::field::Empty,
+    );
+    telemetry::set_remote_parent(&span, trace);
+    span
+}
 
 /// What a client's request carries in `_meta` for agentctl alone.
 #[derive(Default)]
