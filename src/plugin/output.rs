@@ -45,7 +45,45 @@ pub enum FormatError {
     Unknown(String),
     /// An unclosed `{`, a `{range}` without `{end}`, a path that `jsonpath-rust` refuses.
     #[error("bad jsonpath template {template:?}: {why}")]
-    BadTemplate { template: String, why: String },
+    BadTemplate {
+        template: String,
+        why: TemplateError,
+    },
+}
+
+/// What is wrong with a jsonpath template, or with one of its paths against an object.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unclosed {{ at {0:?}")]
+    UnclosedExpression(String),
+    #[error("{{end}} without {{range}}")]
+    EndWithoutRange,
+    #[error("{{range}} without {{end}}")]
+    RangeWithoutEnd,
+    #[error("unknown escape \\{escape} in {expr}")]
+    UnknownEscape { escape: String, expr: String },
+    #[error("{0}: a trailing \\")]
+    TrailingBackslash(String),
+    #[error("{0}: an empty field name")]
+    EmptyField(String),
+    #[error("{0}: unclosed [")]
+    UnclosedBracket(String),
+    #[error("{0}: a path starts with . (e.g. {{.status.state}})")]
+    NoLeadingDot(String),
+    /// `jsonpath-rust` refused the translated path; its own words.
+    #[error("{path}: {why}")]
+    Query { path: String, why: String },
+    #[error("{0} is not found")]
+    NotFound(String),
+}
+
+impl TemplateError {
+    fn query(path: &str) -> impl Fn(jsonpath_rust::parser::errors::JsonPathError) -> Self + '_ {
+        move |e| Self::Query {
+            path: path.to_string(),
+            why: e.to_string(),
+        }
+    }
 }
 
 impl FromStr for OutputFormat {
@@ -73,7 +111,10 @@ pub enum RenderError {
     Yaml(#[source] serde_yaml_ng::Error),
     /// A path of the template matched nothing, or could not be run.
     #[error("jsonpath template {template:?}: {why}")]
-    Template { template: String, why: String },
+    Template {
+        template: String,
+        why: TemplateError,
+    },
 }
 
 /// Renders `value` as JSON, YAML or a template. `Text` is the verb's own business: `None`.
@@ -119,7 +160,7 @@ impl Template {
     /// Parses `text`; an unclosed `{`, a `{range}` without `{end}` or a path that `jsonpath-rust`
     /// refuses are errors that name the template.
     pub fn parse(text: &str) -> Result<Self, FormatError> {
-        let bad = |why: String| FormatError::BadTemplate {
+        let bad = |why: TemplateError| FormatError::BadTemplate {
             template: text.to_string(),
             why,
         };
@@ -135,13 +176,13 @@ impl Template {
                 current.push(Node::Text(rest[..open].to_string()));
             }
             let close = expression_end(&rest[open + 1..])
-                .ok_or_else(|| bad(format!("unclosed {{ at {:?}", &rest[open..])))?;
+                .ok_or_else(|| bad(TemplateError::UnclosedExpression(rest[open..].to_string())))?;
             let expr = rest[open + 1..open + 1 + close].trim();
             rest = &rest[open + 1 + close + 1..];
             if expr == "end" {
                 let (path, outer) = stack
                     .pop()
-                    .ok_or_else(|| bad("{end} without {range}".into()))?;
+                    .ok_or_else(|| bad(TemplateError::EndWithoutRange))?;
                 let body = std::mem::replace(&mut current, outer);
                 current.push(Node::Range { path, body });
             } else if let Some(path) = expr.strip_prefix("range ") {
@@ -154,7 +195,7 @@ impl Template {
             }
         }
         if !stack.is_empty() {
-            return Err(bad("{range} without {end}".into()));
+            return Err(bad(TemplateError::RangeWithoutEnd));
         }
         let template = Self {
             source: text.to_string(),
@@ -165,19 +206,19 @@ impl Template {
         Ok(template)
     }
 
-    fn check(&self, nodes: &[Node]) -> Result<(), String> {
+    fn check(&self, nodes: &[Node]) -> Result<(), TemplateError> {
         for node in nodes {
             match node {
                 Node::Text(_) => {}
                 Node::Path(path) => {
                     Value::Null
                         .query(path)
-                        .map_err(|e| format!("{path}: {e}"))?;
+                        .map_err(TemplateError::query(path))?;
                 }
                 Node::Range { path, body } => {
                     Value::Null
                         .query(path)
-                        .map_err(|e| format!("{path}: {e}"))?;
+                        .map_err(TemplateError::query(path))?;
                     self.check(body)?;
                 }
             }
@@ -198,20 +239,20 @@ impl Template {
     }
 }
 
-fn execute(nodes: &[Node], value: &Value, out: &mut String) -> Result<(), String> {
+fn execute(nodes: &[Node], value: &Value, out: &mut String) -> Result<(), TemplateError> {
     for node in nodes {
         match node {
             Node::Text(text) => out.push_str(text),
             Node::Path(path) => {
-                let found = value.query(path).map_err(|e| format!("{path}: {e}"))?;
+                let found = value.query(path).map_err(TemplateError::query(path))?;
                 if found.is_empty() {
-                    return Err(format!("{} is not found", shown(path)));
+                    return Err(TemplateError::NotFound(shown(path)));
                 }
                 let parts: Vec<String> = found.into_iter().map(scalar).collect();
                 out.push_str(&parts.join(" "));
             }
             Node::Range { path, body } => {
-                let found = value.query(path).map_err(|e| format!("{path}: {e}"))?;
+                let found = value.query(path).map_err(TemplateError::query(path))?;
                 // `range` over one array match iterates its elements, like kubectl.
                 let items: Vec<&Value> = match found.as_slice() {
                     [Value::Array(items)] => items.iter().collect(),
@@ -262,7 +303,7 @@ fn expression_end(text: &str) -> Option<usize> {
 }
 
 /// `"…"` as a literal with `\n`, `\t`, `\\`, `\"` escapes; `None` if `expr` is not quoted.
-fn quoted(expr: &str) -> Option<Result<String, String>> {
+fn quoted(expr: &str) -> Option<Result<String, TemplateError>> {
     let inner = expr.strip_prefix('"')?.strip_suffix('"')?;
     let mut out = String::new();
     let mut chars = inner.chars();
@@ -278,10 +319,10 @@ fn quoted(expr: &str) -> Option<Result<String, String>> {
             Some('\\') => out.push('\\'),
             Some('"') => out.push('"'),
             other => {
-                return Some(Err(format!(
-                    "unknown escape \\{} in {expr}",
-                    other.map(String::from).unwrap_or_default()
-                )));
+                return Some(Err(TemplateError::UnknownEscape {
+                    escape: other.map(String::from).unwrap_or_default(),
+                    expr: expr.to_string(),
+                }));
             }
         }
     }
@@ -290,7 +331,7 @@ fn quoted(expr: &str) -> Option<Result<String, String>> {
 
 /// kubectl's path dialect to RFC 9535: `.a.b` → `$['a']['b']`, `\.` is a dot inside a key,
 /// bracket parts (`[0]`, `[*]`, `[?(@.type=="X")]`) are kept, `..` stays a descendant step.
-fn translate_path(path: &str) -> Result<String, String> {
+fn translate_path(path: &str) -> Result<String, TemplateError> {
     let path = path.strip_prefix('$').unwrap_or(path);
     if path.is_empty() || path == "." {
         return Ok("$".into());
@@ -312,7 +353,9 @@ fn translate_path(path: &str) -> Result<String, String> {
                             chars.next();
                             match chars.next() {
                                 Some(escaped) => key.push(escaped),
-                                None => return Err(format!("{path}: a trailing \\")),
+                                None => {
+                                    return Err(TemplateError::TrailingBackslash(path.to_string()));
+                                }
                             }
                         }
                         '.' | '[' => break,
@@ -324,7 +367,7 @@ fn translate_path(path: &str) -> Result<String, String> {
                 }
                 match key.as_str() {
                     "" if descendant => {}
-                    "" => return Err(format!("{path}: an empty field name")),
+                    "" => return Err(TemplateError::EmptyField(path.to_string())),
                     "*" => out.push_str(if descendant { "*" } else { "[*]" }),
                     _ => {
                         let escaped = key.replace('\\', "\\\\").replace('\'', "\\'");
@@ -353,13 +396,11 @@ fn translate_path(path: &str) -> Result<String, String> {
                     }
                 }
                 if depth != 0 {
-                    return Err(format!("{path}: unclosed ["));
+                    return Err(TemplateError::UnclosedBracket(path.to_string()));
                 }
             }
             _ => {
-                return Err(format!(
-                    "{path}: a path starts with . (e.g. {{.status.state}})"
-                ));
+                return Err(TemplateError::NoLeadingDot(path.to_string()));
             }
         }
     }
@@ -493,18 +534,51 @@ mod tests {
         assert!(err.to_string().contains("['nope'] is not found"), "{err}");
     }
 
+    /// template → why it is refused (each message names the template, then the reason)
     #[test]
     fn bad_templates_are_refused_when_parsed() {
-        for bad in [
-            "{.state",
-            "{end}",
-            "{range .conditions[*]}{.type}",
-            "{state}",
-            "{\"\\q\"}",
-            "{.a[?(@.b==]}",
+        let query = |path: &str| TemplateError::Query {
+            path: path.into(),
+            why: String::new(),
+        };
+        for (bad, want) in [
+            (
+                "{.state",
+                TemplateError::UnclosedExpression("{.state".into()),
+            ),
+            ("{end}", TemplateError::EndWithoutRange),
+            (
+                "{range .conditions[*]}{.type}",
+                TemplateError::RangeWithoutEnd,
+            ),
+            ("{state}", TemplateError::NoLeadingDot("state".into())),
+            (
+                "{\"\\q\"}",
+                TemplateError::UnknownEscape {
+                    escape: "q".into(),
+                    expr: "\"\\q\"".into(),
+                },
+            ),
+            ("{.a\\}", TemplateError::TrailingBackslash(".a\\".into())),
+            ("{.a.}", TemplateError::EmptyField(".a.".into())),
+            ("{.a[0}", TemplateError::UnclosedBracket(".a[0".into())),
+            ("{.a[?(@.b==]}", query("$['a'][?(@.b==]")),
         ] {
-            let err = Template::parse(bad).expect_err(bad).to_string();
-            assert!(err.starts_with("bad jsonpath template"), "{bad}: {err}");
+            let err = Template::parse(bad).expect_err(bad);
+            assert!(
+                err.to_string().starts_with("bad jsonpath template"),
+                "{bad}: {err}"
+            );
+            let FormatError::BadTemplate { template, mut why } = err else {
+                panic!("{bad}: {err}");
+            };
+            assert_eq!(template, bad);
+            // jsonpath-rust's own words are its business: only the path is compared.
+            if let TemplateError::Query { why: words, .. } = &mut why {
+                assert!(!words.is_empty(), "{bad}");
+                words.clear();
+            }
+            assert_eq!(why, want, "{bad}");
         }
     }
 
