@@ -168,6 +168,13 @@ impl FakeApi {
     fn write_names(&self) -> Vec<String> {
         self.writes().iter().map(Call::short).collect()
     }
+
+    /// The writes, in order, are exactly `expected` (shown one a line when they are not).
+    fn assert_writes<S: AsRef<str>>(&self, expected: &[S]) {
+        let writes = self.write_names();
+        let expected: Vec<&str> = expected.iter().map(AsRef::as_ref).collect();
+        assert_eq!(writes, expected, "{writes:#?}");
+    }
 }
 
 fn status_error(code: u16, reason: &str) -> (StatusCode, Value) {
@@ -436,8 +443,7 @@ async fn a_launch_persists_starting_before_it_creates_the_pod() {
     let world = World::new(FakeApi::default());
     let ts = task_session(TaskSessionStatus::default());
     world.pass(&ts).await.expect("pass");
-    let writes = world.api.write_names();
-    assert_eq!(writes, first_launch(&[]), "{writes:#?}");
+    world.api.assert_writes(&first_launch(&[]));
     let calls = world.api.writes();
     assert_eq!(calls[1].body["status"]["state"], "STARTING");
     assert_eq!(
@@ -453,13 +459,10 @@ async fn a_stalled_launch_says_why_before_its_pod_is_deleted() {
     let ts = task_session(starting("r1"));
     world.add_pod(pending_pod(&names::pod_name("s", "r1")));
     world.pass(&ts).await.expect("pass");
-    let writes = world.api.write_names();
     let pod = format!("DELETE pods/{}", names::pod_name("s", "r1"));
-    assert_eq!(
-        writes,
-        ["PATCH tasksessions/s/status", pod.as_str()],
-        "{writes:#?}"
-    );
+    world
+        .api
+        .assert_writes(&["PATCH tasksessions/s/status", pod.as_str()]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["needsResume"], true);
     assert_eq!(status["lastHandledResumeRequest"], "r1");
@@ -476,7 +479,7 @@ async fn a_pod_is_not_deleted_when_the_status_that_explains_it_is_refused() {
     world.add_pod(pending_pod(&names::pod_name("s", "r1")));
     let err = world.pass(&ts).await.expect_err("a conflict");
     assert_eq!(err.metric_label(), "conflict");
-    assert_eq!(world.api.write_names(), ["PATCH tasksessions/s/status"]);
+    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
 }
 
 #[tokio::test]
@@ -493,10 +496,9 @@ async fn a_launch_that_failed_says_so_before_its_pod_is_deleted() {
     };
     world.session(&ts).end_launch(end).await.expect("applied");
     let pod = format!("DELETE pods/{name}");
-    assert_eq!(
-        world.api.write_names(),
-        ["PATCH tasksessions/s/status", pod.as_str()]
-    );
+    world
+        .api
+        .assert_writes(&["PATCH tasksessions/s/status", pod.as_str()]);
     assert_eq!(world.api.writes()[0].body["status"]["state"], "FAILED");
     assert_preconditions(&world.api, 7);
 }
@@ -512,15 +514,10 @@ async fn a_loss_marks_the_executor_lost_before_the_session_says_so() {
         ..Default::default()
     });
     world.pass(&ts).await.expect("pass");
-    let writes = world.api.write_names();
-    assert_eq!(
-        writes,
-        [
-            "PATCH executorrunnings/s/status",
-            "PATCH tasksessions/s/status"
-        ],
-        "{writes:#?}"
-    );
+    world.api.assert_writes(&[
+        "PATCH executorrunnings/s/status",
+        "PATCH tasksessions/s/status",
+    ]);
     let calls = world.api.writes();
     assert_eq!(calls[0].body["status"]["status"], "Lost");
     assert_eq!(calls[1].body["status"]["needsResume"], true);
@@ -543,12 +540,9 @@ async fn a_resume_request_is_latched_before_its_pod_is_created() {
         ..Default::default()
     });
     world.pass(&ts).await.expect("pass");
-    let writes = world.api.write_names();
-    assert_eq!(
-        writes,
-        ["PATCH tasksessions/s/status", "POST pods"],
-        "{writes:#?}"
-    );
+    world
+        .api
+        .assert_writes(&["PATCH tasksessions/s/status", "POST pods"]);
     let calls = world.api.writes();
     assert_eq!(calls[0].body["status"]["activeResumeRequest"], "r1");
     assert_eq!(calls[0].body["status"]["state"], "STARTING");
@@ -575,7 +569,7 @@ async fn a_launch_that_ends_with_a_running_agent_writes_only_the_status() {
         task: None,
     };
     world.session(&ts).end_launch(end).await.expect("applied");
-    assert_eq!(world.api.write_names(), ["PATCH tasksessions/s/status"]);
+    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["state"], "WAITING_FOR_INPUT");
     assert_eq!(status["lastHandledResumeRequest"], "r1");
@@ -602,15 +596,10 @@ async fn an_ended_session_stops_its_executor_before_it_says_so() {
         ..Default::default()
     });
     world.pass(&ts).await.expect("pass");
-    let writes = world.api.write_names();
-    assert_eq!(
-        writes,
-        [
-            "PATCH executorrunnings/s/status",
-            "PATCH tasksessions/s/status"
-        ],
-        "{writes:#?}"
-    );
+    world.api.assert_writes(&[
+        "PATCH executorrunnings/s/status",
+        "PATCH tasksessions/s/status",
+    ]);
     let calls = world.api.writes();
     assert_eq!(calls[0].body["status"]["status"], "Stopped");
     assert_eq!(calls[1].body["status"]["state"], "CANCELLED");
@@ -626,10 +615,9 @@ async fn a_superseded_request_is_handled_before_its_pod_is_deleted() {
     world.add_pod(pending_pod(&old));
     world.pass(&ts).await.expect("pass");
     let pod = format!("DELETE pods/{old}");
-    assert_eq!(
-        world.api.write_names(),
-        ["PATCH tasksessions/s/status", pod.as_str()]
-    );
+    world
+        .api
+        .assert_writes(&["PATCH tasksessions/s/status", pod.as_str()]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["activeResumeRequest"], "r2");
     assert_eq!(status["lastHandledResumeRequest"], "r1");
@@ -655,13 +643,10 @@ async fn a_suspension_marks_the_executor_lost_before_the_session_says_so() {
     .expect("status");
     world.add_pod(pod);
     world.pass(&ts).await.expect("pass");
-    assert_eq!(
-        world.api.write_names(),
-        [
-            "PATCH executorrunnings/s/status",
-            "PATCH tasksessions/s/status"
-        ]
-    );
+    world.api.assert_writes(&[
+        "PATCH executorrunnings/s/status",
+        "PATCH tasksessions/s/status",
+    ]);
     let calls = world.api.writes();
     assert_eq!(calls[0].body["status"]["status"], "Lost");
     assert_eq!(calls[1].body["status"]["resumeReason"], "suspended");
@@ -674,10 +659,9 @@ async fn a_first_launch_without_its_workspace_creates_no_pod() {
     let mut ts = task_session(TaskSessionStatus::default());
     ts.spec.workspace.claim_name = Some("not-there".into());
     world.pass(&ts).await.expect("pass");
-    assert_eq!(
-        world.api.write_names(),
-        ["POST executorrunnings", "PATCH tasksessions/s/status"]
-    );
+    world
+        .api
+        .assert_writes(&["POST executorrunnings", "PATCH tasksessions/s/status"]);
     let status = &world.api.writes()[1].body["status"];
     assert_ne!(status["state"], "STARTING");
     assert_eq!(
@@ -693,7 +677,7 @@ async fn an_end_says_so_before_anything_stops() {
     let mut ts = task_session(starting("r1"));
     ts.spec.end = Some(SessionEnd::Completed);
     world.pass(&ts).await.expect("pass");
-    assert_eq!(world.api.write_names(), ["PATCH tasksessions/s/status"]);
+    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["lastHandledResumeRequest"], "r1");
     assert_eq!(status["activeResumeRequest"], Value::Null);
@@ -724,10 +708,9 @@ async fn an_unreachable_agent_is_said_lost_before_its_pod_is_deleted() {
     world.add_pod(pod);
     world.pass(&ts).await.expect("pass");
     let pod = format!("DELETE pods/{name}");
-    assert_eq!(
-        world.api.write_names(),
-        ["PATCH tasksessions/s/status", pod.as_str()]
-    );
+    world
+        .api
+        .assert_writes(&["PATCH tasksessions/s/status", pod.as_str()]);
     let calls = world.api.writes();
     let running = written_condition(&calls[0].body["status"], "AgentRunning");
     assert_eq!(running["reason"], "AgentUnreachable");
@@ -745,7 +728,7 @@ async fn a_launch_adopts_the_pod_an_earlier_pass_created() {
     });
     let ts = task_session(TaskSessionStatus::default());
     let requeue = world.pass(&ts).await.expect("pass");
-    assert_eq!(world.api.write_names(), first_launch(&[]));
+    world.api.assert_writes(&first_launch(&[]));
     let read = world
         .api
         .calls
@@ -770,10 +753,9 @@ async fn a_pod_name_taken_by_another_ends_the_launch_and_leaves_that_pod_alone()
     });
     let ts = task_session(TaskSessionStatus::default());
     world.pass(&ts).await.expect("pass");
-    assert_eq!(
-        world.api.write_names(),
-        first_launch(&["PATCH tasksessions/s/status"])
-    );
+    world
+        .api
+        .assert_writes(&first_launch(&["PATCH tasksessions/s/status"]));
     let status = &world.api.writes()[3].body["status"];
     assert_eq!(status["needsResume"], true);
     assert_eq!(
@@ -791,7 +773,7 @@ async fn an_end_stops_an_idle_agent_and_writes_nothing_before_it_is_gone() {
         .await
         .expect("pass");
     let pod = format!("DELETE pods/{name}");
-    assert_eq!(world.api.write_names(), [pod.as_str()]);
+    world.api.assert_writes(&[pod.as_str()]);
 }
 
 #[tokio::test]
@@ -810,7 +792,7 @@ async fn an_end_whose_cancel_gets_no_answer_stops_the_agent() {
         .any(|c| c.path.ends_with(&format!("/pods/{name}/exec")));
     assert!(exec, "no session/cancel was tried");
     let pod = format!("DELETE pods/{name}");
-    assert_eq!(world.api.write_names(), [pod.as_str()]);
+    world.api.assert_writes(&[pod.as_str()]);
 }
 
 #[tokio::test]
@@ -836,10 +818,9 @@ async fn a_pod_the_api_server_refuses_ends_the_launch_with_its_words() {
     });
     let ts = task_session(TaskSessionStatus::default());
     world.pass(&ts).await.expect("pass");
-    assert_eq!(
-        world.api.write_names(),
-        first_launch(&["PATCH tasksessions/s/status"])
-    );
+    world
+        .api
+        .assert_writes(&first_launch(&["PATCH tasksessions/s/status"]));
     let status = &world.api.writes()[3].body["status"];
     let stalled = written_condition(status, "Stalled");
     assert_eq!(stalled["reason"], "InvalidSpec");
@@ -858,15 +839,12 @@ async fn a_workspace_from_its_template_is_created_before_the_launch_starts() {
         ..Default::default()
     });
     world.pass(&ts).await.expect("pass");
-    assert_eq!(
-        world.api.write_names(),
-        [
-            "POST executorrunnings",
-            "POST persistentvolumeclaims",
-            "PATCH tasksessions/s/status",
-            "POST pods"
-        ]
-    );
+    world.api.assert_writes(&[
+        "POST executorrunnings",
+        "POST persistentvolumeclaims",
+        "PATCH tasksessions/s/status",
+        "POST pods",
+    ]);
     assert_preconditions(&world.api, 7);
 }
 
@@ -881,7 +859,7 @@ async fn a_resumed_session_whose_workspace_is_gone_fails_without_a_pod() {
     let mut ts = task_session(waiting());
     ts.metadata.annotations = Some([(RESUME_ANNOTATION.to_string(), "r1".to_string())].into());
     world.pass(&ts).await.expect("pass");
-    assert_eq!(world.api.write_names(), ["PATCH tasksessions/s/status"]);
+    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["state"], "FAILED");
     assert_eq!(
@@ -900,10 +878,9 @@ async fn a_pod_of_an_earlier_launch_is_deleted_after_the_status_says_so() {
     world.add_pod(pending_pod(&old));
     world.pass(&ts).await.expect("pass");
     let pod = format!("DELETE pods/{old}");
-    assert_eq!(
-        world.api.write_names(),
-        ["PATCH tasksessions/s/status", pod.as_str()]
-    );
+    world
+        .api
+        .assert_writes(&["PATCH tasksessions/s/status", pod.as_str()]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(
         written_condition(status, "Reconciling")["reason"],
@@ -930,7 +907,7 @@ async fn a_launch_whose_agentctl_does_not_answer_yet_says_so_once_and_deletes_no
         .iter()
         .any(|c| c.path.ends_with(&format!("/pods/{name}/exec")));
     assert!(exec, "no exec into agentctl was tried");
-    assert_eq!(world.api.write_names(), ["PATCH tasksessions/s/status"]);
+    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["state"], "STARTING");
     assert_eq!(
