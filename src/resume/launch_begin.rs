@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::conditions::{self, Want};
 use crate::api::{SessionState, TaskSessionStatus};
 
-use super::rest::RECHECK;
+use super::rest::{RECHECK, at_deadline};
 use super::transition::{Note, Requeue, Transition, settle};
 
 /// What the launch that begins is about.
@@ -192,13 +192,11 @@ pub fn workspace_wait(
         status,
         action: None,
         metric: None,
-        requeue: Requeue::After(if stalled || !write {
-            RECHECK
+        requeue: if stalled || !write {
+            Requeue::After(RECHECK)
         } else {
-            deadline
-                .saturating_sub(age)
-                .clamp(Duration::from_millis(500), RECHECK)
-        }),
+            at_deadline(deadline.saturating_sub(age))
+        },
     }
 }
 

@@ -54,7 +54,7 @@ pub use reach::{
 };
 pub use record::{ExecutorRecord, RecordFacts, executor_record};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
-pub use rest::{RECHECK, Unrest, at_rest, bounded, loaded_at_rest, unrest};
+pub use rest::{RECHECK, Unrest, at_deadline, at_rest, bounded, loaded_at_rest, unrest};
 pub use restore::{
     AgentRestoreCapabilities, FreshReason, NativeSessionResume, NextStep, RestoreMethod,
     RestoreOutcome, RestorePlan, next_step_after_failure, select_restore_method,

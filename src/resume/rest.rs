@@ -77,6 +77,12 @@ pub fn loaded_at_rest(session: &TaskSession) -> bool {
     }
 }
 
+/// A launch that waits for its deadline looks again when `until_deadline` has passed, but
+/// within [`RECHECK`], and not sooner than half a second.
+pub fn at_deadline(until_deadline: Duration) -> Requeue {
+    Requeue::After(until_deadline.clamp(Duration::from_millis(500), RECHECK))
+}
+
 /// The requeue of a reconcile that found its session at rest or not (`was_at_rest`): a session
 /// that was not is looked at again within [`RECHECK`], whatever the reconcile asked for.
 pub fn bounded(requeue: Requeue, was_at_rest: bool) -> Requeue {
@@ -92,6 +98,25 @@ pub fn bounded(requeue: Requeue, was_at_rest: bool) -> Requeue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// time left until the deadline → when to look again
+    #[test]
+    fn a_launch_looks_again_at_its_deadline_within_bounds() {
+        for (left, want) in [
+            (0, 500),
+            (300, 500),
+            (500, 500),
+            (4_000, 4_000),
+            (10_000, 10_000),
+            (60_000, 10_000),
+        ] {
+            assert_eq!(
+                at_deadline(Duration::from_millis(left)),
+                Requeue::After(Duration::from_millis(want)),
+                "{left} ms"
+            );
+        }
+    }
     use crate::api::{SessionEnd, TaskSessionSpec};
     use std::collections::BTreeMap;
 

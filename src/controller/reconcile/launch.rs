@@ -21,8 +21,8 @@ use crate::controller::error::{Error, kube_err, sort_refusal};
 use crate::controller::pods;
 use crate::resume::{
     Begin, ClaimSeen, LaunchEnd, LaunchFacts, LaunchStall, LaunchStep, LaunchStop, RECHECK,
-    Refusal, Requeue, WorkspaceFacts, WorkspaceStep, launch_begun, launch_stall, launch_step,
-    launch_stopped, previous_pod_alive, refusal, workspace_step, workspace_wait,
+    Refusal, Requeue, WorkspaceFacts, WorkspaceStep, at_deadline, launch_begun, launch_stall,
+    launch_step, launch_stopped, previous_pod_alive, refusal, workspace_step, workspace_wait,
 };
 
 /// The workspace PVC once a launch has looked at it (and made it from the template).
@@ -73,9 +73,7 @@ impl<'a> Session<'a> {
             } => return self.wait_for_previous_pod(pod, until_deadline).await,
             LaunchStep::CreatePod => return self.create_pod().await,
             LaunchStep::AwaitRunning { until_deadline } => {
-                return Ok(Requeue::After(
-                    until_deadline.clamp(Duration::from_millis(500), RECHECK),
-                ));
+                return Ok(at_deadline(until_deadline));
             }
             LaunchStep::Restore(pod) => return self.restore(pod).await,
             LaunchStep::Stalled(pod, stall) => self.stall_end(pod, &stall),
@@ -167,9 +165,7 @@ impl<'a> Session<'a> {
             self.launch_pod_name()
         );
         self.keep_waiting("WaitingForPreviousPod", &message).await?;
-        Ok(Requeue::After(
-            until_deadline.clamp(Duration::from_millis(500), RECHECK),
-        ))
+        Ok(at_deadline(until_deadline))
     }
 
     /// The launch waits: `Reconciling=True` with `reason`, written once, not on every pass.
