@@ -6,7 +6,9 @@
 //!   reaches the new agent exactly once;
 //! - history injection: the agent cannot restore its session (it does not know the token), so a
 //!   fresh one starts, and the user's next prompt reaches it wrapped once in the recorded history;
-//!   `lastMessageUUID` follows the agent's message ids across it;
+//!   `lastMessageUUID` follows the agent's message ids across it; ExecutorRunning status has
+//!   the operator's field manager as its one writer, and fields an older operator's field
+//!   managers share go when the status no longer holds them;
 //! - a repository session resumed with its worktree intact: a commit and an uncommitted change
 //!   made in the workspace before the loss are there after the resume, on the same branch and
 //!   HEAD (a real `git daemon` on loopback, stopped before the resume);
@@ -30,13 +32,14 @@ use e2e_support::sessions::{
 };
 use e2e_support::{plugin, pod_sh as sh, poll, unique};
 use k8s_openapi::api::core::v1::PersistentVolume;
+use kandev_operator::api::ExecutorRunning;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{
     AgentActivity, ConfigOptionValue, ExecutorPhase, ExecutorRunningStatus, RESUME_ANNOTATION,
     RESUME_FRESH_ANNOTATION, SessionConfigState, SessionState, WorktreeStatus,
 };
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 /// Where the scripted agent logs, relative to its working directory (the workspace): under
@@ -180,6 +183,16 @@ async fn last_message_is(sessions: &Sessions, name: &str, expected: Option<&str>
     .await;
 }
 
+/// The field managers of the ExecutorRunning's status, by name.
+async fn status_managers(sessions: &Sessions, name: &str) -> Vec<String> {
+    let er = sessions.executor(name).await;
+    er.managed_fields()
+        .iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager.clone())
+        .collect()
+}
+
 /// Once the session needs a resume (its agent lost by the test), resumes it with `token`; the
 /// Resumed condition's status and reason then.
 async fn resumed_after_loss(sessions: &Sessions, name: &str, token: &str) -> (String, String) {
@@ -318,7 +331,9 @@ async fn case_c_sends_the_task_description_again_exactly_once() {
 /// (-32002), so the resume starts a fresh one (TokenRejected) and the user's next prompt reaches
 /// the agent wrapped once in the recorded history; the prompt after it is not wrapped again.
 /// `lastMessageUUID` is the id of the agent's last answer, dropped with the old session and
-/// filled again by the new one's answers.
+/// filled again by the new one's answers. The operator's field manager is the status's one
+/// writer; a `lastMessageUUID` that the field manager of an older operator wrote (and that the
+/// operator's applies then share) still goes with the old session.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn history_is_injected_once_after_a_fresh_start_resume() {
@@ -332,8 +347,37 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
         let old_token = sessions.token_of(&name).await.expect("a token");
         let log = AgentLog::of(&sessions, &name).await;
         last_message_is(&sessions, &name, Some(&format!("{old_token}/m-1"))).await;
+        assert_eq!(status_managers(&sessions, &name).await, ["kandev-operator"]);
+        // An older operator's event follower writes the last message id.
+        let executors: Api<ExecutorRunning> =
+            Api::namespaced(sessions.client.clone(), &sessions.namespace);
+        let older = PatchParams {
+            field_manager: Some("kandev-operator-journal".into()),
+            ..Default::default()
+        };
+        let earlier = format!("{old_token}/m-0");
+        let written = json!({"status": {"lastMessageUUID": earlier}});
+        executors
+            .patch_status(&name, &older, &Patch::Merge(&written))
+            .await
+            .expect("an older operator's write");
+        assert!(
+            status_managers(&sessions, &name)
+                .await
+                .contains(&"kandev-operator-journal".to_string())
+        );
 
         sessions.lose_pods(&name).await;
+        sessions.wait_needs_resume(&name).await;
+        let lost = executor_status(&sessions, &name).await;
+        assert_eq!(
+            (
+                lost.status,
+                lost.activity,
+                lost.last_message_uuid.as_deref()
+            ),
+            (Some(ExecutorPhase::Lost), None, Some(earlier.as_str())),
+        );
         let (ok, reason) = resumed_after_loss(&sessions, &name, "h1").await;
         assert_eq!((ok.as_str(), reason.as_str()), ("False", "TokenRejected"));
         let token = sessions.token_of(&name).await.expect("a token");
@@ -391,6 +435,11 @@ async fn history_is_injected_once_after_a_fresh_start_resume() {
             er.journal_cursor.is_some_and(|c| c >= 4),
             "the journal's entries were applied: {:?}",
             er.journal_cursor
+        );
+        assert_eq!(
+            status_managers(&sessions, &name).await,
+            ["kandev-operator"],
+            "one writer, the older one's share gone"
         );
     };
     sessions.run(body).await;

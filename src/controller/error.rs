@@ -20,6 +20,9 @@ pub enum Error {
     /// nothing was written, the next reconcile decides again on the newer one.
     #[error("the TaskSession changed since this reconcile read it; deciding again")]
     Conflict,
+    /// The same for a write of the session's ExecutorRunning status.
+    #[error("the ExecutorRunning changed since this reconcile read it; deciding again")]
+    ExecutorConflict,
     #[error("the ExecutorRunning, pod and PVC caches have not finished their first list")]
     CacheNotReady,
     /// The reconcile's task panicked or was cancelled; the next reconcile decides again.
@@ -39,7 +42,7 @@ impl Error {
                 _ => "finalizer",
             },
             Self::NoNamespace => "no_namespace",
-            Self::Conflict => "conflict",
+            Self::Conflict | Self::ExecutorConflict => "conflict",
             Self::CacheNotReady => "cache_not_ready",
             Self::TaskFailed(_) => "task_failed",
         }

@@ -10,16 +10,20 @@
 //! * after a pod create, the pod is awaited in the cache instead of being created again;
 //! * after a pod delete, the pod counts as terminating until the cache shows it so (a stalled
 //!   launch's pending pod must not make the next reconcile think the agent is starting);
+//! * after an ExecutorRunning write (its creation, a status apply), the reconciles read the
+//!   written object while the cache still shows the one the write was based on (or none);
 //! * the status write itself carries the resourceVersion it was decided on, so whatever slips
 //!   past these rules fails with a conflict instead of overwriting newer status.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+
+use crate::api::ExecutorRunning;
 
 /// How long a created pod is awaited in the cache before the operator tries again.
 const POD_WAIT: Duration = Duration::from_secs(30);
@@ -39,6 +43,16 @@ struct Expected {
     deleted_pods: Vec<(String, Instant)>,
     /// Failed reconciles in a row.
     failures: u32,
+    /// The ExecutorRunning as this operator last wrote it, while the cache lags.
+    executor: Option<OwnWrite>,
+}
+
+/// An object as this operator wrote it, and the versions its writes since the cache last caught
+/// up were based on (`None`: it created the object).
+#[derive(Debug)]
+struct OwnWrite {
+    bases: Vec<Option<String>>,
+    object: Arc<ExecutorRunning>,
 }
 
 impl Expected {
@@ -47,6 +61,7 @@ impl Expected {
             && self.created_pod.is_none()
             && self.deleted_pods.is_empty()
             && self.failures == 0
+            && self.executor.is_none()
     }
 }
 
@@ -118,6 +133,49 @@ impl Expectations {
                 e.stale_versions.clear();
             }
             stale
+        })
+    }
+
+    /// This operator wrote the session's ExecutorRunning (created it, when `base` is `None`):
+    /// `written` is what the API server answered.
+    pub fn wrote_executor(&self, session: &str, base: Option<&str>, written: &ExecutorRunning) {
+        self.with(session, |e| {
+            let mut bases = e.executor.take().map(|w| w.bases).unwrap_or_default();
+            if bases.len() >= 8 {
+                bases.remove(0);
+            }
+            bases.push(base.map(str::to_string));
+            e.executor = Some(OwnWrite {
+                bases,
+                object: Arc::new(written.clone()),
+            });
+        });
+    }
+
+    /// The session's ExecutorRunning to decide on: what this operator wrote last while the
+    /// cache (`cached`) still shows a version that write was based on, or no object after its
+    /// creation; else the cached one, and the written one is forgotten.
+    pub fn executor(
+        &self,
+        session: &str,
+        cached: Option<Arc<ExecutorRunning>>,
+    ) -> Option<Arc<ExecutorRunning>> {
+        self.with(session, |e| {
+            let version = cached
+                .as_ref()
+                .map(|er| er.metadata.resource_version.clone());
+            let lags = |w: &OwnWrite| match &version {
+                Some(version) => version.is_some() && w.bases.contains(version),
+                None => w.bases.contains(&None),
+            };
+            match e.executor.take() {
+                Some(own) if lags(&own) => {
+                    let object = own.object.clone();
+                    e.executor = Some(own);
+                    Some(object)
+                }
+                _ => cached,
+            }
         })
     }
 
@@ -284,6 +342,48 @@ mod tests {
         assert!(e.is_stale("s", Some("6")));
         assert!(e.is_stale("s", Some("7")));
         assert!(!e.is_stale("s", Some("8")));
+    }
+
+    /// Read your own ExecutorRunning writes: its creation and two status applies, while the
+    /// cache shows no object, then the versions the writes were based on; the cache's own
+    /// version once it moves on.
+    #[test]
+    fn the_written_executor_stands_in_for_a_lagging_cache() {
+        let at = |version: &str| {
+            let mut er = ExecutorRunning::new("s", Default::default());
+            er.metadata.resource_version = Some(version.into());
+            er
+        };
+        let version = |er: Option<Arc<ExecutorRunning>>| {
+            er.and_then(|er| er.metadata.resource_version.clone())
+        };
+        let e = Expectations::default();
+        assert_eq!(version(e.executor("s", None)), None, "nothing written");
+        e.wrote_executor("s", None, &at("1"));
+        assert_eq!(
+            version(e.executor("s", None)).as_deref(),
+            Some("1"),
+            "created"
+        );
+        e.wrote_executor("s", Some("1"), &at("2"));
+        e.wrote_executor("s", Some("2"), &at("3"));
+        for cached in [None, Some("1"), Some("2")] {
+            let cached = cached.map(|v| Arc::new(at(v)));
+            assert_eq!(version(e.executor("s", cached)).as_deref(), Some("3"));
+        }
+        assert_eq!(
+            version(e.executor("s", Some(Arc::new(at("3"))))).as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            version(e.executor("s", Some(Arc::new(at("2"))))).as_deref(),
+            Some("2"),
+            "the wait ended with the cache's catching up"
+        );
+        assert!(
+            e.by_session.lock().expect("lock").is_empty(),
+            "nothing kept"
+        );
     }
 
     /// A storm of resume tokens: our status write based on "3" was refused, the cache still

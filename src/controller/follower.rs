@@ -1,8 +1,10 @@
-//! Follows `agentctl events` of the running agentctl pods (over exec) and records what the agent
-//! does in ExecutorRunning status: the resume token on session-created and prompt-finished,
-//! the agent's last message id (`lastMessageUUID`, for agents that send ACP `messageId`s),
-//! whether a prompt is in flight, and the journal cursor. The TaskSession reconcile (which
-//! watches ExecutorRunning) turns that into RUNNING ↔ WAITING_FOR_INPUT.
+//! Follows `agentctl events` of the running agentctl pods (over exec) and keeps what the agent
+//! does ([`AgentView`]: the resume token on session-created and prompt-finished, the agent's
+//! last message id, whether a prompt is in flight, the journal cursor) until the reconciler
+//! writes it: a follower writes nothing itself. Each change is posted as [`JournalNews`] and
+//! wakes the session's reconcile, which applies it to ExecutorRunning status
+//! ([`crate::resume::journal_update`], the status's one writer) and turns it into RUNNING ↔
+//! WAITING_FOR_INPUT. News that piles up while a reconcile runs is written at once.
 //!
 //! agentctl journals every event on the workspace volume (DESIGN §3 "Event journal"), so a
 //! follower catches up with `agentctl events --since <journalCursor>` and holds its exec stream
@@ -19,40 +21,32 @@
 //! Lines are read as [`EventLine`]s, the type agentctl writes them with
 //! ([`crate::api::pod_contract::events`]).
 //!
-//! Only changes are written: each follower remembers what ExecutorRunning holds, so replayed
+//! Only changes are posted: each follower starts from what ExecutorRunning holds, so replayed
 //! entries, the snapshot and repeated lines cost no API call. An entry at or below the cursor
-//! (an older launch's, or one applied already) changes nothing.
+//! (an older launch's, or one applied already) changes nothing ([`view_after`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, AttachParams, Patch, PatchParams};
+use kube::api::{Api, AttachParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use serde_json::json;
 use tokio::io::BufReader;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use crate::api::PROMPTED_ANNOTATION;
-use crate::api::bounds::{
-    AGENT_NAME_MAX, AGENT_TEXT_MAX, NUDGE_MAX, SESSION_ID_MAX, cap, session_id_problem,
-};
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, SESSION_ID_MAX, cap};
 use crate::api::pod_contract::events::{Event, EventLine};
-use crate::api::{
-    AgentActivity, ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, SessionConfigState,
-};
+use crate::api::{AgentActivity, ExecutorRunningStatus, TaskSession};
 use crate::controller::gate::{DEFAULT_EXECS_PER_SECOND, ExecGate};
 use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
+use crate::resume::{AgentView, JournalNews, view_after};
 use crate::telemetry::WarnLimiter;
-
-/// The field manager of the followers' ExecutorRunning status writes (what the journal says:
-/// activity, token, last message, configuration, cursor, the handled nudge).
-pub const JOURNAL_MANAGER: &str = "kandev-operator-journal";
 
 /// While a prompt runs, serve sends a heartbeat every 10 s on the open stream: a stream silent
 /// for this long is dropped and opened again, which tells a quiet agent from a serve that does
@@ -82,191 +76,6 @@ impl Default for Probe {
     }
 }
 
-/// The ExecutorRunning fields that events set, as last written, and the journal entry last
-/// applied (written with the next change).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Known {
-    pub resume_token: Option<String>,
-    /// `lastMessageUUID`: the last message id of the session `resume_token` names.
-    pub last_message_id: Option<String>,
-    pub activity: Option<AgentActivity>,
-    pub running: bool,
-    pub cursor: u64,
-    /// `sessionConfig`: the configuration of the session `resume_token` names.
-    pub session_config: Option<SessionConfigState>,
-}
-
-impl Known {
-    pub fn from_status(status: &ExecutorRunningStatus) -> Self {
-        Self {
-            resume_token: status.resume_token.clone().filter(|t| !t.is_empty()),
-            last_message_id: status.last_message_uuid.clone().filter(|t| !t.is_empty()),
-            activity: status.activity,
-            running: status.status == Some(ExecutorPhase::Running),
-            cursor: status.journal_cursor.unwrap_or(0),
-            session_config: status.session_config.clone(),
-        }
-    }
-
-    fn same_fields(&self, other: &Known) -> bool {
-        (
-            &self.resume_token,
-            &self.last_message_id,
-            self.activity,
-            self.running,
-            &self.session_config,
-        ) == (
-            &other.resume_token,
-            &other.last_message_id,
-            other.activity,
-            other.running,
-            &other.session_config,
-        )
-    }
-}
-
-/// What an event line changes in ExecutorRunning status, given what it holds (`known`): a JSON
-/// merge patch of the changed fields (with the journal cursor) and what the status holds after
-/// it; `None` when nothing changes. A journal entry at or below the cursor changes nothing; the
-/// snapshot (the current state) always counts.
-pub fn status_patch_for(
-    line: &EventLine,
-    known: &Known,
-    now: Timestamp,
-) -> Option<(serde_json::Value, Known)> {
-    let next = known_after(line, known)?;
-    if next.same_fields(known) {
-        return None;
-    }
-    Some((json!({ "status": changed_fields(known, &next, now) }), next))
-}
-
-/// The journal is on the workspace volume, which the agent can write: a session or message id
-/// the operator would not keep (too long, control characters) is not applied.
-fn keeps(id: &str) -> bool {
-    session_id_problem(id).is_none()
-}
-
-/// What is known after `line`; `None` when the line changes nothing (an entry already read,
-/// one that says nothing about the executor, an id not kept).
-fn known_after(line: &EventLine, known: &Known) -> Option<Known> {
-    let event = &line.event;
-    let is_snapshot = matches!(event, Event::Snapshot { .. });
-    if !is_snapshot && line.seq.is_some_and(|seq| seq <= known.cursor) {
-        return None;
-    }
-    let mut next = known.clone();
-    match line.seq {
-        // The snapshot is the state as of the newest entry (lower than the cursor only if the
-        // journal was started over).
-        Some(seq) if is_snapshot => next.cursor = seq,
-        Some(seq) => next.cursor = next.cursor.max(seq),
-        None => {}
-    }
-    apply_event(event, &mut next)?;
-    // A new session starts with its own configuration (its `session_config` event follows).
-    if next.resume_token != known.resume_token {
-        next.session_config = None;
-    }
-    // The last message id belongs to the session the token names: a new session starts without
-    // one, until the agent reports one.
-    match event {
-        Event::Snapshot {
-            last_message_id: Some(id),
-            ..
-        }
-        | Event::PromptFinished {
-            last_message_id: Some(id),
-            ..
-        } if keeps(id) => next.last_message_id = Some(id.clone()),
-        _ if next.resume_token != known.resume_token => next.last_message_id = None,
-        _ => {}
-    }
-    Some(next)
-}
-
-/// What `event` says about the executor, into `next`; `None` when it says nothing.
-fn apply_event(event: &Event, next: &mut Known) -> Option<()> {
-    match event {
-        Event::SessionCreated { session_id, .. } | Event::PromptFinished { session_id, .. }
-            if !keeps(session_id) =>
-        {
-            return None;
-        }
-        Event::Snapshot {
-            session_id,
-            prompt_active,
-            ..
-        } => {
-            next.running = true;
-            next.activity = Some(if *prompt_active {
-                AgentActivity::Working
-            } else {
-                AgentActivity::Idle
-            });
-            if let Some(id) = session_id.as_ref().filter(|id| keeps(id)) {
-                next.resume_token = Some(id.clone());
-            }
-        }
-        Event::SessionCreated { session_id, .. } => {
-            next.running = true;
-            next.resume_token = Some(session_id.clone());
-        }
-        Event::PromptStarted { .. } => next.activity = Some(AgentActivity::Working),
-        Event::PromptFinished { session_id, .. } => {
-            next.activity = Some(AgentActivity::Idle);
-            next.resume_token = Some(session_id.clone());
-        }
-        Event::SessionConfig { session_id, config } => {
-            // Only the configuration of the session the token names is kept.
-            if next.resume_token.as_ref() != Some(session_id) {
-                return None;
-            }
-            next.session_config = Some(config.clone().bounded());
-        }
-        Event::ConfigSetBackFailed { .. }
-        | Event::Suspended { .. }
-        | Event::AgentExited { .. }
-        | Event::Heartbeat
-        | Event::JournalGap { .. }
-        | Event::Other => return None,
-    }
-    Some(())
-}
-
-/// The status fields that differ between `known` and `next`, as a merge patch's `status`.
-fn changed_fields(known: &Known, next: &Known, now: Timestamp) -> serde_json::Value {
-    let mut status = json!({ "lastSeenAt": Time(now) });
-    if next.running != known.running {
-        status["status"] = json!(ExecutorPhase::Running);
-    }
-    if next.activity != known.activity {
-        status["activity"] = json!(next.activity);
-    }
-    if next.resume_token != known.resume_token {
-        status["resumeToken"] = json!(next.resume_token);
-        status["resumable"] = json!(true);
-    }
-    if next.last_message_id != known.last_message_id {
-        // null removes it (a merge patch).
-        status["lastMessageUUID"] = json!(next.last_message_id);
-    }
-    if next.session_config != known.session_config {
-        // Explicit nulls: a merge patch would otherwise keep a mode or model no longer reported.
-        status["sessionConfig"] = match &next.session_config {
-            Some(config) => json!({
-                "mode": config.mode, "model": config.model,
-                "configOptions": config.config_options,
-            }),
-            None => serde_json::Value::Null,
-        };
-    }
-    if next.cursor != known.cursor {
-        status["journalCursor"] = json!(next.cursor);
-    }
-    status
-}
-
 /// The followers, by pod UID: the running ones, and when each pod's journal was last read.
 pub struct Followers {
     running: Mutex<HashMap<String, JoinHandle<()>>>,
@@ -277,31 +86,95 @@ pub struct Followers {
     probe: Probe,
     /// Paces the execs of every follower.
     gate: Arc<ExecGate>,
+    /// What the followers read and the reconciler has not written yet.
+    board: Board,
 }
 
+/// The news of each pod (by UID) with the number of its posts, and the wake-up of the sessions
+/// they belong to.
+#[derive(Clone)]
+struct Board {
+    news: Arc<Mutex<HashMap<String, (JournalNews, u64)>>>,
+    wake: mpsc::UnboundedSender<ObjectRef<TaskSession>>,
+}
+
+impl Board {
+    /// Posts what a follower read now (a nudge handled earlier and not written yet stays), and
+    /// wakes the session's reconcile.
+    fn post(&self, session: &ObjectRef<TaskSession>, mut news: JournalNews) {
+        if let Ok(mut board) = self.news.lock() {
+            let posts = match board.remove(&news.pod_uid) {
+                Some((before, posts)) => {
+                    news.handled_nudge = news.handled_nudge.or(before.handled_nudge);
+                    posts + 1
+                }
+                None => 0,
+            };
+            board.insert(news.pod_uid.clone(), (news, posts));
+        }
+        // The receiver goes only with the controller.
+        let _ = self.wake.unbounded_send(session.clone());
+    }
+}
+
+/// The news a reconcile writes, and the post it is (see [`Followers::written`]).
+pub type Posted = (JournalNews, u64);
+
 impl Followers {
-    /// Starts the pacing of the followers' execs (a task for the operator's lifetime).
-    pub fn new(pods: Store<Pod>, probe: Probe) -> Self {
+    /// Starts the pacing of the followers' execs (a task for the operator's lifetime). The
+    /// stream names the sessions whose followers posted news: the controller reconciles them.
+    pub fn new(
+        pods: Store<Pod>,
+        probe: Probe,
+    ) -> (Self, mpsc::UnboundedReceiver<ObjectRef<TaskSession>>) {
         let gate = ExecGate::new(probe.execs_per_second);
         tokio::spawn(gate.clone().run());
-        Self {
+        let (wake, woken) = mpsc::unbounded();
+        let followers = Self {
             running: Mutex::default(),
             started: Mutex::default(),
             pods,
             probe,
             gate,
+            board: Board {
+                news: Arc::default(),
+                wake,
+            },
+        };
+        (followers, woken)
+    }
+
+    /// The news of pod `pod_uid` that no reconcile has written yet.
+    pub fn news(&self, pod_uid: &str) -> Option<Posted> {
+        self.board.news.lock().ok()?.get(pod_uid).cloned()
+    }
+
+    /// Posts news as a follower would (the write-order tests).
+    #[cfg(test)]
+    pub fn post(&self, session: &ObjectRef<TaskSession>, news: JournalNews) {
+        self.board.post(session, news);
+    }
+
+    /// A reconcile wrote (or judged) post `posts` of the pod's news: it goes, unless a newer
+    /// one came meanwhile.
+    pub fn written(&self, pod_uid: &str, posts: u64) {
+        if let Ok(mut board) = self.board.news.lock()
+            && board.get(pod_uid).is_some_and(|(_, n)| *n == posts)
+        {
+            board.remove(pod_uid);
         }
     }
 
     /// Reads the pod's journal, and follows it while the agent works, unless a follower runs
     /// already, or one started for the same `nudge` (the session's [`PROMPTED_ANNOTATION`])
     /// and the periodic catch-up is off or not due, or this operator run has not read it yet
-    /// and need not ([`reads_at_first_sight`]). `status` is what its ExecutorRunning holds now.
+    /// and need not ([`reads_at_first_sight`]). `status` is what the session's ExecutorRunning
+    /// holds now.
     pub fn ensure(
         &self,
         client: &Client,
         pod: &Pod,
-        executor: &str,
+        session: ObjectRef<TaskSession>,
         status: &ExecutorRunningStatus,
         nudge: Option<&str>,
     ) {
@@ -343,16 +216,17 @@ impl Followers {
         // reconcile, and a child would keep the reconcile's span (and its trace) open.
         let span = info_span!(parent: None, "agentctl.events", pod = %name, namespace = %ns);
         span.follows_from(tracing::Span::current());
-        let nudges = Nudges {
-            handled: status.handled_prompted_at.clone(),
-            current: nudge.map(str::to_string),
-        };
         let task = follow(
             client.clone(),
             self.pods.clone(),
-            ObjectRef::from_obj(pod),
-            executor.to_string(),
-            (Known::from_status(status), nudges),
+            Reader {
+                pod: ObjectRef::from_obj(pod),
+                uid: uid.clone(),
+                session,
+                board: self.board.clone(),
+                nudge: nudge.map(str::to_string),
+            },
+            AgentView::from_status(status),
             self.probe.answer_within,
             self.gate.clone(),
         )
@@ -387,6 +261,9 @@ impl Followers {
         if let Ok(mut started) = self.started.lock() {
             started.retain(|uid, _| keep(uid));
         }
+        if let Ok(mut board) = self.board.news.lock() {
+            board.retain(|uid, _| keep(uid));
+        }
     }
 }
 
@@ -400,20 +277,25 @@ pub fn reads_at_first_sight(status: &ExecutorRunningStatus, nudge: Option<&str>)
         || nudge.is_some_and(|n| status.handled_prompted_at.as_deref() != Some(n))
 }
 
-/// The session's nudge ([`PROMPTED_ANNOTATION`]) a follower started for, and the one its
-/// ExecutorRunning records as handled.
-struct Nudges {
-    handled: Option<String>,
-    current: Option<String>,
+/// One follower's pod, the session it posts news for, and the client's nudge it started for
+/// (handled once the journal is read up to an idle agent).
+struct Reader {
+    pod: ObjectRef<Pod>,
+    uid: String,
+    session: ObjectRef<TaskSession>,
+    board: Board,
+    nudge: Option<String>,
 }
 
-impl Nudges {
-    /// The patch that records the current nudge as handled, once the journal was read up to an
-    /// idle agent (`None`: it is recorded already, or too long to record).
-    fn handled_patch(&self) -> Option<serde_json::Value> {
-        let current = self.current.as_ref().filter(|n| n.len() <= NUDGE_MAX)?;
-        (self.handled.as_ref() != Some(current))
-            .then(|| json!({"status": {"handledPromptedAt": current}}))
+impl Reader {
+    fn post(&self, view: &AgentView, handled_nudge: Option<String>) {
+        let news = JournalNews {
+            pod_uid: self.uid.clone(),
+            view: view.clone(),
+            seen_at: Timestamp::now(),
+            handled_nudge,
+        };
+        self.board.post(&self.session, news);
     }
 }
 
@@ -429,22 +311,20 @@ enum StreamEnd {
 /// is idle, or when the pod is gone from the cache or stops running. A dropped stream reconnects
 /// with exponential backoff (1 s … 30 s), from the cursor: a stream that sends nothing within
 /// `answer_within` counts as dropped. Each exec waits for its turn at the `gate`. Once the
-/// journal is read up to an idle agent, the nudge it started for is recorded as handled.
+/// journal is read up to an idle agent, the nudge it started for is posted as handled.
 async fn follow(
     client: Client,
     cache: Store<Pod>,
-    pod: ObjectRef<Pod>,
-    executor: String,
-    (mut known, nudges): (Known, Nudges),
+    reader: Reader,
+    mut view: AgentView,
     answer_within: Duration,
     gate: Arc<ExecGate>,
 ) {
-    let ns = pod.namespace.clone().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let executors: Api<ExecutorRunning> = Api::namespaced(client, &ns);
+    let ns = reader.pod.namespace.clone().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
     let mut backoff = Duration::from_secs(1);
     loop {
-        let running = cache.get(&pod).is_some_and(|p| {
+        let running = cache.get(&reader.pod).is_some_and(|p| {
             p.metadata.deletion_timestamp.is_none()
                 && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
         });
@@ -452,29 +332,16 @@ async fn follow(
             info!("pod is gone or not running; stopping the event follower");
             return;
         }
-        gate.enter(known.activity == Some(AgentActivity::Working))
+        gate.enter(view.activity == Some(AgentActivity::Working))
             .await;
         let mut answered = false;
-        let streamed = stream_events(
-            (&pods, &pod.name),
-            (&executors, &executor),
-            &mut known,
-            (answer_within, &mut answered),
-        )
-        .await;
+        let streamed =
+            stream_events(&pods, &reader, &mut view, (answer_within, &mut answered)).await;
         match streamed {
             Ok(StreamEnd::Idle) => {
-                debug!(cursor = known.cursor, "agent idle; journal caught up");
-                if let Some(patch) = nudges.handled_patch()
-                    && let Err(err) = executors
-                        .patch_status(
-                            &executor,
-                            &PatchParams::apply(JOURNAL_MANAGER),
-                            &Patch::Merge(&patch),
-                        )
-                        .await
-                {
-                    warn!(error = %err, "could not record the handled nudge; a restarted operator reads this journal again");
+                debug!(cursor = view.cursor, "agent idle; journal caught up");
+                if reader.nudge.is_some() {
+                    reader.post(&view, reader.nudge.clone());
                 }
                 return;
             }
@@ -487,16 +354,16 @@ async fn follow(
 }
 
 async fn stream_events(
-    (pods, pod): (&Api<Pod>, &str),
-    (executors, executor): (&Api<ExecutorRunning>, &str),
-    known: &mut Known,
+    pods: &Api<Pod>,
+    reader: &Reader,
+    view: &mut AgentView,
     (answer_within, answered): (Duration, &mut bool),
 ) -> Result<StreamEnd, kube::Error> {
     let params = AttachParams::default()
         .stdin(false)
         .stdout(true)
         .stderr(false);
-    let since = known.cursor.to_string();
+    let since = view.cursor.to_string();
     // agentctl ends the stream itself once the agent is idle: no process lingers in the pod.
     let command = [
         "agentctl",
@@ -505,7 +372,7 @@ async fn stream_events(
         since.as_str(),
         "--until-idle",
     ];
-    let mut process = pods.exec(pod, command, &params).await?;
+    let mut process = pods.exec(&reader.pod.name, command, &params).await?;
     let Some(stdout) = process.stdout() else {
         return Ok(StreamEnd::Dropped);
     };
@@ -514,7 +381,7 @@ async fn stream_events(
     let mut lines = LineReader::new(BufReader::new(stdout), LINE_LIMIT);
     let mut warnings = WarnLimiter::default();
     let mut caught_up = false;
-    debug!(since = known.cursor, "reading agentctl events");
+    debug!(since = view.cursor, "reading agentctl events");
     loop {
         // The replay and snapshot come at once; then lines, or at least heartbeats, while the
         // agent works.
@@ -537,7 +404,7 @@ async fn stream_events(
                 );
                 return Ok(StreamEnd::Dropped);
             }
-            Ok(Frame::Eof) if caught_up && known.activity != Some(AgentActivity::Working) => {
+            Ok(Frame::Eof) if caught_up && view.activity != Some(AgentActivity::Working) => {
                 return Ok(StreamEnd::Idle);
             }
             Ok(Frame::Eof) | Err(_) => return Ok(StreamEnd::Dropped),
@@ -545,7 +412,9 @@ async fn stream_events(
         let Some(line) = parse_line(lines.line(), &mut warnings) else {
             continue;
         };
-        apply_line(&line, (executors, executor), known).await?;
+        if read_line(&line, view, &reader.session.name) {
+            reader.post(view, None);
+        }
         // The snapshot ends the replay; agentctl closes the stream once the agent is idle.
         caught_up |= matches!(line.event, Event::Snapshot { .. });
     }
@@ -568,39 +437,41 @@ fn parse_line(bytes: &[u8], warnings: &mut WarnLimiter) -> Option<EventLine> {
     }
 }
 
-/// What `line` changes in the executor's status, written under [`JOURNAL_MANAGER`]; `known`
-/// moves on with it (its cursor at least).
-async fn apply_line(
-    line: &EventLine,
-    (executors, executor): (&Api<ExecutorRunning>, &str),
-    known: &mut Known,
-) -> Result<(), kube::Error> {
+/// What `line` says, into `view` (its cursor at least); whether a field other than the cursor
+/// changed (the news to post).
+fn read_line(line: &EventLine, view: &mut AgentView, session: &str) -> bool {
     if let Event::ConfigSetBackFailed {
         session_id,
         method,
         error,
     } = &line.event
     {
-        warn!(%executor, session_id = %cap(session_id, SESSION_ID_MAX), method = %cap(method, AGENT_NAME_MAX), code = error.code, message = %cap(&error.message, AGENT_TEXT_MAX), "agentctl could not set the session's saved configuration back after the restore; the restore stands");
+        warn!(%session, session_id = %cap(session_id, SESSION_ID_MAX), method = %cap(method, AGENT_NAME_MAX), code = error.code, message = %cap(&error.message, AGENT_TEXT_MAX), "agentctl could not set the session's saved configuration back after the restore; the restore stands");
     }
-    if let Some((patch, next)) = status_patch_for(line, known, Timestamp::now()) {
-        executors
-            .patch_status(
-                executor,
-                &PatchParams::apply(JOURNAL_MANAGER),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        *known = next;
-    } else if let Some(seq) = line.seq {
-        known.cursor = known.cursor.max(seq);
+    match view_after(line, view) {
+        Some(next) if !next.same_fields(view) => {
+            *view = next;
+            true
+        }
+        _ => {
+            if let Some(seq) = line.seq {
+                view.cursor = view.cursor.max(seq);
+            }
+            false
+        }
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use futures::StreamExt;
+    use serde_json::json;
+
     use super::*;
+
+    fn session() -> ObjectRef<TaskSession> {
+        ObjectRef::new("s").within("ns")
+    }
 
     /// Followers with the default probe and a client of an API server that is not there (a
     /// follower that starts fails its exec and stops with its empty pod cache).
@@ -610,7 +481,7 @@ mod tests {
         kube::runtime::reflector::store::Writer<Pod>,
     ) {
         let (store, writer) = kube::runtime::reflector::store::<Pod>();
-        let followers = Followers::new(store, Probe::default());
+        let (followers, _woken) = Followers::new(store, Probe::default());
         let url = "http://127.0.0.1:9".parse().expect("url");
         let client = Client::try_from(kube::Config::new(url)).expect("client");
         (followers, client, writer)
@@ -627,10 +498,10 @@ mod tests {
         .expect("pod");
         followers.caught_up(&pod, Some("n1"));
         let status = ExecutorRunningStatus::default();
-        followers.ensure(&client, &pod, "er", &status, Some("n1"));
+        followers.ensure(&client, &pod, session(), &status, Some("n1"));
         let running = |uid: &str| followers.running.lock().expect("lock").contains_key(uid);
         assert!(!running("u1"), "no exec for the nudge the launch saw");
-        followers.ensure(&client, &pod, "er", &status, Some("n2"));
+        followers.ensure(&client, &pod, session(), &status, Some("n2"));
         assert!(running("u1"), "a new nudge reads the journal");
         followers.retain(|_| false);
     }
@@ -663,21 +534,6 @@ mod tests {
                 "{working} {nudge:?} {handled:?}"
             );
         }
-        let nudges = |handled: Option<&str>, current: Option<String>| Nudges {
-            handled: handled.map(String::from),
-            current,
-        };
-        assert_eq!(
-            nudges(Some("n1"), Some("n2".into())).handled_patch(),
-            Some(json!({"status": {"handledPromptedAt": "n2"}}))
-        );
-        assert_eq!(nudges(Some("n1"), Some("n1".into())).handled_patch(), None);
-        assert_eq!(nudges(None, None).handled_patch(), None);
-        assert_eq!(
-            nudges(None, Some("n".repeat(NUDGE_MAX + 1))).handled_patch(),
-            None,
-            "too long to record: read again after a restart"
-        );
     }
 
     /// An operator that starts beside an idle, caught-up session opens no exec into its pod,
@@ -697,253 +553,53 @@ mod tests {
             handled_prompted_at: Some("n1".into()),
             ..Default::default()
         };
-        followers.ensure(&client, &pod("idle"), "er", &idle, Some("n1"));
-        followers.ensure(&client, &pod("idle"), "er", &idle, Some("n1"));
+        followers.ensure(&client, &pod("idle"), session(), &idle, Some("n1"));
+        followers.ensure(&client, &pod("idle"), session(), &idle, Some("n1"));
         assert!(!running("idle"));
         let working = ExecutorRunningStatus {
             activity: Some(AgentActivity::Working),
             ..Default::default()
         };
-        followers.ensure(&client, &pod("working"), "er", &working, None);
+        followers.ensure(&client, &pod("working"), session(), &working, None);
         assert!(running("working"));
-        followers.ensure(&client, &pod("idle"), "er", &idle, Some("n2"));
+        followers.ensure(&client, &pod("idle"), session(), &idle, Some("n2"));
         assert!(running("idle"), "a new nudge reads the journal");
         followers.retain(|_| false);
     }
 
-    /// What the follower knows of a running, idle agent in session `s1`.
-    fn running_idle() -> Known {
-        Known {
-            resume_token: Some("s1".into()),
-            last_message_id: None,
-            activity: Some(AgentActivity::Idle),
-            running: true,
-            cursor: 0,
-            session_config: None,
-        }
-    }
-
-    fn parse(line: &str) -> EventLine {
-        serde_json::from_str(line).expect("event parses")
-    }
-
-    /// The journal is on the workspace volume, which the agent can write (issue 30): an id the
-    /// operator would not keep is not applied, and a configuration keeps its bounds.
-    #[test]
-    fn hostile_journal_lines_stay_within_bounds() {
-        use crate::api::bounds::{CONFIG_ITEMS_MAX, SESSION_ID_MAX};
-        let now = Timestamp::from_second(0).expect("ts");
-        let known = running_idle();
-        let long = "x".repeat(SESSION_ID_MAX + 1);
-        for line in [
-            format!(r#"{{"event":"session_created","sessionId":"{long}","method":"session/new"}}"#),
-            format!(
-                r#"{{"event":"prompt_finished","sessionId":"{long}","stopReason":"end_turn"}}"#
-            ),
-            r#"{"event":"session_created","sessionId":"a\nb","method":"session/new"}"#.to_string(),
-            format!(
-                r#"{{"event":"snapshot","sessionId":"{long}","promptActive":false,"lastMessageId":"{long}"}}"#
-            ),
-        ] {
-            assert_eq!(status_patch_for(&parse(&line), &known, now), None, "{line}");
-        }
-        let options: Vec<_> = (0..10_000)
-            .map(|n| json!({"id": format!("o{n}"), "value": "true"}))
-            .chain([json!({"id": "x", "value": "v".repeat(10_000)})])
-            .collect();
-        let line = json!({"event": "session_config", "sessionId": "s1",
-            "config": {"mode": long, "model": "m", "configOptions": options}});
-        let (patch, next) =
-            status_patch_for(&parse(&line.to_string()), &known, now).expect("a change");
-        let config = next.session_config.expect("a configuration");
-        assert_eq!(
-            config.mode, None,
-            "a mode over the bound is dropped, not cut"
-        );
-        assert_eq!(config.model.as_deref(), Some("m"));
-        assert_eq!(config.config_options.len(), CONFIG_ITEMS_MAX);
-        assert_eq!(
-            patch["status"]["sessionConfig"]["configOptions"]
-                .as_array()
-                .map(Vec::len),
-            Some(CONFIG_ITEMS_MAX)
-        );
-    }
-
-    #[test]
-    fn events_map_to_executor_status_changes() {
-        let now = Timestamp::from_second(0).expect("ts");
-        let running_idle = running_idle();
-        let at_5 = Known {
-            cursor: 5,
-            ..running_idle.clone()
+    /// News waits on the board until a reconcile wrote the post it read: a newer post stays,
+    /// a handled nudge not written yet is kept by the next post, and every post wakes the
+    /// session.
+    #[tokio::test]
+    async fn news_waits_until_written() {
+        let (store, _writer) = kube::runtime::reflector::store::<Pod>();
+        let (followers, mut woken) = Followers::new(store, Probe::default());
+        let reader = Reader {
+            pod: ObjectRef::new("p").within("ns"),
+            uid: "u1".into(),
+            session: session(),
+            board: followers.board.clone(),
+            nudge: Some("n1".into()),
         };
-        let planning = Known {
-            session_config: Some(SessionConfigState {
-                mode: Some("plan".into()),
-                ..SessionConfigState::default()
-            }),
-            ..running_idle.clone()
+        let working = AgentView {
+            activity: Some(AgentActivity::Working),
+            ..AgentView::default()
         };
-        let cases = [
-            (
-                Known::default(),
-                r#"{"event":"session_created","sessionId":"s1","method":"session/new"}"#,
-                Some(json!({"resumeToken":"s1","resumable":true,"status":"Running"})),
-            ),
-            (
-                running_idle.clone(),
-                r#"{"event":"prompt_started","sessionId":"s1"}"#,
-                Some(json!({"activity":"Working"})),
-            ),
-            (
-                Known {
-                    activity: Some(AgentActivity::Working),
-                    ..running_idle.clone()
-                },
-                r#"{"event":"prompt_finished","sessionId":"s2","stopReason":"end_turn"}"#,
-                Some(json!({"activity":"Idle","resumeToken":"s2"})),
-            ),
-            (
-                Known::default(),
-                r#"{"event":"snapshot","sessionId":null,"promptActive":true}"#,
-                Some(json!({"status":"Running","activity":"Working"})),
-            ),
-            // What the launch already recorded: the opening snapshot writes nothing.
-            (
-                running_idle.clone(),
-                r#"{"event":"snapshot","sessionId":"s1","promptActive":false}"#,
-                None,
-            ),
-            (
-                running_idle.clone(),
-                r#"{"event":"prompt_finished","sessionId":"s1","stopReason":"end_turn"}"#,
-                None,
-            ),
-            (
-                running_idle.clone(),
-                r#"{"event":"agent_exited","code":1}"#,
-                None,
-            ),
-            (running_idle.clone(), r#"{"event":"something_new"}"#, None),
-            // The agent's message ids: the last one of a prompt, or of the snapshot…
-            (
-                running_idle.clone(),
-                r#"{"event":"prompt_finished","sessionId":"s1","stopReason":"end_turn","lastMessageId":"m-2"}"#,
-                Some(json!({"lastMessageUUID":"m-2"})),
-            ),
-            (
-                Known::default(),
-                r#"{"event":"snapshot","sessionId":"s1","promptActive":false,"lastMessageId":"m-2"}"#,
-                Some(
-                    json!({"status":"Running","activity":"Idle","resumeToken":"s1","lastMessageUUID":"m-2"}),
-                ),
-            ),
-            (
-                Known {
-                    last_message_id: Some("m-2".into()),
-                    ..running_idle.clone()
-                },
-                r#"{"event":"snapshot","sessionId":"s1","promptActive":false,"lastMessageId":"m-2"}"#,
-                None,
-            ),
-            // …and a new session's token drops the old session's id.
-            (
-                Known {
-                    last_message_id: Some("m-2".into()),
-                    ..running_idle.clone()
-                },
-                r#"{"event":"session_created","sessionId":"s9","method":"session/new"}"#,
-                Some(json!({"resumeToken":"s9","lastMessageUUID":null})),
-            ),
-            (
-                Known {
-                    last_message_id: Some("m-2".into()),
-                    ..running_idle.clone()
-                },
-                r#"{"event":"prompt_finished","sessionId":"s9","stopReason":"end_turn","lastMessageId":"n-1"}"#,
-                Some(json!({"resumeToken":"s9","lastMessageUUID":"n-1"})),
-            ),
-            // The session's configuration, for the session the token names only…
-            (
-                running_idle.clone(),
-                r#"{"event":"session_config","sessionId":"s1","config":{"mode":"plan","configOptions":[{"id":"effort","value":"high"}]}}"#,
-                Some(
-                    json!({"sessionConfig":{"mode":"plan","model":null,"configOptions":[{"id":"effort","value":"high"}]}}),
-                ),
-            ),
-            (
-                running_idle.clone(),
-                r#"{"event":"session_config","sessionId":"other","config":{"mode":"plan"}}"#,
-                None,
-            ),
-            (
-                planning.clone(),
-                r#"{"event":"session_config","sessionId":"s1","config":{"mode":"plan"}}"#,
-                None,
-            ),
-            // …and a new session's token drops the old session's configuration.
-            (
-                planning.clone(),
-                r#"{"event":"session_created","sessionId":"s9","method":"session/new"}"#,
-                Some(json!({"resumeToken":"s9","sessionConfig":null})),
-            ),
-            (
-                running_idle.clone(),
-                r#"{"event":"config_set_back_failed","sessionId":"s1","method":"session/set_mode","error":{"code":-32603,"message":"no"}}"#,
-                None,
-            ),
-            (running_idle.clone(), r#"{"event":"something_new"}"#, None),
-            // serve's own lines: a heartbeat, and the gap before a replay.
-            (
-                running_idle.clone(),
-                r#"{"event":"heartbeat","timestamp":"T"}"#,
-                None,
-            ),
-            (running_idle, r#"{"event":"journal_gap","since":3}"#, None),
-            // The journal: an entry applied already (or an older launch's) changes nothing…
-            (
-                at_5.clone(),
-                r#"{"seq":5,"event":"prompt_started","sessionId":"s1","launch":"r1"}"#,
-                None,
-            ),
-            (
-                at_5.clone(),
-                r#"{"seq":2,"event":"session_created","sessionId":"old","method":"session/new","launch":"initial"}"#,
-                None,
-            ),
-            // …a newer one is applied with its cursor…
-            (
-                at_5.clone(),
-                r#"{"seq":6,"event":"prompt_started","sessionId":"s1","launch":"r1"}"#,
-                Some(json!({"activity":"Working","journalCursor":6})),
-            ),
-            // …and a snapshot below the cursor (the journal started over) resets it.
-            (
-                Known { cursor: 9, ..at_5 },
-                r#"{"seq":3,"event":"snapshot","sessionId":"s1","promptActive":true}"#,
-                Some(json!({"activity":"Working","journalCursor":3})),
-            ),
-        ];
-        for (known, line, expected) in cases {
-            let patch = status_patch_for(&parse(line), &known, now);
-            match (patch, expected) {
-                (None, None) => {}
-                (Some((patch, next)), Some(expected)) => {
-                    let written = patch["status"].as_object().expect("object");
-                    for (key, value) in expected.as_object().expect("object") {
-                        assert_eq!(&written[key], value, "{line}: {key}");
-                    }
-                    let unchanged = written
-                        .keys()
-                        .filter(|k| !expected.as_object().expect("object").contains_key(*k))
-                        .filter(|k| *k != "lastSeenAt" && *k != "resumable")
-                        .collect::<Vec<_>>();
-                    assert!(unchanged.is_empty(), "{line}: wrote {unchanged:?} too");
-                    assert_ne!(next, known, "{line}");
-                }
-                (got, want) => panic!("{line}: got {got:?}, want {want:?}"),
-            }
-        }
+        reader.post(&AgentView::default(), Some("n1".into()));
+        reader.post(&working, None);
+        assert_eq!(woken.next().await, Some(session()));
+        assert_eq!(woken.next().await, Some(session()));
+        let (news, posts) = followers.news("u1").expect("news");
+        assert_eq!(
+            (&news.view, news.handled_nudge.as_deref(), posts),
+            (&working, Some("n1"), 1)
+        );
+        followers.written("u1", 0);
+        assert!(followers.news("u1").is_some(), "a newer post stays");
+        followers.written("u1", 1);
+        assert_eq!(followers.news("u1"), None);
+        reader.post(&working, None);
+        followers.retain(|_| false);
+        assert_eq!(followers.news("u1"), None, "a gone pod's news goes");
     }
 }

@@ -16,7 +16,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::context::Context;
-use super::error::{Error, conflict_or, kube_err};
+use super::error::{Error, conflict_or};
 use super::events::OutgoingEvent;
 use super::metrics;
 use super::pods;
@@ -24,23 +24,21 @@ use crate::agents::AgentProfile;
 use crate::api::bounds::{MESSAGE_MAX, cap};
 use crate::api::names;
 use crate::api::{
-    ExecutorPhase, ExecutorRunning, PROMPTED_ANNOTATION, RESUME_ANNOTATION, SESSION_LABEL,
-    SessionState, TaskSession, TaskSessionStatus,
+    ExecutorPhase, ExecutorRunning, ExecutorRunningStatus, PROMPTED_ANNOTATION, RESUME_ANNOTATION,
+    SESSION_LABEL, SessionState, TaskSession, TaskSessionStatus,
 };
 use crate::resume::{
     INITIAL_LAUNCH, Metric, NextAction, NodeHealth, ReachFacts, RequestAnswer, Requeue,
     ResumeRequest, ResumeRequestFacts, RunningRequest, SessionObjects, Transition, answer_request,
-    build_resume_request, ending, is_controlled_by, is_new_resume_request, launching, node_health,
-    not_ready_since, observe, request_meets_running_pod, running_request,
+    build_resume_request, ended, ending, is_controlled_by, is_new_resume_request, journal_update,
+    launching, leftovers, node_health, not_ready_since, observe, request_meets_running_pod,
+    running_request,
 };
 
-/// The field manager of the TaskSession writes (status with server-side apply, the finalizer)
-/// and of the objects the operator applies.
+/// The field manager of the operator's writes: the TaskSession's and the ExecutorRunning's
+/// status (server-side apply; the reconciler is the one writer of both), the finalizer, and
+/// the objects the operator applies.
 pub const MANAGER: &str = "kandev-operator";
-/// The field manager of the reconciler's ExecutorRunning status writes: what a launch
-/// recorded, lost, stopped. The event followers write theirs as
-/// [`super::follower::JOURNAL_MANAGER`], so `managedFields` tells the two apart.
-pub const LIFECYCLE_MANAGER: &str = "kandev-operator-lifecycle";
 /// Finalizer that lets the operator stop its event followers before a session goes away.
 pub const FINALIZER: &str = "kandev.dev/cleanup";
 /// Annotation asking the next resume to ignore the saved token and start fresh.
@@ -79,14 +77,18 @@ pub(super) struct Session<'a> {
 impl<'a> Session<'a> {
     /// Reads the session's ExecutorRunning and pods (those whose controller is this session, by
     /// UID: labels alone prove nothing) from the caches; a pod this operator just deleted counts
-    /// as terminating even while the cache lags ([`Expectations::mark_deleted`]).
+    /// as terminating even while the cache lags ([`Expectations::mark_deleted`]), and the
+    /// ExecutorRunning it just wrote is read as written ([`Expectations::executor`]).
     pub(super) fn load(ts: Arc<TaskSession>, ctx: &'a Context) -> Result<Session<'a>, Error> {
         let ns = ts.namespace().ok_or(Error::NoNamespace)?;
         let name = ts.name_any();
         let uid = ts.uid().unwrap_or_default();
-        let executor = ctx
+        let cached = ctx
             .executors
-            .get(&ObjectRef::new(&names::executor_name(&ts)).within(&ns))
+            .get(&ObjectRef::new(&names::executor_name(&ts)).within(&ns));
+        let executor = ctx
+            .expectations
+            .executor(&uid, cached)
             .map(Arc::unwrap_or_clone);
         // Found through the index, not by going through every pod of the cache.
         let mut candidates = ctx
@@ -198,7 +200,7 @@ impl<'a> Session<'a> {
         self.ctx.followers.ensure(
             &self.ctx.streams,
             pod,
-            &names::executor_name(&self.ts),
+            ObjectRef::from_obj(&*self.ts),
             &self.objects.executor_status(),
             nudge,
         );
@@ -227,6 +229,7 @@ impl<'a> Session<'a> {
 
     pub(super) async fn apply(mut self) -> Result<Requeue, Error> {
         self.report_decoys();
+        self.write_journal_news().await?;
         if let Some(end) = ending(self.ts.spec.end, &self.status) {
             return self.end_session(end).await;
         }
@@ -440,27 +443,95 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Writes what the event follower of the executor's pod read and no reconcile wrote yet
+    /// ([`journal_update`]); the rest of the pass decides on the status written.
+    async fn write_journal_news(&mut self) -> Result<(), Error> {
+        let current = self.objects.executor_status();
+        let Some(pod_uid) = current.pod_uid.clone() else {
+            return Ok(());
+        };
+        let Some((news, posts)) = self.ctx.followers.news(&pod_uid) else {
+            return Ok(());
+        };
+        if let Some(desired) = journal_update(&current, &news) {
+            self.write_executor(&desired, "writing what the agent's journal says")
+                .await?;
+        }
+        self.ctx.followers.written(&pod_uid, posts);
+        Ok(())
+    }
+
     /// The executor's agent no longer runs: `phase` (`Lost`, `Stopped`), no activity, and
     /// `resumable` as given (`doing` names the write in an error). Nothing without an
     /// ExecutorRunning.
     async fn executor_ended(
-        &self,
+        &mut self,
         phase: ExecutorPhase,
         resumable: bool,
         doing: &'static str,
     ) -> Result<(), Error> {
-        let Some(er) = &self.objects.executor else {
+        if self.objects.executor.is_none() {
             return Ok(());
-        };
+        }
+        let desired = ended(&self.objects.executor_status(), phase, resumable);
+        self.write_executor(&desired, doing).await
+    }
+
+    /// Applies `desired` as the ExecutorRunning's status (server-side apply under [`MANAGER`]:
+    /// the reconciler is its one writer), on the condition that the ExecutorRunning is still the
+    /// version this reconcile decided on: a decision on a lagging cache fails with
+    /// [`Error::ExecutorConflict`]. Without an ExecutorRunning in the caches (one created by an
+    /// earlier pass that they do not show yet), it applies without that condition. What the
+    /// apply could not remove (fields an older operator's field managers share) goes with one
+    /// merge patch ([`leftovers`]): once per executor, after an upgrade.
+    async fn write_executor(
+        &mut self,
+        desired: &ExecutorRunningStatus,
+        doing: &'static str,
+    ) -> Result<(), Error> {
+        let base = self
+            .objects
+            .executor
+            .as_ref()
+            .and_then(|er| er.metadata.resource_version.clone());
         let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let patch = json!({"status": {"status": phase, "resumable": resumable, "activity": null}});
-        api.patch_status(
-            &er.name_any(),
-            &PatchParams::apply(LIFECYCLE_MANAGER),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(kube_err(doing))?;
+        let name = names::executor_name(&self.ts);
+        let mut patch = json!({
+            "apiVersion": ExecutorRunning::api_version(&()),
+            "kind": ExecutorRunning::kind(&()),
+            "status": desired,
+        });
+        if let Some(base) = &base {
+            patch["metadata"] = json!({"resourceVersion": base});
+        }
+        let executor_err = |source| match source {
+            kube::Error::Api(status) if status.code == 409 => Error::ExecutorConflict,
+            source => Error::Kube {
+                action: doing,
+                source,
+            },
+        };
+        let params = PatchParams::apply(MANAGER).force();
+        let mut written = api
+            .patch_status(&name, &params, &Patch::Apply(&patch))
+            .await
+            .map_err(executor_err)?;
+        if let Some(mut removal) = leftovers(&written.status.clone().unwrap_or_default(), desired) {
+            info!(executor = %name, removed = %removal["status"], "removing status fields that an older operator's field managers share");
+            removal["metadata"] = json!({"resourceVersion": written.metadata.resource_version});
+            let params = PatchParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            };
+            written = api
+                .patch_status(&name, &params, &Patch::Merge(&removal))
+                .await
+                .map_err(executor_err)?;
+        }
+        self.ctx
+            .expectations
+            .wrote_executor(&self.uid, base.as_deref(), &written);
+        self.objects.executor = Some(written);
         Ok(())
     }
 

@@ -209,7 +209,8 @@ async fn run_scope(
     let (claims, claim_events) = claim_watch(&client, ns);
     let (nodes, node_events) = node_watch(&client, settings.node_lost_after.is_some());
     let (sessions, session_events) = slim_watch(scoped::<TaskSession>(&client, ns));
-    let probe = settings.probe();
+    // The followers post what they read and wake the session; its reconcile writes it.
+    let (followers, woken) = Followers::new(pods.clone(), settings.probe());
     let ctx = Arc::new(Context {
         events: EventQueue::start(
             Publisher::new(
@@ -223,7 +224,7 @@ async fn run_scope(
         streams: clients.streams,
         agents,
         settings,
-        followers: Followers::new(pods.clone(), probe),
+        followers,
         executors,
         pods,
         pod_index,
@@ -239,6 +240,7 @@ async fn run_scope(
         // Claims only fill their cache; they trigger nothing.
         .watches_stream(claim_events, |_| std::iter::empty())
         .watches_stream(node_events, |_| std::iter::empty())
+        .reconcile_on(woken)
         .with_config(controller::Config::default().concurrency(concurrency))
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)

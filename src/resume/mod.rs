@@ -7,7 +7,9 @@
 
 mod classify;
 mod end;
+mod executor;
 mod handshake;
+mod journal;
 mod launch;
 mod launch_begin;
 mod launch_end;
@@ -16,7 +18,6 @@ mod objects;
 mod observe;
 mod prompt;
 mod reach;
-mod record;
 mod request;
 mod rest;
 mod restore;
@@ -31,11 +32,15 @@ pub use end::{
     EndFacts, EndStep, deletes_workspace, end_step, end_word, ending_begun, ending_since,
     session_finished,
 };
+pub use executor::{
+    AgentView, JournalNews, LaunchRecord, ended, journal_update, launched, leftovers,
+};
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,
     is_new_resume_request, remember_handled,
 };
 pub mod defaults;
+pub use journal::view_after;
 pub use launch::{LaunchFacts, LaunchStep, launch_step, previous_pod_alive};
 pub use launch_begin::{
     Begin, ClaimSeen, INITIAL_LAUNCH, WorkspaceFacts, WorkspaceStep, describe_launch, launch_begun,
@@ -52,7 +57,6 @@ pub use reach::{
     LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, not_ready_since,
     running_request,
 };
-pub use record::{ExecutorRecord, RecordFacts, executor_record};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use rest::{RECHECK, Unrest, at_deadline, at_rest, bounded, loaded_at_rest, unrest};
 pub use restore::{

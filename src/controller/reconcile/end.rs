@@ -106,7 +106,7 @@ impl<'a> Session<'a> {
 
     /// Nothing runs any more: COMPLETED or CANCELLED, the executor `Stopped` and not resumable,
     /// the template's PVC deleted when `workspace.retention` says so, one Event.
-    async fn finish_session(self, end: SessionEnd) -> Result<Requeue, Error> {
+    async fn finish_session(mut self, end: SessionEnd) -> Result<Requeue, Error> {
         self.executor_ended(
             ExecutorPhase::Stopped,
             false,

@@ -231,7 +231,10 @@ impl<'a> Session<'a> {
             .create(&PostParams::default(), &pods::build_executor(&self.ts))
             .await
         {
-            Ok(er) => self.objects.executor = Some(er),
+            Ok(er) => {
+                self.ctx.expectations.wrote_executor(&self.uid, None, &er);
+                self.objects.executor = Some(er);
+            }
             Err(err) => match sort_refusal("creating the ExecutorRunning")(err)? {
                 (Refusal::Exists, _) => {}
                 (Refusal::Final | Refusal::Retry, message) => {

@@ -5,27 +5,22 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 
-use super::{ExecError, LIFECYCLE_MANAGER, Session};
+use super::{ExecError, Session};
 use crate::acp::budget;
 use crate::acp::{AcpTimeouts, PodConnection, RestoreOutcome};
 use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, cap};
 use crate::api::names;
 use crate::api::pod_contract::{self, WORKTREE_META, Worktree};
-use crate::api::{
-    ExecutorPhase, ExecutorRunning, NegotiatedCapabilities, PROMPTED_ANNOTATION, SessionState,
-    WorktreeStatus,
-};
-use crate::controller::error::{Error, kube_err};
+use crate::api::{NegotiatedCapabilities, PROMPTED_ANNOTATION, SessionState, WorktreeStatus};
+use crate::controller::error::Error;
 use crate::controller::metrics;
 use crate::resume::{
-    AfterRestore, InitialPrompt, LaunchEnd, RecordFacts, Requeue, RestoreFacts, executor_record,
-    launch_ended, restore_end,
+    AfterRestore, InitialPrompt, LaunchEnd, LaunchRecord, Requeue, RestoreFacts, launch_ended,
+    launched, restore_end,
 };
 
 impl<'a> Session<'a> {
@@ -155,9 +150,7 @@ impl<'a> Session<'a> {
         Ok(Requeue::After(Duration::from_secs(2)))
     }
 
-    /// Writes what the launch learned into ExecutorRunning status (a merge patch: the event
-    /// follower writes other fields of the same record). The activity is what the event
-    /// follower's first line will report, so that line changes nothing.
+    /// Writes what the launch learned into ExecutorRunning status ([`launched`]).
     async fn record_executor(
         &mut self,
         pod: &Pod,
@@ -166,7 +159,6 @@ impl<'a> Session<'a> {
         worktree: Option<Worktree>,
         prompt_started: bool,
     ) -> Result<(), Error> {
-        let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         // The checkout agentctl reported (sessions with a repository only); the path is where
         // the agent sees it, the PVC what holds it.
         let worktree = worktree.map(|w| WorktreeStatus {
@@ -176,42 +168,22 @@ impl<'a> Session<'a> {
             branch: w.branch,
             commit: w.commit,
         });
-        let record = executor_record(&RecordFacts {
-            token,
-            saved: self.objects.resume_token(),
-            prompt_started,
-            nudge: self.objects.annotation(PROMPTED_ANNOTATION),
-        });
-        let mut patch = json!({"status": {
-            "resumeToken": token,
-            "resumable": record.resumable,
-            "podName": pod.name_any(),
-            "podUID": pod.metadata.uid,
-            "agentExecutionId": pod.metadata.uid,
-            "status": ExecutorPhase::Running,
-            "activity": record.activity,
-            "capabilities": capabilities,
-            "lastSeenAt": Time(Timestamp::now()),
-        }});
-        if let Some(worktree) = worktree {
-            patch["status"]["worktree"] = json!(worktree);
-        }
-        if record.forget_last_message {
-            patch["status"]["lastMessageUUID"] = serde_json::Value::Null;
-        }
-        if let Some(nudge) = record.handled_nudge {
-            patch["status"]["handledPromptedAt"] = json!(nudge);
-        }
-        let recorded = api
-            .patch_status(
-                &names::executor_name(&self.ts),
-                &PatchParams::apply(LIFECYCLE_MANAGER),
-                &Patch::Merge(&patch),
-            )
+        let pod_name = pod.name_any();
+        let desired = launched(
+            &self.objects.executor_status(),
+            LaunchRecord {
+                pod_name: &pod_name,
+                pod_uid: pod.metadata.uid.as_deref(),
+                token,
+                prompt_started,
+                nudge: self.objects.annotation(PROMPTED_ANNOTATION),
+                capabilities,
+                worktree,
+                now: Timestamp::now(),
+            },
+        );
+        self.write_executor(&desired, "recording the executor")
             .await
-            .map_err(kube_err("recording the executor"))?;
-        self.objects.executor = Some(recorded);
-        Ok(())
     }
 
     /// Applies the end of the launch ([`launch_ended`]).

@@ -9,8 +9,10 @@
 //!   a superseded request, an agent that counts as lost), and not at all when that write
 //!   failed;
 //! - the ExecutorRunning is marked lost (or stopped) before the session's status says so;
-//! - every status write carries the resourceVersion the reconcile decided on, and each writer
-//!   its own field manager.
+//! - every status write carries the resourceVersion the reconcile decided on, and is a
+//!   server-side apply of the operator's field manager;
+//! - what the agent's journal says is written by the reconcile it wakes, before the session's
+//!   status that follows from it, and only for the pod the executor runs in.
 
 use std::sync::{Arc, Mutex};
 
@@ -121,6 +123,11 @@ impl FakeApi {
                     serde_json::to_value(ExecutorRunning::new("s", ExecutorRunningSpec::default()))
                         .expect("executor");
                 er["status"] = call.body["status"].clone();
+                let version = call.body["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                er["metadata"]["resourceVersion"] = json!((version + 1).to_string());
                 (StatusCode::OK, er)
             }
             "POST" if path.ends_with("/pods") && self.refuse_pods.is_some() => {
@@ -233,7 +240,7 @@ impl World {
             streams: client.clone(),
             client,
             agents: AgentRegistry::builtin().expect("profiles"),
-            followers: Followers::new(pods.clone(), settings.probe()),
+            followers: Followers::new(pods.clone(), settings.probe()).0,
             settings,
             executors,
             pods,
@@ -267,6 +274,7 @@ impl World {
     fn add_executor(&mut self, status: ExecutorRunningStatus) {
         let mut er = ExecutorRunning::new("s", ExecutorRunningSpec::default());
         er.metadata.namespace = Some("ns".into());
+        er.metadata.resource_version = Some("3".into());
         er.status = Some(status);
         self.executors
             .apply_watcher_event(&watcher::Event::Apply(er));
@@ -423,18 +431,26 @@ fn assert_preconditions(api: &FakeApi, first: u64) {
         );
     }
     for call in api.writes().iter().filter(|c| c.path.ends_with("/status")) {
-        let manager = if call.path.contains("/executorrunnings/") {
-            LIFECYCLE_MANAGER
-        } else {
-            MANAGER
-        };
         assert!(
-            call.query.contains(&format!("fieldManager={manager}&"))
-                || call.query.ends_with(&format!("fieldManager={manager}")),
+            call.query.contains(&format!("fieldManager={MANAGER}&"))
+                || call.query.ends_with(&format!("fieldManager={MANAGER}")),
             "{} without the field manager: {}",
             call.short(),
             call.query
         );
+        assert!(
+            call.query.contains("force=true"),
+            "{}: not an apply",
+            call.short()
+        );
+        if call.path.contains("/executorrunnings/") {
+            assert!(
+                call.body["metadata"]["resourceVersion"].is_string(),
+                "{} without a precondition: {}",
+                call.short(),
+                call.body
+            );
+        }
     }
 }
 
@@ -915,4 +931,97 @@ async fn a_launch_whose_agentctl_does_not_answer_yet_says_so_once_and_deletes_no
         "WaitingForAgentctl"
     );
     assert_preconditions(&world.api, 7);
+}
+
+/// The session as the fake API server holds it after the writes so far, which are forgotten.
+fn as_written(world: &World) -> TaskSession {
+    world.api.calls.lock().expect("calls").clear();
+    serde_json::from_value(world.api.session.lock().expect("session").clone()).expect("session")
+}
+
+/// A session in `RUNNING` whose agent runs in its first launch's pod, as that launch recorded
+/// it and a pass settled it; the pod's UID.
+async fn recorded_working() -> (World, TaskSession, String) {
+    let mut world = World::new(FakeApi::default());
+    let name = names::pod_name("s", INITIAL_LAUNCH);
+    let pod = running_pod(&name);
+    let uid = pod.metadata.uid.clone().expect("uid");
+    world.add_executor(ExecutorRunningStatus {
+        resume_token: Some("tok".into()),
+        resumable: true,
+        activity: Some(AgentActivity::Working),
+        pod_name: Some(name),
+        pod_uid: Some(uid.clone()),
+        status: Some(ExecutorPhase::Running),
+        ..Default::default()
+    });
+    world.add_pod(pod);
+    let ts = task_session(TaskSessionStatus {
+        state: SessionState::Running,
+        ..Default::default()
+    });
+    world.pass(&ts).await.expect("pass");
+    let ts = as_written(&world);
+    world.pass(&ts).await.expect("pass");
+    world.api.assert_writes(&[] as &[&str]);
+    (world, ts, uid)
+}
+
+/// The agent went idle in pod `uid`, as its event follower read it.
+fn idle_news(uid: &str) -> crate::resume::JournalNews {
+    crate::resume::JournalNews {
+        pod_uid: uid.into(),
+        view: crate::resume::AgentView {
+            resume_token: Some("tok".into()),
+            activity: Some(AgentActivity::Idle),
+            cursor: 12,
+            ..Default::default()
+        },
+        seen_at: Timestamp::now(),
+        handled_nudge: Some("n1".into()),
+    }
+}
+
+#[tokio::test]
+async fn the_journal_is_written_by_the_reconcile_it_wakes_before_the_status_it_changes() {
+    let (world, ts, uid) = recorded_working().await;
+    world
+        .ctx
+        .followers
+        .post(&ObjectRef::from_obj(&ts), idle_news(&uid));
+    world.pass(&ts).await.expect("pass");
+    world.api.assert_writes(&[
+        "PATCH executorrunnings/s/status",
+        "PATCH tasksessions/s/status",
+    ]);
+    let writes = world.api.writes();
+    let executor = &writes[0].body;
+    assert_eq!(executor["metadata"]["resourceVersion"], "3");
+    assert_eq!(executor["status"]["activity"], "Idle");
+    assert_eq!(executor["status"]["journalCursor"], 12);
+    assert_eq!(executor["status"]["handledPromptedAt"], "n1");
+    assert_eq!(
+        executor["status"]["resumeToken"], "tok",
+        "the whole status is applied"
+    );
+    assert_eq!(writes[1].body["status"]["state"], "WAITING_FOR_INPUT");
+    assert_preconditions(&world.api, 8);
+    assert_eq!(world.ctx.followers.news(&uid), None, "written once");
+    // The next pass, while the cache still shows the executor before the write, decides on
+    // the written one: nothing to write.
+    let ts = as_written(&world);
+    world.pass(&ts).await.expect("pass");
+    world.api.assert_writes(&[] as &[&str]);
+}
+
+#[tokio::test]
+async fn the_journal_of_a_pod_the_executor_no_longer_runs_in_is_not_written() {
+    let (world, ts, _) = recorded_working().await;
+    let session = ObjectRef::from_obj(&ts);
+    world
+        .ctx
+        .followers
+        .post(&session, idle_news("uid-of-an-older-pod"));
+    world.pass(&ts).await.expect("pass");
+    world.api.assert_writes(&[] as &[&str]);
 }
