@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 
 use crate::api::ExecutorRunning;
 
@@ -137,8 +138,11 @@ impl Expectations {
     }
 
     /// This operator wrote the session's ExecutorRunning (created it, when `base` is `None`):
-    /// `written` is what the API server answered.
+    /// `written` is what the API server answered, kept without its managedFields like the
+    /// cache's objects.
     pub fn wrote_executor(&self, session: &str, base: Option<&str>, written: &ExecutorRunning) {
+        let mut object = written.clone();
+        object.managed_fields_mut().clear();
         self.with(session, |e| {
             let mut bases = e.executor.take().map(|w| w.bases).unwrap_or_default();
             if bases.len() >= 8 {
@@ -147,7 +151,7 @@ impl Expectations {
             bases.push(base.map(str::to_string));
             e.executor = Some(OwnWrite {
                 bases,
-                object: Arc::new(written.clone()),
+                object: Arc::new(object),
             });
         });
     }

@@ -31,8 +31,8 @@ use crate::resume::{
     INITIAL_LAUNCH, Metric, NextAction, NodeHealth, ReachFacts, RequestAnswer, Requeue,
     ResumeRequest, ResumeRequestFacts, RunningRequest, SessionObjects, Transition, answer_request,
     build_resume_request, ended, ending, is_controlled_by, is_new_resume_request, journal_update,
-    launching, leftovers, node_health, not_ready_since, observe, request_meets_running_pod,
-    running_request,
+    launching, leftovers, merge_patch, node_health, not_ready_since, observe,
+    request_meets_running_pod, running_request, unknown_to_schema,
 };
 
 /// The field manager of the operator's writes: the TaskSession's and the ExecutorRunning's
@@ -494,16 +494,6 @@ impl<'a> Session<'a> {
             .executor
             .as_ref()
             .and_then(|er| er.metadata.resource_version.clone());
-        let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let name = names::executor_name(&self.ts);
-        let mut patch = json!({
-            "apiVersion": ExecutorRunning::api_version(&()),
-            "kind": ExecutorRunning::kind(&()),
-            "status": desired,
-        });
-        if let Some(base) = &base {
-            patch["metadata"] = json!({"resourceVersion": base});
-        }
         let executor_err = |source| match source {
             kube::Error::Api(status) if status.code == 409 => Error::ExecutorConflict,
             source => Error::Kube {
@@ -511,20 +501,20 @@ impl<'a> Session<'a> {
                 source,
             },
         };
-        let params = PatchParams::apply(MANAGER).force();
-        let mut written = api
-            .patch_status(&name, &params, &Patch::Apply(&patch))
+        let mut written = self
+            .send_executor_status(desired, base.as_deref())
             .await
             .map_err(executor_err)?;
         if let Some(mut removal) = leftovers(&written.status.clone().unwrap_or_default(), desired) {
-            info!(executor = %name, removed = %removal["status"], "removing status fields that an older operator's field managers share");
+            info!(executor = %written.name_any(), removed = %removal["status"], "removing status fields that an older operator's field managers share");
             removal["metadata"] = json!({"resourceVersion": written.metadata.resource_version});
-            let params = PatchParams {
-                field_manager: Some(MANAGER.into()),
-                ..Default::default()
-            };
+            let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
             written = api
-                .patch_status(&name, &params, &Patch::Merge(&removal))
+                .patch_status(
+                    &written.name_any(),
+                    &merge_params(),
+                    &Patch::Merge(&removal),
+                )
                 .await
                 .map_err(executor_err)?;
         }
@@ -533,6 +523,44 @@ impl<'a> Session<'a> {
             .wrote_executor(&self.uid, base.as_deref(), &written);
         self.objects.executor = Some(written);
         Ok(())
+    }
+
+    /// The apply of [`Self::write_executor`] (based on version `base`). An API server whose
+    /// ExecutorRunning schema is older than this operator (its CRD not upgraded yet) refuses an
+    /// apply that names a field it does not declare: then the status goes as a merge patch,
+    /// which it takes without those fields ([`merge_patch`]).
+    async fn send_executor_status(
+        &self,
+        desired: &ExecutorRunningStatus,
+        base: Option<&str>,
+    ) -> Result<ExecutorRunning, kube::Error> {
+        let api: Api<ExecutorRunning> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let name = names::executor_name(&self.ts);
+        let precondition = base.map(|base| json!({"resourceVersion": base}));
+        let mut patch = json!({
+            "apiVersion": ExecutorRunning::api_version(&()),
+            "kind": ExecutorRunning::kind(&()),
+            "status": desired,
+        });
+        if let Some(precondition) = &precondition {
+            patch["metadata"] = precondition.clone();
+        }
+        let params = PatchParams::apply(MANAGER).force();
+        match api
+            .patch_status(&name, &params, &Patch::Apply(&patch))
+            .await
+        {
+            Err(kube::Error::Api(status)) if unknown_to_schema(status.code, &status.message) => {
+                older_schema(&status.message);
+                let mut merge = merge_patch(&self.objects.executor_status(), desired);
+                if let Some(precondition) = precondition {
+                    merge["metadata"] = precondition;
+                }
+                api.patch_status(&name, &merge_params(), &Patch::Merge(&merge))
+                    .await
+            }
+            applied => applied,
+        }
     }
 
     /// Writes the whole status with server-side apply under one field manager, on the condition
@@ -586,6 +614,23 @@ impl<'a> Session<'a> {
             note,
         };
         self.ctx.events.send(self.ts.object_ref(&()), &event);
+    }
+}
+
+/// The field manager of a merge patch of ExecutorRunning status.
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// Says once per operator run that the ExecutorRunning CRD is older than this operator (the
+/// API server's `message` names the field it does not know).
+fn older_schema(message: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        warn!(message = %cap(message, MESSAGE_MAX), "the ExecutorRunning CRD is older than this operator: its status is written with merge patches, without the fields the CRD does not declare, until the CRDs are upgraded");
     }
 }
 

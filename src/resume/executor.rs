@@ -204,6 +204,42 @@ pub fn leftovers(
     Some(serde_json::json!({ "status": removal }))
 }
 
+/// The JSON merge patch that turns `current` into `desired` (what `desired` lacks sent as
+/// `null`), for an API server whose ExecutorRunning schema is older than this operator's: it
+/// refuses an apply that names a field it does not declare ([`unknown_to_schema`]), and drops
+/// such a field from a merge patch.
+pub fn merge_patch(current: &ExecutorRunningStatus, desired: &ExecutorRunningStatus) -> Value {
+    let mut body = serde_json::to_value(desired).unwrap_or(Value::Null);
+    if let Some(removal) = serde_json::to_value(current)
+        .ok()
+        .and_then(|current| removal(&current, &body))
+    {
+        overlay(&mut body, removal);
+    }
+    serde_json::json!({ "status": body })
+}
+
+/// Whether an API server refused an apply because it names a field its schema does not declare
+/// (a CRD older than this operator, during an upgrade).
+pub fn unknown_to_schema(code: u16, message: &str) -> bool {
+    code == 500 && message.contains("field not declared in schema")
+}
+
+/// `removal` (nulls, and objects of them) laid over `body`.
+fn overlay(body: &mut Value, removal: Value) {
+    let (Value::Object(body), Value::Object(removal)) = (body, removal) else {
+        return;
+    };
+    for (key, value) in removal {
+        match (body.get_mut(&key), value) {
+            (Some(inner), value @ Value::Object(_)) => overlay(inner, value),
+            (_, value) => {
+                body.insert(key, value);
+            }
+        }
+    }
+}
+
 /// The merge patch that turns object `written` into one without what `desired` lacks.
 fn removal(written: &Value, desired: &Value) -> Option<Value> {
     let (Value::Object(written), Value::Object(desired)) = (written, desired) else {
@@ -404,6 +440,18 @@ mod tests {
         );
         assert_eq!(leftovers(&desired, &desired), None);
         assert_eq!(
+            merge_patch(&written, &desired)["status"]["sessionConfig"],
+            json!({"mode": "plan", "model": null, "configOptions": null})
+        );
+        assert_eq!(
+            merge_patch(&written, &desired)["status"]["activity"],
+            Value::Null
+        );
+        assert_eq!(
+            merge_patch(&written, &desired)["status"]["resumeToken"],
+            "s1"
+        );
+        assert_eq!(
             leftovers(
                 &running(),
                 &ExecutorRunningStatus {
@@ -414,5 +462,20 @@ mod tests {
             None,
             "more is not a leftover"
         );
+    }
+
+    #[test]
+    fn an_older_schema_is_told_apart_from_other_refusals() {
+        let unknown = "failed to create typed patch object (/; kandev.dev/v1alpha1, Kind=ExecutorRunning): .status.sessionConfig: field not declared in schema";
+        #[rustfmt::skip]
+        let rows = [
+            (500, unknown, true),
+            (500, "etcdserver: request timed out", false),
+            (422, unknown, false),
+            (409, "the object has been modified", false),
+        ];
+        for (code, message, want) in rows {
+            assert_eq!(unknown_to_schema(code, message), want, "{code} {message}");
+        }
     }
 }

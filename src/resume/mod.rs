@@ -33,7 +33,8 @@ pub use end::{
     session_finished,
 };
 pub use executor::{
-    AgentView, JournalNews, LaunchRecord, ended, journal_update, launched, leftovers,
+    AgentView, JournalNews, LaunchRecord, ended, journal_update, launched, leftovers, merge_patch,
+    unknown_to_schema,
 };
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,

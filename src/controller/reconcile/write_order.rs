@@ -74,6 +74,9 @@ struct FakeApi {
     existing_pod: Option<Value>,
     /// Creating a pod answers this code with this message.
     refuse_pods: Option<(u16, &'static str)>,
+    /// The ExecutorRunning CRD is older than the operator: an apply of its status is refused
+    /// for a field it does not declare.
+    older_executor_schema: bool,
 }
 
 impl FakeApi {
@@ -117,6 +120,16 @@ impl FakeApi {
                     .unwrap_or(0);
                 session["metadata"]["resourceVersion"] = json!((version + 1).to_string());
                 (StatusCode::OK, session.clone())
+            }
+            "PATCH"
+                if path.contains("/executorrunnings/")
+                    && self.older_executor_schema
+                    && call.query.contains("force=true") =>
+            {
+                status_error(
+                    500,
+                    "failed to create typed patch object (/; kandev.dev/v1alpha1, Kind=ExecutorRunning): .status.sessionConfig: field not declared in schema",
+                )
             }
             "PATCH" if path.contains("/executorrunnings/") => {
                 let mut er =
@@ -941,8 +954,8 @@ fn as_written(world: &World) -> TaskSession {
 
 /// A session in `RUNNING` whose agent runs in its first launch's pod, as that launch recorded
 /// it and a pass settled it; the pod's UID.
-async fn recorded_working() -> (World, TaskSession, String) {
-    let mut world = World::new(FakeApi::default());
+async fn recorded_working(api: FakeApi) -> (World, TaskSession, String) {
+    let mut world = World::new(api);
     let name = names::pod_name("s", INITIAL_LAUNCH);
     let pod = running_pod(&name);
     let uid = pod.metadata.uid.clone().expect("uid");
@@ -984,7 +997,7 @@ fn idle_news(uid: &str) -> crate::resume::JournalNews {
 
 #[tokio::test]
 async fn the_journal_is_written_by_the_reconcile_it_wakes_before_the_status_it_changes() {
-    let (world, ts, uid) = recorded_working().await;
+    let (world, ts, uid) = recorded_working(FakeApi::default()).await;
     world
         .ctx
         .followers
@@ -1016,7 +1029,7 @@ async fn the_journal_is_written_by_the_reconcile_it_wakes_before_the_status_it_c
 
 #[tokio::test]
 async fn the_journal_of_a_pod_the_executor_no_longer_runs_in_is_not_written() {
-    let (world, ts, _) = recorded_working().await;
+    let (world, ts, _) = recorded_working(FakeApi::default()).await;
     let session = ObjectRef::from_obj(&ts);
     world
         .ctx
@@ -1024,4 +1037,39 @@ async fn the_journal_of_a_pod_the_executor_no_longer_runs_in_is_not_written() {
         .post(&session, idle_news("uid-of-an-older-pod"));
     world.pass(&ts).await.expect("pass");
     world.api.assert_writes(&[] as &[&str]);
+}
+
+#[tokio::test]
+async fn an_older_executor_schema_gets_the_status_as_a_merge_patch() {
+    let api = FakeApi {
+        older_executor_schema: true,
+        ..FakeApi::default()
+    };
+    let (world, ts, uid) = recorded_working(api).await;
+    world
+        .ctx
+        .followers
+        .post(&ObjectRef::from_obj(&ts), idle_news(&uid));
+    world.pass(&ts).await.expect("pass");
+    world.api.assert_writes(&[
+        "PATCH executorrunnings/s/status",
+        "PATCH executorrunnings/s/status",
+        "PATCH tasksessions/s/status",
+    ]);
+    let merge = &world.api.writes()[1];
+    assert!(!merge.query.contains("force=true"), "{}", merge.query);
+    assert!(
+        merge.query.contains(&format!("fieldManager={MANAGER}")),
+        "{}",
+        merge.query
+    );
+    assert_eq!(
+        merge.body["metadata"]["resourceVersion"], "3",
+        "the same precondition"
+    );
+    assert_eq!(merge.body["status"]["activity"], "Idle");
+    assert_eq!(
+        world.api.writes()[2].body["status"]["state"],
+        "WAITING_FOR_INPUT"
+    );
 }
