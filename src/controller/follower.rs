@@ -26,6 +26,7 @@
 //! (an older launch's, or one applied already) changes nothing ([`view_after`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -90,11 +91,12 @@ pub struct Followers {
     board: Board,
 }
 
-/// The news of each pod (by UID) with the number of its posts, and the wake-up of the sessions
-/// they belong to.
+/// The news of each pod (by UID) with the serial number of its post, and the wake-up of the
+/// sessions they belong to.
 #[derive(Clone)]
 struct Board {
     news: Arc<Mutex<HashMap<String, (JournalNews, u64)>>>,
+    posts: Arc<AtomicU64>,
     wake: mpsc::UnboundedSender<ObjectRef<TaskSession>>,
 }
 
@@ -103,21 +105,18 @@ impl Board {
     /// wakes the session's reconcile.
     fn post(&self, session: &ObjectRef<TaskSession>, mut news: JournalNews) {
         if let Ok(mut board) = self.news.lock() {
-            let posts = match board.remove(&news.pod_uid) {
-                Some((before, posts)) => {
-                    news.handled_nudge = news.handled_nudge.or(before.handled_nudge);
-                    posts + 1
-                }
-                None => 0,
-            };
-            board.insert(news.pod_uid.clone(), (news, posts));
+            if let Some((before, _)) = board.remove(&news.pod_uid) {
+                news.handled_nudge = news.handled_nudge.or(before.handled_nudge);
+            }
+            let serial = self.posts.fetch_add(1, Ordering::Relaxed);
+            board.insert(news.pod_uid.clone(), (news, serial));
         }
         // The receiver goes only with the controller.
         let _ = self.wake.unbounded_send(session.clone());
     }
 }
 
-/// The news a reconcile writes, and the post it is (see [`Followers::written`]).
+/// The news a reconcile writes, and the serial number of its post (see [`Followers::written`]).
 pub type Posted = (JournalNews, u64);
 
 impl Followers {
@@ -138,6 +137,7 @@ impl Followers {
             gate,
             board: Board {
                 news: Arc::default(),
+                posts: Arc::default(),
                 wake,
             },
         };
@@ -155,11 +155,11 @@ impl Followers {
         self.board.post(session, news);
     }
 
-    /// A reconcile wrote (or judged) post `posts` of the pod's news: it goes, unless a newer
+    /// A reconcile wrote (or judged) post `serial` of the pod's news: it goes, unless a newer
     /// one came meanwhile.
-    pub fn written(&self, pod_uid: &str, posts: u64) {
+    pub fn written(&self, pod_uid: &str, serial: u64) {
         if let Ok(mut board) = self.board.news.lock()
-            && board.get(pod_uid).is_some_and(|(_, n)| *n == posts)
+            && board.get(pod_uid).is_some_and(|(_, n)| *n == serial)
         {
             board.remove(pod_uid);
         }

@@ -450,14 +450,14 @@ impl<'a> Session<'a> {
         let Some(pod_uid) = current.pod_uid.clone() else {
             return Ok(());
         };
-        let Some((news, posts)) = self.ctx.followers.news(&pod_uid) else {
+        let Some((news, serial)) = self.ctx.followers.news(&pod_uid) else {
             return Ok(());
         };
         if let Some(desired) = journal_update(&current, &news) {
             self.write_executor(&desired, "writing what the agent's journal says")
                 .await?;
         }
-        self.ctx.followers.written(&pod_uid, posts);
+        self.ctx.followers.written(&pod_uid, serial);
         Ok(())
     }
 

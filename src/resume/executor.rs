@@ -3,7 +3,8 @@
 //! ([`launched`]), what the event followers read in the agent's journal ([`journal_update`]),
 //! and the end of the executor ([`ended`]). The reconciler applies it with server-side apply,
 //! which removes what the new status no longer holds ([`leftovers`] for what an older
-//! operator's field managers still share).
+//! operator's field managers still share; [`merge_patch`] for an API server whose CRD is older
+//! than the operator).
 //!
 //! The agent's session id reaches `resumeToken` only through [`AgentView::with_session`], from
 //! a restore's answer and from the journal alike: a new session never keeps the last message id
