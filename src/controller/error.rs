@@ -71,6 +71,15 @@ pub(super) fn conflict_or<'a>(
     }
 }
 
+/// For a write of the session's ExecutorRunning status with a precondition: 409 is
+/// [`Error::ExecutorConflict`].
+pub(super) fn executor_conflict_or(action: &'static str) -> impl Fn(kube::Error) -> Error {
+    move |source| match source {
+        kube::Error::Api(status) if status.code == 409 => Error::ExecutorConflict,
+        source => Error::Kube { action, source },
+    }
+}
+
 /// A failed create or apply of an object of the launch, sorted by [`refusal`]: `Ok` with what
 /// the refusal means ([`Refusal::Exists`], [`Refusal::Final`]) and the API server's words, `Err`
 /// for everything that a retry may change.

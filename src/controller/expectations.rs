@@ -26,6 +26,8 @@ use kube::ResourceExt;
 
 use crate::api::ExecutorRunning;
 
+/// How many versions of an object the writes since its cache last caught up are remembered by.
+const VERSIONS_KEPT: usize = 8;
 /// How long a created pod is awaited in the cache before the operator tries again.
 const POD_WAIT: Duration = Duration::from_secs(30);
 /// First and largest retry delay after a failed reconcile.
@@ -109,10 +111,7 @@ impl Expectations {
     pub fn wrote(&self, session: &str, base: Option<&str>, written: Option<&str>) {
         if let Some(base) = base.filter(|base| Some(*base) != written) {
             self.with(session, |e| {
-                if e.stale_versions.len() >= 8 {
-                    e.stale_versions.remove(0);
-                }
-                e.stale_versions.push(base.to_string());
+                remember(&mut e.stale_versions, base.to_string())
             });
         }
     }
@@ -145,10 +144,7 @@ impl Expectations {
         object.managed_fields_mut().clear();
         self.with(session, |e| {
             let mut bases = e.executor.take().map(|w| w.bases).unwrap_or_default();
-            if bases.len() >= 8 {
-                bases.remove(0);
-            }
-            bases.push(base.map(str::to_string));
+            remember(&mut bases, base.map(str::to_string));
             e.executor = Some(OwnWrite {
                 bases,
                 object: Arc::new(object),
@@ -299,6 +295,14 @@ impl Expectations {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(session);
     }
+}
+
+/// Adds `version` to `versions`, forgetting the oldest beyond [`VERSIONS_KEPT`].
+fn remember<T>(versions: &mut Vec<T>, version: T) {
+    if versions.len() >= VERSIONS_KEPT {
+        versions.remove(0);
+    }
+    versions.push(version);
 }
 
 /// The delay after `failures` failures in a row; `seed` picks the jitter (0–25 %).

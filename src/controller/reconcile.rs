@@ -16,7 +16,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::context::Context;
-use super::error::{Error, conflict_or};
+use super::error::{Error, conflict_or, executor_conflict_or};
 use super::events::OutgoingEvent;
 use super::metrics;
 use super::pods;
@@ -446,14 +446,18 @@ impl<'a> Session<'a> {
     /// Writes what the event follower of the executor's pod read and no reconcile wrote yet
     /// ([`journal_update`]); the rest of the pass decides on the status written.
     async fn write_journal_news(&mut self) -> Result<(), Error> {
-        let current = self.objects.executor_status();
-        let Some(pod_uid) = current.pod_uid.clone() else {
+        let Some(pod_uid) = self
+            .objects
+            .executor
+            .as_ref()
+            .and_then(|er| er.status.as_ref()?.pod_uid.clone())
+        else {
             return Ok(());
         };
         let Some((news, serial)) = self.ctx.followers.news(&pod_uid) else {
             return Ok(());
         };
-        if let Some(desired) = journal_update(&current, &news) {
+        if let Some(desired) = journal_update(&self.objects.executor_status(), &news) {
             self.write_executor(&desired, "writing what the agent's journal says")
                 .await?;
         }
@@ -494,17 +498,10 @@ impl<'a> Session<'a> {
             .executor
             .as_ref()
             .and_then(|er| er.metadata.resource_version.clone());
-        let executor_err = |source| match source {
-            kube::Error::Api(status) if status.code == 409 => Error::ExecutorConflict,
-            source => Error::Kube {
-                action: doing,
-                source,
-            },
-        };
         let mut written = self
             .send_executor_status(desired, base.as_deref())
             .await
-            .map_err(executor_err)?;
+            .map_err(executor_conflict_or(doing))?;
         if let Some(mut removal) = leftovers(&written.status.clone().unwrap_or_default(), desired) {
             info!(executor = %written.name_any(), removed = %removal["status"], "removing status fields that an older operator's field managers share");
             removal["metadata"] = json!({"resourceVersion": written.metadata.resource_version});
@@ -516,7 +513,7 @@ impl<'a> Session<'a> {
                     &Patch::Merge(&removal),
                 )
                 .await
-                .map_err(executor_err)?;
+                .map_err(executor_conflict_or(doing))?;
         }
         self.ctx
             .expectations
