@@ -114,11 +114,8 @@ impl FakeApi {
                 }
                 let mut session = self.session.lock().expect("session");
                 session["status"] = call.body["status"].clone();
-                let version = session["metadata"]["resourceVersion"]
-                    .as_str()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-                session["metadata"]["resourceVersion"] = json!((version + 1).to_string());
+                let version = next_version(&session["metadata"]["resourceVersion"]);
+                session["metadata"]["resourceVersion"] = version;
                 (StatusCode::OK, session.clone())
             }
             "PATCH"
@@ -136,11 +133,8 @@ impl FakeApi {
                     serde_json::to_value(ExecutorRunning::new("s", ExecutorRunningSpec::default()))
                         .expect("executor");
                 er["status"] = call.body["status"].clone();
-                let version = call.body["metadata"]["resourceVersion"]
-                    .as_str()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-                er["metadata"]["resourceVersion"] = json!((version + 1).to_string());
+                er["metadata"]["resourceVersion"] =
+                    next_version(&call.body["metadata"]["resourceVersion"]);
                 (StatusCode::OK, er)
             }
             "POST" if path.ends_with("/pods") && self.refuse_pods.is_some() => {
@@ -195,6 +189,15 @@ impl FakeApi {
         let expected: Vec<&str> = expected.iter().map(AsRef::as_ref).collect();
         assert_eq!(writes, expected, "{writes:#?}");
     }
+}
+
+/// The resourceVersion a write based on `version` gives (numbers as strings; none counts as 0).
+fn next_version(version: &Value) -> Value {
+    let version = version
+        .as_str()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    json!((version + 1).to_string())
 }
 
 fn status_error(code: u16, reason: &str) -> (StatusCode, Value) {
@@ -291,6 +294,11 @@ impl World {
         er.status = Some(status);
         self.executors
             .apply_watcher_event(&watcher::Event::Apply(er));
+    }
+
+    /// `ts`'s event follower posts `news`.
+    fn post_news(&self, ts: &TaskSession, news: crate::resume::JournalNews) {
+        self.ctx.followers.post(&ObjectRef::from_obj(ts), news);
     }
 
     /// One reconcile pass over `ts`, as the fake API server holds it now.
@@ -998,10 +1006,7 @@ fn idle_news(uid: &str) -> crate::resume::JournalNews {
 #[tokio::test]
 async fn the_journal_is_written_by_the_reconcile_it_wakes_before_the_status_it_changes() {
     let (world, ts, uid) = recorded_working(FakeApi::default()).await;
-    world
-        .ctx
-        .followers
-        .post(&ObjectRef::from_obj(&ts), idle_news(&uid));
+    world.post_news(&ts, idle_news(&uid));
     world.pass(&ts).await.expect("pass");
     world.api.assert_writes(&[
         "PATCH executorrunnings/s/status",
@@ -1030,11 +1035,7 @@ async fn the_journal_is_written_by_the_reconcile_it_wakes_before_the_status_it_c
 #[tokio::test]
 async fn the_journal_of_a_pod_the_executor_no_longer_runs_in_is_not_written() {
     let (world, ts, _) = recorded_working(FakeApi::default()).await;
-    let session = ObjectRef::from_obj(&ts);
-    world
-        .ctx
-        .followers
-        .post(&session, idle_news("uid-of-an-older-pod"));
+    world.post_news(&ts, idle_news("uid-of-an-older-pod"));
     world.pass(&ts).await.expect("pass");
     world.api.assert_writes(&[] as &[&str]);
 }
@@ -1046,10 +1047,7 @@ async fn an_older_executor_schema_gets_the_status_as_a_merge_patch() {
         ..FakeApi::default()
     };
     let (world, ts, uid) = recorded_working(api).await;
-    world
-        .ctx
-        .followers
-        .post(&ObjectRef::from_obj(&ts), idle_news(&uid));
+    world.post_news(&ts, idle_news(&uid));
     world.pass(&ts).await.expect("pass");
     world.api.assert_writes(&[
         "PATCH executorrunnings/s/status",
