@@ -341,3 +341,175 @@ fn checkout_prepares_the_workspace_or_says_why_not() {
         Some("mine")
     );
 }
+
+/// Git configuration an agent can write (its HOME's `.gitconfig`, the clone's `.git/config`)
+/// that would make git run a program, trace its environment or rewrite the repository's URL,
+/// each writing what it sees into `leak`.
+fn hostile_git_config(leak: &Path, hooks: &Path, url: &str) -> String {
+    let leak = path_str(leak);
+    format!(
+        r#"[core]
+	fsmonitor = "env >> {leak}/fsmonitor; true"
+	hooksPath = {hooks}
+	sshCommand = "sh -c 'env >> {leak}/ssh'"
+	pager = "env >> {leak}/pager; cat"
+	askPass = "{leak}/../askpass"
+[trace2]
+	eventTarget = {leak}/trace2-event
+	normalTarget = {leak}/trace2-normal
+	envVars = KANDEV_GIT_PASSWORD,KANDEV_GIT_USERNAME
+[credential]
+	helper = "!env >> {leak}/credential-helper; true"
+[url "file:///nonexistent/"]
+	insteadOf = {url}
+[filter "leak"]
+	smudge = "env >> {leak}/smudge; cat"
+	clean = "env >> {leak}/clean; cat"
+[alias]
+	co = "!env >> {leak}/alias"
+"#,
+        hooks = path_str(hooks),
+    )
+}
+
+/// Issue 40, part 1: the agent owns its HOME and its clone, and the checkout holds the
+/// repository's credentials. Whatever git configuration the agent writes into either, on the
+/// next start the checkout acts on none of it: nothing runs, nothing is traced, the URL is not
+/// rewritten, and no byte of the password lands anywhere under the workspace.
+#[test]
+fn checkout_never_acts_on_git_configuration_the_agent_wrote() {
+    const PASSWORD: &str = "hostile-config-password-7731";
+    let root = tempfile::tempdir().expect("tempdir");
+    let git = |dir: &Path, args: &[&str]| {
+        let out = process::run(
+            std::process::Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@e"])
+                .args(args)
+                .current_dir(dir)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null"),
+        );
+        assert!(out.status.success(), "git {args:?}: {}", out.stderr);
+        out.stdout
+    };
+    let seed = root.path().join("seed");
+    std::fs::create_dir_all(&seed).expect("mkdir");
+    git(&seed, &["init", "-q", "-b", "main"]);
+    std::fs::write(seed.join("README"), "hello").expect("write");
+    std::fs::write(seed.join(".gitattributes"), "* filter=leak\n").expect("write");
+    git(&seed, &["add", "."]);
+    git(&seed, &["commit", "-q", "-m", "first"]);
+    let url = path_str(&seed);
+
+    // The agent's side: its HOME and a hooks directory on the workspace volume, and where its
+    // programs would write what they saw.
+    let ws = root.path().join("ws");
+    let home = ws.join(".kandev/home");
+    let leak = ws.join(".kandev/leak");
+    let hooks = ws.join(".kandev/hooks");
+    for dir in [&home, &leak, &hooks] {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    for hook in [
+        "reference-transaction",
+        "post-checkout",
+        "post-merge",
+        "post-index-change",
+        "pre-auto-gc",
+        "fsmonitor-watchman",
+    ] {
+        let file = hooks.join(hook);
+        std::fs::write(
+            &file,
+            format!("#!/bin/sh\nenv >> {}/hook-{hook}\n", path_str(&leak)),
+        )
+        .expect("hook");
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    let hostile = hostile_git_config(&leak, &hooks, &url);
+    std::fs::write(home.join(".gitconfig"), &hostile).expect("gitconfig");
+    std::fs::create_dir_all(home.join(".config/git")).expect("mkdir");
+    std::fs::write(home.join(".config/git/config"), &hostile).expect("xdg config");
+
+    let log = root.path().join("termination-log");
+    let checkout = || {
+        let output = process::run(
+            agentctl()
+                .args([
+                    "checkout",
+                    "--workspace",
+                    &path_str(&ws),
+                    "--repository",
+                    &url,
+                    "--termination-log",
+                    &path_str(&log),
+                ])
+                // As the operator sets up the checkout container.
+                .env("HOME", &home)
+                .env("GIT_CONFIG_COUNT", "1")
+                .env("GIT_CONFIG_KEY_0", "safe.directory")
+                .env("GIT_CONFIG_VALUE_0", &ws)
+                .env("KANDEV_GIT_USERNAME", "e2e")
+                .env("KANDEV_GIT_PASSWORD", PASSWORD),
+        );
+        let said = format!("{}{}", output.stdout, output.stderr);
+        assert!(
+            !said.contains(PASSWORD),
+            "agentctl printed the password: {said}"
+        );
+        // Nothing the agent configured ran, and the password is nowhere on the volume.
+        let ran: Vec<String> = std::fs::read_dir(&leak)
+            .expect("leak dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let holding = files_holding(root.path(), PASSWORD.as_bytes());
+        assert!(
+            holding.is_empty(),
+            "the password is in {holding:?}; ran: {ran:?}"
+        );
+        assert!(
+            ran.is_empty(),
+            "git acted on the agent's configuration: {ran:?}"
+        );
+        assert_eq!(output.status.code(), Some(0), "{said}");
+        said
+    };
+
+    // A first start with a hostile HOME already there (the agent wiped an earlier clone).
+    checkout();
+    assert!(ws.join("README").is_file(), "cloned from the real URL");
+    // The agent now writes into the clone's own configuration too.
+    let config = ws.join(".git/config");
+    let mut text = std::fs::read_to_string(&config).expect("config");
+    text.push_str(&hostile);
+    text.push_str("[include]\n\tpath = ../.kandev/home/.gitconfig\n");
+    std::fs::write(&config, text).expect("write config");
+    std::fs::write(ws.join(".git/info/attributes"), "* filter=leak\n").expect("attributes");
+    // Lost and started again: the clone is kept, and its branch still reported.
+    let said = checkout();
+    assert!(said.contains("left as it is"), "{said}");
+    assert!(said.contains("branch=Some(\"main\")"), "{said}");
+}
+
+/// Every file below `dir` whose bytes contain `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(path),
+                Ok(t) if t.is_file() => {
+                    let bytes = std::fs::read(&path).unwrap_or_default();
+                    if bytes.windows(needle.len()).any(|w| w == needle) {
+                        found.push(path);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}

@@ -7,7 +7,7 @@
 
 mod e2e_support;
 
-use e2e_support::git::{GitDaemon, HttpsGit, Repositories};
+use e2e_support::git::{GitDaemon, HttpsGit, Repositories, leak_check, plant_hostile_git_config};
 use e2e_support::operator::Operator;
 use e2e_support::procs;
 use e2e_support::sessions::{Sessions, condition_is};
@@ -228,6 +228,83 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
         // pod holds it, in its environment or its memory, a client exec'd into it included.
         let pod = sessions.the_pod(&name).await;
         assert_pod_never_held(&sessions, &pod, &name, RIGHT).await;
+    };
+    sessions.run(body).await;
+}
+
+/// Issue 40, part 1: the agent owns its HOME and its clone on the workspace volume, and the
+/// checkout that runs on every start holds the repository's password. The agent plants git
+/// configuration that would run programs, trace the environment or rewrite the URL, in both;
+/// the session is lost and resumed (the clone kept), then the agent wipes the clone and it is
+/// lost and resumed again (a new clone, with the hostile HOME still there). Both resumes
+/// succeed, nothing the agent configured ran, and no byte of the password is on the volume or
+/// in the operator's log.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn git_configuration_the_agent_wrote_never_meets_the_credentials() {
+    const PASSWORD: &str = "hostile-git-password-3319";
+    let sessions = setup().await;
+    let operator = Operator::builder().start();
+    let body = async {
+        let repos = Repositories::new();
+        let upstream = repos.create("app");
+        let server = HttpsGit::start(repos.path(), "e2e", PASSWORD).await;
+        let name = unique("repo-hostile");
+        let secrets: Api<Secret> = Api::namespaced(sessions.client.clone(), &sessions.namespace);
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "stringData": {"username": "e2e", "password": PASSWORD, "ca.pem": server.ca_pem},
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create secret");
+        create_session(
+            &sessions,
+            &name,
+            json!({"url": server.url("app"), "credentials": {"secretName": name,
+                "usernameKey": "username", "passwordKey": "password", "caBundleKey": "ca.pem"}}),
+        )
+        .await;
+        sessions.wait_waiting_for_input(&name).await;
+        let client = sessions.client.clone();
+        let pod = sessions.the_pod(&name).await;
+        let plant = plant_hostile_git_config(&server.url("app"));
+        assert_eq!(sh(&client, &pod, &plant).await, "planted");
+
+        // Kept: the clone of the first start, with its hostile configuration.
+        lose_pod(&sessions, &name, &pod).await;
+        let pod = resumed_pod(&sessions, &name, "h1").await;
+        assert_eq!(sh(&client, &pod, &leak_check(PASSWORD)).await, "clean");
+        let kept = worktree(&sessions, &name).await;
+        assert_eq!(kept.commit.as_deref(), Some(upstream.main.as_str()));
+
+        // Cloned again: the agent wiped the clone, its hostile HOME stays.
+        sh(
+            &client,
+            &pod,
+            "find . -mindepth 1 -maxdepth 1 ! -name .kandev -exec rm -rf {} + && echo wiped",
+        )
+        .await;
+        lose_pod(&sessions, &name, &pod).await;
+        let pod = resumed_pod(&sessions, &name, "h2").await;
+        assert_eq!(sh(&client, &pod, &leak_check(PASSWORD)).await, "clean");
+        assert_eq!(
+            sh(
+                &client,
+                &pod,
+                "git rev-parse HEAD && test -f README.md && echo cloned"
+            )
+            .await,
+            format!("{}\ncloned", upstream.main),
+            "a new clone from the real URL, with the password"
+        );
+        let log = std::fs::read_to_string(operator.log()).expect("the operator's log");
+        assert!(
+            !log.contains(PASSWORD),
+            "the password is in the operator's log"
+        );
     };
     sessions.run(body).await;
 }

@@ -14,11 +14,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use e2e_support::git::{HttpsGit, Repositories};
+use e2e_support::git::{HttpsGit, Repositories, leak_check, plant_hostile_git_config};
 use e2e_support::sessions::{FIRST_PROMPT, Sessions, assert_condition, template_workspace};
 use e2e_support::support::chart::{self, RELEASE};
 use e2e_support::support::process::{kubectl, run, run_with_stdin};
-use e2e_support::{client, plugin, poll, unique, wait_for_within, with_cleanup};
+use e2e_support::{client, plugin, pod_sh, poll, unique, wait_for_within, with_cleanup};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
@@ -444,6 +444,12 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
         )
         .await;
         let claim = claim_of(&first);
+        // The agent plants git configuration in its HOME and its clone that would hand the
+        // checkout's credentials to it on the next start (issue 40, part 1).
+        assert_eq!(
+            pod_sh(&client, &first, &plant_hostile_git_config(&git.url("app"))).await,
+            "planted"
+        );
 
         // Lost: needsResume, and nothing is relaunched (lazy recovery).
         sessions.delete_pod(&first).await;
@@ -477,6 +483,18 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
         assert_ne!(second.uid(), first.uid(), "a new pod");
         assert_eq!(claim_of(&second), claim, "on the same workspace claim");
         assert_agent_confined(&second);
+        // The clone was kept and nothing the agent configured ran; next, the agent wipes the
+        // clone, so the start after the operator's kill clones again under its hostile HOME.
+        assert_eq!(
+            pod_sh(&client, &second, &leak_check(GIT_PASSWORD)).await,
+            "clean"
+        );
+        pod_sh(
+            &client,
+            &second,
+            "find . -mindepth 1 -maxdepth 1 ! -name .kandev -exec rm -rf {} + && echo wiped",
+        )
+        .await;
 
         // The operator's container is killed mid-resume (its pod stays; the kubelet restarts
         // it, or the other replica takes over): exactly one agent pod, the same token.
@@ -521,6 +539,16 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
             .map(|s| s.restart_count)
             .unwrap_or_default();
         assert!(restarts >= 1, "the kubelet restarted the killed container");
+        let third = sessions.the_pod(name).await;
+        assert_eq!(
+            pod_sh(&client, &third, &leak_check(GIT_PASSWORD)).await,
+            "clean"
+        );
+        assert_eq!(
+            pod_sh(&client, &third, "test -f README.md && echo cloned").await,
+            "cloned",
+            "cloned again from the real URL, with the password"
+        );
     };
     let cleanup = async {
         sessions.teardown().await;

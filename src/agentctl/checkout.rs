@@ -5,9 +5,17 @@
 //!
 //! The clone runs `git` as a subprocess with a deadline and bounded output. Credentials come
 //! from the environment (the operator fills it from the session's Secret): an HTTPS token
-//! reaches git through a credential helper that reads the environment, an SSH key and
-//! `known_hosts` through files in a private temporary directory and `GIT_SSH_COMMAND`. They are
-//! never in argv, and every git message is scrubbed of them before it is logged or reported.
+//! reaches git through a credential helper that reads the environment and answers only for the
+//! repository's own host, an SSH key and `known_hosts` through files in a private temporary
+//! directory and `GIT_SSH_COMMAND`. They are never in argv, and every git message is scrubbed of
+//! them before it is logged or reported.
+//!
+//! No input the agent can write meets the credentials. The agent owns the workspace volume,
+//! its HOME on it included, and the clone's `.git`. So every git command runs in an emptied
+//! environment with a private, empty HOME, no system or global configuration, hooks and
+//! fsmonitor off ([`sandboxed`]); only the clone gets the credentials, and it writes into a
+//! directory it creates. A clone found on a later start is never handed to git at all: its
+//! origin and HEAD are read from its files ([`super::gitfiles`]).
 //!
 //! The pure parts — what to do with a workspace, which branch to check out, classifying and
 //! scrubbing git's errors — are separate functions, table-tested below.
@@ -18,7 +26,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use super::AgentctlError;
+use super::{AgentctlError, gitfiles};
 pub use crate::api::pod_contract::{
     CheckoutReason, ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY,
     ENV_GIT_USERNAME, WORKTREE_META, Worktree,
@@ -285,7 +293,7 @@ pub async fn prepare(
     credentials: &GitCredentials,
     clone_timeout: Duration,
 ) -> Result<Worktree, AgentctlError> {
-    let state = inspect(workspace).await?;
+    let state = inspect(workspace)?;
     match decide(&state, &repository.url) {
         Decision::Mismatch(why) => Err(failure(
             CheckoutReason::WorkspaceMismatch,
@@ -293,14 +301,14 @@ pub async fn prepare(
         )),
         Decision::Keep => {
             tracing::info!(url = %repository.url, "the workspace is this repository's clone; left as it is");
-            let mut worktree = describe(workspace).await;
+            let mut worktree = describe(workspace);
             worktree.cloned = false;
             Ok(worktree)
         }
         Decision::Clone => {
             let started = std::time::Instant::now();
             clone(workspace, repository, credentials, clone_timeout).await?;
-            let mut worktree = describe(workspace).await;
+            let mut worktree = describe(workspace);
             worktree.cloned = true;
             tracing::info!(url = %repository.url, branch = ?worktree.branch, commit = ?worktree.commit,
                 took_ms = started.elapsed().as_millis() as u64, "cloned the repository into the workspace");
@@ -314,7 +322,7 @@ fn failure(reason: CheckoutReason, message: String) -> AgentctlError {
 }
 
 /// What the workspace holds.
-async fn inspect(workspace: &Path) -> Result<WorkspaceState, AgentctlError> {
+fn inspect(workspace: &Path) -> Result<WorkspaceState, AgentctlError> {
     let entries = std::fs::read_dir(workspace).map_err(AgentctlError::io(format!(
         "cannot read the workspace {}",
         workspace.display()
@@ -333,31 +341,19 @@ async fn inspect(workspace: &Path) -> Result<WorkspaceState, AgentctlError> {
             entry: names.swap_remove(0),
         });
     }
-    let origin = git(
-        Some(workspace),
-        &["config", "--get", "remote.origin.url"],
-        &[],
-        LOCAL_TIMEOUT,
-    )
-    .await
-    .ok()
-    .map(|o| o.trim().to_string())
-    .filter(|o| !o.is_empty());
+    let origin = gitfiles::origin_url(workspace)
+        .map(|o| o.trim().to_string())
+        .filter(|o| !o.is_empty());
     Ok(WorkspaceState::Clone { origin })
 }
 
-/// The branch and HEAD of the workspace's repository (best effort: a report, not a check).
-async fn describe(workspace: &Path) -> Worktree {
-    let read = |args: &'static [&'static str]| async move {
-        git(Some(workspace), args, &[], LOCAL_TIMEOUT)
-            .await
-            .ok()
-            .map(|o| o.trim().to_string())
-            .filter(|o| !o.is_empty())
-    };
+/// The branch and HEAD of the workspace's repository (best effort: a report, not a check),
+/// read from its files: no git runs in a clone the agent has written to.
+fn describe(workspace: &Path) -> Worktree {
+    let (branch, commit) = gitfiles::head(workspace);
     Worktree {
-        branch: read(&["symbolic-ref", "--quiet", "--short", "HEAD"]).await,
-        commit: read(&["rev-parse", "--verify", "--quiet", "HEAD"]).await,
+        branch,
+        commit,
         cloned: false,
     }
 }
@@ -378,7 +374,7 @@ async fn clone(
         std::fs::remove_dir_all(&tmp).map_err(io("cannot remove an interrupted clone"))?;
     }
     std::fs::create_dir_all(&kandev).map_err(io("cannot create agentctl's directory"))?;
-    let auth = GitAuth::new(credentials)?;
+    let auth = GitAuth::new(credentials, &repository.url)?;
     let secrets = credentials.secrets();
     let tmp_arg = tmp.to_string_lossy().into_owned();
     let mut args: Vec<&str> = auth.config.iter().map(String::as_str).collect();
@@ -525,9 +521,9 @@ struct GitAuth {
 }
 
 impl GitAuth {
-    fn new(credentials: &GitCredentials) -> Result<Self, AgentctlError> {
-        // No helper or prompt of the image or the user may answer instead; git fails instead
-        // of waiting for a terminal.
+    fn new(credentials: &GitCredentials, url: &str) -> Result<Self, AgentctlError> {
+        // No helper or prompt may answer instead of ours; git fails instead of waiting for a
+        // terminal.
         let mut config = vec![
             "-c".to_string(),
             "credential.helper=".to_string(),
@@ -539,13 +535,20 @@ impl GitAuth {
             ("GIT_ASKPASS".to_string(), String::new()),
             ("SSH_ASKPASS".to_string(), String::new()),
         ];
-        if credentials.password.is_some() {
-            // The helper reads the environment git inherits from agentctl: the values are
-            // never in argv.
+        if let (Some(password), Some((scheme, host))) = (&credentials.password, url_host(url)) {
+            // The helper reads the values from the environment of this one git command (never
+            // argv), and answers only when git asks for the repository's own scheme and host:
+            // a redirect to another host gets nothing.
             config.push("-c".into());
             config.push(format!(
-                "credential.helper=!f() {{ test \"$1\" = get || exit 0; printf 'username=%s\\npassword=%s\\n' \"${{{ENV_GIT_USERNAME}:-{DEFAULT_USERNAME}}}\" \"${ENV_GIT_PASSWORD}\"; }}; f"
+                "credential.helper=!f() {{ test \"$1\" = get || exit 0; p=; h=; while IFS= read -r l; do case \"$l\" in protocol=*) p=\"${{l#protocol=}}\";; host=*) h=\"${{l#host=}}\";; esac; done; test \"$p\" = \"$KANDEV_GIT_PROTOCOL\" && test \"$h\" = \"$KANDEV_GIT_HOST\" || exit 0; printf 'username=%s\\npassword=%s\\n' \"${{{ENV_GIT_USERNAME}:-{DEFAULT_USERNAME}}}\" \"${ENV_GIT_PASSWORD}\"; }}; f"
             ));
+            env.push(("KANDEV_GIT_PROTOCOL".into(), scheme));
+            env.push(("KANDEV_GIT_HOST".into(), host));
+            env.push((ENV_GIT_PASSWORD.into(), password.clone()));
+            if let Some(username) = &credentials.username {
+                env.push((ENV_GIT_USERNAME.into(), username.clone()));
+            }
         }
         let needs_files = credentials.ssh_key.is_some() || credentials.ca_bundle.is_some();
         let dir = if needs_files {
@@ -562,10 +565,12 @@ impl GitAuth {
                     "known_hosts",
                     &with_newline(credentials.known_hosts.as_deref().unwrap_or("")),
                 )?;
+                // `-F /dev/null`: ssh reads its user configuration from the passwd entry's
+                // home, not HOME, so it is named away here.
                 env.push((
                     "GIT_SSH_COMMAND".into(),
                     format!(
-                        "ssh -i '{}' -o IdentitiesOnly=yes -o UserKnownHostsFile='{}' -o StrictHostKeyChecking=yes -o BatchMode=yes",
+                        "ssh -F /dev/null -i '{}' -o IdentitiesOnly=yes -o UserKnownHostsFile='{}' -o StrictHostKeyChecking=yes -o BatchMode=yes",
                         key_file.display(),
                         hosts.display()
                     ),
@@ -586,6 +591,18 @@ impl GitAuth {
     }
 }
 
+/// The scheme and `host[:port]` of a `scheme://[user@]host[:port]/…` URL, as git's credential
+/// protocol names them; `None` for other forms (a path, `user@host:path`).
+fn url_host(url: &str) -> Option<(String, String)> {
+    let (scheme, rest) = url.trim().split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    (!scheme.is_empty() && !host.is_empty())
+        .then(|| (scheme.to_ascii_lowercase(), host.to_string()))
+}
+
 fn with_newline(text: &str) -> String {
     if text.ends_with('\n') {
         text.to_string()
@@ -597,6 +614,7 @@ fn with_newline(text: &str) -> String {
 mod tempdir {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     use std::path::PathBuf;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::AgentctlError;
 
@@ -605,14 +623,22 @@ mod tempdir {
 
     impl Private {
         pub fn new() -> std::io::Result<Self> {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.subsec_nanos())
                 .unwrap_or(0);
-            let path =
-                std::env::temp_dir().join(format!("kandev-git-{}-{nanos:08x}", std::process::id()));
+            let serial = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = std::env::temp_dir().join(format!(
+                "kandev-git-{}-{nanos:08x}-{serial}",
+                std::process::id()
+            ));
             std::fs::DirBuilder::new().mode(0o700).create(&path)?;
             Ok(Self(path))
+        }
+
+        pub fn path(&self) -> &std::path::Path {
+            &self.0
         }
 
         /// Writes `name` (mode 0600) and returns its path.
@@ -659,6 +685,59 @@ impl std::fmt::Display for GitFailure {
 
 impl std::error::Error for GitFailure {}
 
+/// Configuration on git's command line (which outranks every file) that keeps git from running
+/// anything or following anything a file could name.
+const HARDENING: [&str; 8] = [
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "protocol.ext.allow=never",
+    "-c",
+    "http.followRedirects=initial",
+];
+
+/// Variables of agentctl's environment that git may still see: where programs are and the
+/// cluster's proxies. Everything else (the credentials, `GIT_*` of any kind, HOME) is left
+/// out.
+const PASSED_THROUGH: [&str; 7] = [
+    "PATH",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+];
+
+/// The whole environment of a git command, before the command's own additions: the
+/// [`PASSED_THROUGH`] part of `inherited`, `home` as HOME, no system or global configuration,
+/// messages in English (they are classified) and no prompt.
+fn sandboxed(
+    home: &Path,
+    inherited: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut env: Vec<_> = inherited
+        .filter(|(name, _)| PASSED_THROUGH.iter().any(|p| name == p))
+        .collect();
+    if !env.iter().any(|(name, _)| name == "PATH") {
+        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    for (name, value) in [
+        ("HOME", home.as_os_str()),
+        ("XDG_CONFIG_HOME", home.as_os_str()),
+        ("GIT_CONFIG_NOSYSTEM", "1".as_ref()),
+        ("GIT_CONFIG_SYSTEM", "/dev/null".as_ref()),
+        ("GIT_CONFIG_GLOBAL", "/dev/null".as_ref()),
+        ("GIT_TERMINAL_PROMPT", "0".as_ref()),
+        ("LC_ALL", "C".as_ref()),
+    ] {
+        env.push((name.into(), value.into()));
+    }
+    env
+}
+
 /// Runs `git <args>` in `dir` with `env` added, within `timeout` (then it is killed), and
 /// returns its stdout (at most [`STDOUT_LIMIT`]); on failure, the tail of its stderr.
 async fn git(
@@ -673,16 +752,26 @@ async fn git(
         .copied()
         .unwrap_or("git");
     let what = format!("git {subcommand}");
+    let home = tempdir::Private::new().map_err(|e| GitFailure {
+        what: what.clone(),
+        stderr: format!("cannot create a private HOME for git: {e}"),
+        timed_out: false,
+    })?;
     let mut command = tokio::process::Command::new("git");
+    command
+        .env_clear()
+        .envs(sandboxed(home.path(), std::env::vars_os()))
+        .args(HARDENING);
     if let Some(dir) = dir {
-        command.current_dir(dir);
+        // A volume's root belongs to root, so git would call our own clone "dubious".
+        command
+            .current_dir(dir)
+            .arg("-c")
+            .arg(format!("safe.directory={}", dir.display()));
     }
     command
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        // The workspace's own config must not name another git directory.
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1125,6 +1214,74 @@ mod tests {
     }
 
     #[test]
+    fn the_credential_helper_is_bound_to_the_repositorys_host() {
+        let rows = [
+            (
+                "https://git.example/team/app.git",
+                Some(("https", "git.example")),
+            ),
+            (
+                "HTTPS://bob:pw@git.example:8443/a",
+                Some(("https", "git.example:8443")),
+            ),
+            ("http://git.example", Some(("http", "git.example"))),
+            ("https://git.example?x=1", Some(("https", "git.example"))),
+            (
+                "ssh://git@git.example/team/app.git",
+                Some(("ssh", "git.example")),
+            ),
+            ("git@git.example:team/app.git", None),
+            ("/srv/git/app.git", None),
+            ("https:///path", None),
+        ];
+        for (url, want) in rows {
+            let want = want.map(|(s, h)| (s.to_string(), h.to_string()));
+            assert_eq!(url_host(url), want, "{url}");
+        }
+    }
+
+    /// What the agent could set for git (its HOME, `GIT_*`) and the credentials never reach a
+    /// git command from agentctl's environment; PATH and the cluster's proxies do.
+    #[test]
+    fn git_runs_in_an_emptied_environment() {
+        let inherited = [
+            ("PATH", "/opt/bin:/usr/bin"),
+            ("HOME", "/workspace/.kandev/home"),
+            ("XDG_CONFIG_HOME", "/workspace/.config"),
+            ("GIT_CONFIG_COUNT", "1"),
+            ("GIT_CONFIG_KEY_0", "core.fsmonitor"),
+            ("GIT_DIR", "/elsewhere"),
+            ("GIT_TRACE", "/workspace/trace"),
+            (ENV_GIT_PASSWORD, "s3cr3t"),
+            ("HTTPS_PROXY", "http://proxy:3128"),
+            ("no_proxy", ".svc"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let env = sandboxed(Path::new("/tmp/private"), inherited.into_iter());
+        let names: Vec<String> = env
+            .iter()
+            .map(|(k, v)| format!("{}={}", k.to_string_lossy(), v.to_string_lossy()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "PATH=/opt/bin:/usr/bin",
+                "HTTPS_PROXY=http://proxy:3128",
+                "no_proxy=.svc",
+                "HOME=/tmp/private",
+                "XDG_CONFIG_HOME=/tmp/private",
+                "GIT_CONFIG_NOSYSTEM=1",
+                "GIT_CONFIG_SYSTEM=/dev/null",
+                "GIT_CONFIG_GLOBAL=/dev/null",
+                "GIT_TERMINAL_PROMPT=0",
+                "LC_ALL=C",
+            ]
+        );
+        let bare = sandboxed(Path::new("/tmp/p"), std::iter::empty());
+        assert!(bare.iter().any(|(k, _)| k == "PATH"), "a PATH all the same");
+    }
+
+    #[test]
     fn credentials_never_show_in_debug_output() {
         let creds = GitCredentials {
             password: Some("s3cr3t".into()),
@@ -1141,12 +1298,22 @@ mod tests {
             known_hosts: Some("host ssh-ed25519 AAAA".into()),
             ..Default::default()
         };
-        let auth = GitAuth::new(&creds).expect("auth");
+        let auth = GitAuth::new(&creds, "https://git.example:8443/team/app.git").expect("auth");
         let argv = auth.config.join(" ");
         assert!(
             !argv.contains("s3cr3t") && argv.contains("$KANDEV_GIT_PASSWORD"),
             "{argv}"
         );
+        // The helper answers for the repository's scheme and host only.
+        let env = |name: &str| {
+            auth.env
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(env("KANDEV_GIT_PROTOCOL"), Some("https"));
+        assert_eq!(env("KANDEV_GIT_HOST"), Some("git.example:8443"));
+        assert_eq!(env(ENV_GIT_PASSWORD), Some("s3cr3t"));
         let ssh = auth
             .env
             .iter()

@@ -29,6 +29,7 @@
 pub mod checkout;
 pub mod cli;
 pub mod client;
+pub mod gitfiles;
 /// The event journal's line format, part of the pod contract.
 pub use crate::api::pod_contract::events;
 pub mod history;

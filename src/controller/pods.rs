@@ -552,14 +552,9 @@ fn repository_env(repository: &RepositorySpec) -> Vec<EnvVar> {
 /// turns into the launch's Stalled reason. Same image, user, limits and confinement as `main`.
 fn checkout_container(main: &Container, repository: &RepositorySpec) -> Container {
     let workspace = main.working_dir.clone().unwrap_or_default();
-    let mut env: Vec<EnvVar> = main
-        .env
-        .iter()
-        .flatten()
-        .filter(|e| e.name == "HOME" || e.name.starts_with("GIT_CONFIG_"))
-        .cloned()
-        .collect();
-    env.extend(repository_env(repository));
+    // No HOME and no git configuration: agentctl runs git with a private HOME and its own
+    // command-line configuration only, never the agent's (`agentctl::checkout`).
+    let mut env = repository_env(repository);
     if let Some(creds) = &repository.credentials {
         for (name, key) in [
             (ENV_GIT_USERNAME, &creds.username_key),
@@ -987,23 +982,27 @@ mod tests {
             Some("kandev/t-1")
         );
         assert!(value(checkout, "KANDEV_REPOSITORY_BASE_BRANCH").is_none());
-        assert_eq!(literal(checkout, "HOME"), literal(main, "HOME"));
-        for c in [main, checkout] {
-            assert_eq!(
-                (
-                    literal(c, "GIT_CONFIG_COUNT"),
-                    literal(c, "GIT_CONFIG_KEY_0"),
-                    literal(c, "GIT_CONFIG_VALUE_0")
-                ),
-                (
-                    Some("1".into()),
-                    Some("safe.directory".into()),
-                    Some("/workspace".into())
-                ),
-                "git trusts the workspace in {}",
-                c.name
-            );
-        }
+        assert!(
+            checkout
+                .env
+                .iter()
+                .flatten()
+                .all(|e| e.name != "HOME" && !e.name.starts_with("GIT_CONFIG_")),
+            "the checkout takes no HOME or git configuration from the agent's side"
+        );
+        assert_eq!(
+            (
+                literal(main, "GIT_CONFIG_COUNT"),
+                literal(main, "GIT_CONFIG_KEY_0"),
+                literal(main, "GIT_CONFIG_VALUE_0")
+            ),
+            (
+                Some("1".into()),
+                Some("safe.directory".into()),
+                Some("/workspace".into())
+            ),
+            "the agent's git trusts the workspace"
+        );
         let password = value(checkout, "KANDEV_GIT_PASSWORD").expect("password env");
         assert!(password.value.is_none(), "referenced, never copied");
         let selector = password

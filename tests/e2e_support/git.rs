@@ -360,3 +360,48 @@ where
     stream.write_all(payload).await?;
     stream.shutdown().await
 }
+
+/// Where the programs that [`plant_hostile_git_config`] names would write what they saw, below
+/// the workspace.
+pub const LEAK_DIR: &str = ".kandev/leak";
+
+/// A shell script, run as the agent in its pod (the workspace as its working directory), that
+/// writes the git configuration an agent could write to steal the repository's credentials on
+/// the next start: into its HOME and into the clone's `.git/config`, naming programs (fsmonitor,
+/// hooks, a credential helper, filters), tracing the environment with trace2, and rewriting
+/// `url` to a dead address. Prints `planted`.
+pub fn plant_hostile_git_config(url: &str) -> String {
+    format!(
+        r#"set -e
+L="$PWD/{LEAK_DIR}"; H="$PWD/.kandev/hooks"
+mkdir -p "$HOME" "$L" "$H"
+for h in reference-transaction post-checkout post-merge post-index-change; do
+  printf '#!/bin/sh\nenv >> %s/hook-%s\n' "$L" "$h" > "$H/$h"; chmod +x "$H/$h"
+done
+cat > "$HOME/.gitconfig" <<EOF
+[core]
+	fsmonitor = "env >> $L/fsmonitor; true"
+	hooksPath = $H
+[trace2]
+	eventTarget = $L/trace2-event
+	normalTarget = $L/trace2-normal
+	envVars = KANDEV_GIT_PASSWORD,KANDEV_GIT_USERNAME
+[credential]
+	helper = "!env >> $L/credential-helper; true"
+[url "https://127.0.0.1:9/"]
+	insteadOf = {url}
+[filter "leak"]
+	smudge = "env >> $L/smudge; cat"
+EOF
+if [ -d .git ]; then cat "$HOME/.gitconfig" >> .git/config; echo '* filter=leak' > .git/info/attributes; fi
+echo planted"#
+    )
+}
+
+/// A shell script, run in the pod, that lists what the planted programs wrote and every file of
+/// the workspace holding `secret`; prints `clean` when there is neither.
+pub fn leak_check(secret: &str) -> String {
+    format!(
+        r#"ran=$(ls -A "$PWD/{LEAK_DIR}" 2>/dev/null); held=$(grep -rlF -e '{secret}' "$PWD" 2>/dev/null); if [ -z "$ran$held" ]; then echo clean; else echo "ran: $ran held: $held"; fi"#
+    )
+}
