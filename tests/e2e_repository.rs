@@ -237,8 +237,9 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
 /// configuration that would run programs, trace the environment or rewrite the URL, in both;
 /// the session is lost and resumed (the clone kept), then the agent wipes the clone and it is
 /// lost and resumed again (a new clone, with the hostile HOME still there). Both resumes
-/// succeed, nothing the agent configured ran, and no byte of the password is on the volume or
-/// in the operator's log.
+/// succeed, no byte of the password is on the volume (where every planted program writes its
+/// environment) or in the operator's log. (The real agent's own git reads what it planted,
+/// without credentials; that the checkout runs nothing planted is the CLI tier's test.)
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn git_configuration_the_agent_wrote_never_meets_the_credentials() {

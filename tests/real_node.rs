@@ -483,7 +483,7 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
         assert_ne!(second.uid(), first.uid(), "a new pod");
         assert_eq!(claim_of(&second), claim, "on the same workspace claim");
         assert_agent_confined(&second);
-        // The clone was kept and nothing the agent configured ran; next, the agent wipes the
+        // The clone was kept and no file holds the password; next, the agent wipes the
         // clone, so the start after the operator's kill clones again under its hostile HOME.
         assert_eq!(
             pod_sh(&client, &second, &leak_check(GIT_PASSWORD)).await,

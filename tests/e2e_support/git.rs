@@ -368,11 +368,15 @@ pub const LEAK_DIR: &str = ".kandev/leak";
 /// A shell script, run as the agent in its pod (the workspace as its working directory), that
 /// writes the git configuration an agent could write to steal the repository's credentials on
 /// the next start: into its HOME and into the clone's `.git/config`, naming programs (fsmonitor,
-/// hooks, a credential helper, filters), tracing the environment with trace2, and rewriting
-/// `url` to a dead address. Prints `planted`.
+/// hooks, a credential helper, filters) that write their whole environment below [`LEAK_DIR`],
+/// tracing the credential variables with trace2, and rewriting `url` to a dead address. Prints
+/// `planted`; refuses (and writes nothing) when HOME is not on the workspace, so that a harness
+/// whose exec does not carry the pod's environment never gets the host's git configuration
+/// rewritten.
 pub fn plant_hostile_git_config(url: &str) -> String {
     format!(
         r#"set -e
+case "$HOME" in "$PWD"/*) ;; *) echo "HOME=$HOME is not on the workspace $PWD"; exit 1;; esac
 L="$PWD/{LEAK_DIR}"; H="$PWD/.kandev/hooks"
 mkdir -p "$HOME" "$L" "$H"
 for h in reference-transaction post-checkout post-merge post-index-change; do
@@ -398,10 +402,15 @@ echo planted"#
     )
 }
 
-/// A shell script, run in the pod, that lists what the planted programs wrote and every file of
-/// the workspace holding `secret`; prints `clean` when there is neither.
+/// A shell script, run in the pod, that lists every file of the workspace holding `secret`
+/// (what a planted program or trace2 wrote included); prints `clean` when there is none.
+///
+/// That a planted program ran at all is no finding here: the agent's own git (a real agent runs
+/// git in its workspace) reads the configuration the agent wrote, without the credentials. That
+/// the checkout runs none of them is the CLI tier's test
+/// (`checkout_never_acts_on_git_configuration_the_agent_wrote`), where no agent runs.
 pub fn leak_check(secret: &str) -> String {
     format!(
-        r#"ran=$(ls -A "$PWD/{LEAK_DIR}" 2>/dev/null); held=$(grep -rlF -e '{secret}' "$PWD" 2>/dev/null); if [ -z "$ran$held" ]; then echo clean; else echo "ran: $ran held: $held"; fi"#
+        r#"held=$(grep -rlF -e '{secret}' "$PWD" 2>/dev/null); if [ -z "$held" ]; then echo clean; else echo "held: $held"; fi"#
     )
 }
