@@ -32,8 +32,8 @@ use tokio::task::JoinHandle;
 use crate::api::bounds::{AGENT_TEXT_MAX, cap};
 use crate::jsonrpc::code::{INTERNAL_ERROR, METHOD_NOT_FOUND};
 use crate::jsonrpc::{
-    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, encode_line, error_message, method,
-    notification_message, request_message, result_message,
+    AgentLimit, CallFailure, Frame, LINE_LIMIT, LineReader, cost, encode_line, error_message,
+    method, notification_message, request_message, result_message,
 };
 use crate::telemetry::SharedWarnLimiter;
 
@@ -507,6 +507,17 @@ where
                 shared.cut_off(AgentLimit::Line {
                     limit: lines.limit(),
                 });
+                return;
+            }
+            Ok(Frame::TooCostly { len, cost }) => {
+                let bound = cost::bound(lines.limit());
+                tracing::warn!(
+                    len,
+                    cost,
+                    bound,
+                    "the agent wrote a line too dense to parse"
+                );
+                shared.cut_off(AgentLimit::ParseCost { cost, bound });
                 return;
             }
             Ok(Frame::Eof) => {
@@ -1013,6 +1024,35 @@ mod tests {
         );
         // The agent's stdin was closed: it sees EOF.
         assert!(from_client.next_line().await.expect("read").is_none());
+    }
+
+    /// An answer within the line limit that would cost far more to parse (a dense array of
+    /// zeros) is never parsed: the agent is cut off, naming what the line would have cost.
+    #[tokio::test]
+    async fn a_line_too_dense_to_parse_cuts_the_agent_off() {
+        let (rpc, mut from_client, mut agent) = connect();
+        let rpc = Arc::new(rpc);
+        let call = tokio::spawn({
+            let rpc = rpc.clone();
+            async move { rpc.call("a", json!({}), Some(Duration::from_secs(5))).await }
+        });
+        let request = next_json(&mut from_client).await;
+        let zeros = "0,".repeat(400_000);
+        let line = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":[{zeros}0]}}\n",
+            request["id"]
+        );
+        assert!(line.len() < LINE_LIMIT);
+        tokio::spawn(async move {
+            let _ = agent.write_all(line.as_bytes()).await;
+        });
+        let result = call.await.expect("join");
+        let Err(CallFailure::AgentLimit(AgentLimit::ParseCost { cost, bound })) = result else {
+            panic!("not cut off for its parse cost: {result:?}");
+        };
+        assert_eq!(bound, 3 * LINE_LIMIT);
+        assert!(cost > bound, "{cost} > {bound}");
+        assert!(rpc.is_closed());
     }
 
     #[tokio::test]

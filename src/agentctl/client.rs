@@ -13,6 +13,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 
 use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader, write_line};
+use crate::jsonrpc::cost;
 
 use super::AgentctlError;
 use super::socket::{self, Hello, Mode};
@@ -31,8 +32,9 @@ enum StdinEnd {
     Eof,
     /// The socket cannot be written any more (serve went away).
     SocketClosed,
-    /// stdin sent a line over the limit: the connection is closed without it.
-    TooLong,
+    /// stdin sent a line over the limit, or too dense to parse: the connection is closed
+    /// without it.
+    Refused(AgentctlError),
 }
 
 /// `agentctl connect`: bridges stdin/stdout to the served agent, line by line. Lines from
@@ -69,7 +71,23 @@ pub async fn connect(
                         "over-long line on stdin; closing the connection"
                     );
                     let _ = write.shutdown().await;
-                    return StdinEnd::TooLong;
+                    return StdinEnd::Refused(AgentctlError::LineTooLong {
+                        what: "stdin",
+                        limit: LINE_LIMIT,
+                    });
+                }
+                Ok(Frame::TooCostly { len, cost }) => {
+                    tracing::error!(
+                        len,
+                        cost,
+                        "line too dense to parse on stdin; closing the connection"
+                    );
+                    let _ = write.shutdown().await;
+                    return StdinEnd::Refused(AgentctlError::LineTooDense {
+                        what: "stdin",
+                        cost,
+                        bound: cost::bound(LINE_LIMIT),
+                    });
                 }
                 Ok(Frame::Line) => {
                     let line = String::from_utf8_lossy(stdin.line());
@@ -96,12 +114,21 @@ pub async fn connect(
             pumped.map_err(|end| end.into_error(socket_path))
         }
         end = &mut stdin_task => {
-            let too_long = matches!(end, Ok(StdinEnd::TooLong));
-            match end {
-                Ok(StdinEnd::Disconnect) => tracing::debug!("disconnect forwarded; waiting for agentctl to close"),
-                Ok(StdinEnd::Eof | StdinEnd::TooLong) => tracing::debug!("stdin closed; waiting for agentctl to close"),
-                Ok(StdinEnd::SocketClosed) | Err(_) => {}
-            }
+            let refused = match end {
+                Ok(StdinEnd::Disconnect) => {
+                    tracing::debug!("disconnect forwarded; waiting for agentctl to close");
+                    None
+                }
+                Ok(StdinEnd::Eof) => {
+                    tracing::debug!("stdin closed; waiting for agentctl to close");
+                    None
+                }
+                Ok(StdinEnd::Refused(error)) => {
+                    tracing::debug!("stdin closed; waiting for agentctl to close");
+                    Some(error)
+                }
+                Ok(StdinEnd::SocketClosed) | Err(_) => None,
+            };
             let pumped = match tokio::time::timeout(GOODBYE_TIMEOUT, &mut pump).await {
                 Ok(pumped) => pumped.map_err(|end| end.into_error(socket_path)),
                 Err(_) => {
@@ -109,8 +136,8 @@ pub async fn connect(
                     Ok(())
                 }
             };
-            match (pumped, too_long) {
-                (Ok(()), true) => Err(AgentctlError::LineTooLong { what: "stdin", limit: LINE_LIMIT }),
+            match (pumped, refused) {
+                (Ok(()), Some(error)) => Err(error),
                 (pumped, _) => pumped,
             }
         }
@@ -159,6 +186,8 @@ enum PumpEnd {
     Busy,
     /// serve sent a line longer than the limit (dropped, never buffered).
     TooLong { limit: usize },
+    /// serve sent a line too dense to parse (dropped unparsed).
+    TooDense { cost: usize, bound: usize },
     /// serve sent nothing for this long.
     Silent(Duration),
 }
@@ -172,6 +201,11 @@ impl PumpEnd {
             Self::TooLong { limit } => AgentctlError::LineTooLong {
                 what: "agentctl serve",
                 limit,
+            },
+            Self::TooDense { cost, bound } => AgentctlError::LineTooDense {
+                what: "agentctl serve",
+                cost,
+                bound,
             },
             Self::Silent(limit) => AgentctlError::Silent {
                 path: path.to_owned(),
@@ -210,6 +244,17 @@ async fn pump_socket_to_stdout(
             Ok(Frame::TooLong { len }) => {
                 tracing::error!(len, limit, "over-long line from agentctl serve; closing");
                 return Err(PumpEnd::TooLong { limit });
+            }
+            Ok(Frame::TooCostly { len, cost }) => {
+                tracing::error!(
+                    len,
+                    cost,
+                    "line too dense to parse from agentctl serve; closing"
+                );
+                return Err(PumpEnd::TooDense {
+                    cost,
+                    bound: cost::bound(limit),
+                });
             }
             Ok(Frame::Line) => {
                 let line = reader.line();

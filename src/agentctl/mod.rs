@@ -137,6 +137,16 @@ pub enum AgentctlError {
     AgentCutOff { limit: crate::jsonrpc::AgentLimit },
     #[error("{what} sent a line longer than {limit} bytes; connection closed")]
     LineTooLong { what: &'static str, limit: usize },
+    #[error(
+        "{what} sent a line too dense to parse (about {} once parsed, bound {}); connection closed",
+        crate::jsonrpc::cost::in_mib(*.cost),
+        crate::jsonrpc::cost::in_mib(*.bound)
+    )]
+    LineTooDense {
+        what: &'static str,
+        cost: usize,
+        bound: usize,
+    },
     #[error("{context}: {source}")]
     Io {
         context: String,

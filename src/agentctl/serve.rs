@@ -311,6 +311,18 @@ async fn read_agent_stdout(
                 let _ = inputs.send(Input::AgentBrokeLimit(limit)).await;
                 return;
             }
+            Ok(Frame::TooCostly { len, cost }) => {
+                let bound = jsonrpc::cost::bound(lines.limit());
+                tracing::warn!(
+                    len,
+                    cost,
+                    bound,
+                    "the agent wrote a line too dense to parse"
+                );
+                let limit = AgentLimit::ParseCost { cost, bound };
+                let _ = inputs.send(Input::AgentBrokeLimit(limit)).await;
+                return;
+            }
             Ok(Frame::Eof) => break,
             Err(error) => {
                 tracing::debug!(%error, "cannot read the agent's stdout");
@@ -350,6 +362,15 @@ async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mps
                     len,
                     limit = LINE_LIMIT,
                     "client wrote an over-long line; disconnecting it"
+                );
+                break;
+            }
+            Ok(Frame::TooCostly { len, cost }) => {
+                tracing::warn!(
+                    conn,
+                    len,
+                    cost,
+                    "client wrote a line too dense to parse; disconnecting it"
                 );
                 break;
             }
@@ -744,7 +765,7 @@ impl Driver {
                     // Subscribers have nothing to say; reading only notices when they leave.
                     read = reader.next_line() => match read {
                         Ok(Frame::Line) => {}
-                        Ok(Frame::TooLong { .. } | Frame::Eof) | Err(_) => break,
+                        Ok(Frame::TooLong { .. } | Frame::TooCostly { .. } | Frame::Eof) | Err(_) => break,
                     },
                 }
             }

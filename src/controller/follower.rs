@@ -404,6 +404,17 @@ async fn stream_events(
                 );
                 return Ok(StreamEnd::Dropped);
             }
+            Ok(Frame::TooCostly { len, cost }) => {
+                // Read whole and dropped unparsed: the stream goes on with the next line.
+                *answered = true;
+                if let Some(suppressed) = warnings.allow() {
+                    warn!(
+                        len,
+                        cost, suppressed, "agentctl event line too dense to parse; skipped"
+                    );
+                }
+                continue;
+            }
             Ok(Frame::Eof) if caught_up && view.activity != Some(AgentActivity::Working) => {
                 return Ok(StreamEnd::Idle);
             }

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::HistoryError;
+use crate::jsonrpc::LINE_LIMIT;
+use crate::jsonrpc::cost;
 
 /// Longest accepted session id; far above real ids (Kubernetes names are ≤ 253, ours ≤ 63
 /// in practice) and far below file-name limits.
@@ -54,11 +56,22 @@ pub struct ParsedHistory {
 }
 
 /// Parses JSONL history. Blank lines are ignored; a line that is not a valid entry (truncated
-/// JSON, unknown `type`, missing field) is skipped with a warning naming its 1-based line number.
+/// JSON, unknown `type`, missing field) or would cost more to parse than a line of the wire may
+/// (`jsonrpc::cost`: a tool call's `input` as a dense array) is skipped with a warning naming
+/// its 1-based line number.
 pub fn parse_history(text: &str) -> ParsedHistory {
     let mut parsed = ParsedHistory::default();
     for (index, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
+            continue;
+        }
+        if let Some(cost) = cost::too_costly(line.as_bytes(), LINE_LIMIT) {
+            parsed.skipped_corrupt_lines += 1;
+            tracing::warn!(
+                line = index + 1,
+                cost,
+                "skipping a history line too dense to parse"
+            );
             continue;
         }
         match serde_json::from_str::<HistoryEntry>(line) {
@@ -264,6 +277,14 @@ mod tests {
         let parsed = parse_history(&mixed);
         assert_eq!(parsed.entries, vec![user("a"), user("a")]);
         assert_eq!(parsed.skipped_corrupt_lines, 2);
+        // A tool call whose input is a dense array is skipped unparsed; its neighbours stay.
+        let dense = format!(
+            "{{\"type\":\"tool_call\",\"name\":\"x\",\"input\":[{}0]}}",
+            "0,".repeat(400_000)
+        );
+        let parsed = parse_history(&format!("{good}\n{dense}\n{good}\n"));
+        assert_eq!(parsed.entries, vec![user("a"), user("a")]);
+        assert_eq!(parsed.skipped_corrupt_lines, 1);
     }
 
     #[test]

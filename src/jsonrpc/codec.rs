@@ -8,8 +8,11 @@
 //! `connect` and `events`) and the controller's event follower.
 //!
 //! A line longer than the limit is never buffered whole: the bytes past the limit are read and
-//! dropped until the newline, and the caller learns how long the line was. What to do with such
-//! a peer is the caller's decision (the ACP client and agentctl cut it off).
+//! dropped until the newline, and the caller learns how long the line was. A line within the
+//! limit whose parse would cost more than the budget holds for it ([`super::cost`]: a dense
+//! array, many small objects, deep nesting) is dropped too, before anyone parses it, and the
+//! caller learns what it would have cost. What to do with such a peer is the caller's decision
+//! (the ACP client and agentctl cut it off, the event follower skips the line).
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -40,6 +43,9 @@ pub enum Frame {
     Line,
     /// A line of `len` bytes (without its terminator) exceeded the limit and was dropped.
     TooLong { len: usize },
+    /// A line of `len` bytes within the limit would cost about `cost` bytes to parse, more than
+    /// [`super::cost::bound`] of the limit, and was dropped unparsed.
+    TooCostly { len: usize, cost: usize },
     /// The stream ended (a final line without a newline is returned as a [`Frame::Line`] first).
     Eof,
 }
@@ -139,6 +145,10 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         if len > self.limit {
             self.buf.clear();
             Frame::TooLong { len }
+        } else if let Some(cost) = super::cost::too_costly(&self.buf, self.limit) {
+            self.buf.clear();
+            self.buf.shrink_to(KEEP_CAPACITY);
+            Frame::TooCostly { len, cost }
         } else {
             Frame::Line
         }
@@ -259,13 +269,36 @@ mod tests {
         assert_eq!(reader.line(), b"ok");
     }
 
+    /// A dense line within the limit is dropped unparsed and named by its cost; the stream
+    /// goes on with the next line.
+    #[tokio::test]
+    async fn a_line_too_dense_to_parse_is_dropped_and_reading_goes_on() {
+        let dense = format!("[{}0]", "0,".repeat(2_000));
+        let data = format!("{dense}\n{{\"text\":\"{}\"}}\nok\n", "x".repeat(8_000));
+        let got = frames(data.as_bytes(), 1024, 8 * 1024).await;
+        let cost =
+            crate::jsonrpc::cost::cost(dense.len(), crate::jsonrpc::cost::count(dense.as_bytes()));
+        assert_eq!(
+            got[0],
+            (
+                Frame::TooCostly {
+                    len: dense.len(),
+                    cost
+                },
+                String::new()
+            )
+        );
+        assert_eq!(got[1].0, Frame::Line, "a line of text as long is kept");
+        assert_eq!(got[2], line("ok"));
+    }
+
     mod properties {
         use super::*;
         use proptest::prelude::*;
 
         /// What the codec promises, written the obvious way: split at `\n`, drop one `\r`
-        /// before it, keep a last line without a newline, and report a line over `limit` by its
-        /// length instead of its bytes.
+        /// before it, keep a last line without a newline, report a line over `limit` by its
+        /// length instead of its bytes, and one too dense to parse by what it would cost.
         fn model(data: &[u8], limit: usize) -> Frames {
             let mut parts: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
             if parts.last().is_some_and(|last| last.is_empty()) {
@@ -277,6 +310,14 @@ mod tests {
                     let part = part.strip_suffix(b"\r").unwrap_or(part);
                     if part.len() > limit {
                         too_long(part.len())
+                    } else if let Some(cost) = crate::jsonrpc::cost::too_costly(part, limit) {
+                        (
+                            Frame::TooCostly {
+                                len: part.len(),
+                                cost,
+                            },
+                            String::new(),
+                        )
                     } else {
                         (Frame::Line, String::from_utf8_lossy(part).into_owned())
                     }
@@ -317,6 +358,10 @@ mod tests {
                         Frame::Line => prop_assert!(reader.line().len() <= limit),
                         Frame::TooLong { len } => {
                             prop_assert!(len > limit);
+                            prop_assert!(reader.line().is_empty());
+                        }
+                        Frame::TooCostly { len, cost } => {
+                            prop_assert!(len <= limit && cost > crate::jsonrpc::cost::bound(limit));
                             prop_assert!(reader.line().is_empty());
                         }
                     }

@@ -12,6 +12,9 @@ pub enum AgentLimit {
     Replay { limit: u64 },
     /// It left `limit` messages to it unread: it does not read its input.
     Input { limit: usize },
+    /// It wrote a line that would cost about `cost` bytes to parse, more than `bound` (dense
+    /// JSON: many tiny values or deep nesting; see `jsonrpc::cost`).
+    ParseCost { cost: usize, bound: usize },
 }
 
 impl std::fmt::Display for AgentLimit {
@@ -24,6 +27,12 @@ impl std::fmt::Display for AgentLimit {
             Self::Input { limit } => write!(
                 f,
                 "agent does not read its input ({limit} messages to it queued)"
+            ),
+            Self::ParseCost { cost, bound } => write!(
+                f,
+                "agent wrote a line too dense to parse (about {} once parsed, bound {}: three times the line limit)",
+                super::cost::in_mib(*cost),
+                super::cost::in_mib(*bound)
             ),
         }
     }

@@ -10,6 +10,7 @@
 //! - [`CallFailure`]: how a call can fail, and [`AgentLimit`], the bounds an agent can break.
 
 pub mod codec;
+pub mod cost;
 mod failure;
 mod message;
 

@@ -174,6 +174,7 @@ mod tests {
             (CallFailure::AgentLimit(AgentLimit::Line { limit: 1 << 20 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
             (CallFailure::AgentLimit(AgentLimit::Replay { limit: 1 << 28 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
             (CallFailure::AgentLimit(AgentLimit::Input { limit: 1024 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
+            (CallFailure::AgentLimit(AgentLimit::ParseCost { cost: 1 << 30, bound: 3 << 20 }), C::AgentProtocolLimit, false, "agent_protocol_limit"),
             (rpc(-32090, "agentctl cut off the agent: agent exceeded the line limit (1048576 bytes)"), C::AgentProtocolLimit, false, "agent_protocol_limit"),
         ];
         for (failure, class, fresh, name) in rows {
