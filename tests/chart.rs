@@ -1125,10 +1125,10 @@ fn invalid_values_fail_with_a_clear_message() {
             ],
             "a ServiceAccount needs a namespace",
         ),
-        // The restores' memory budget cannot hold one session/load (2 × the replay line).
+        // The restores' memory budget cannot hold one session/load (3 × the replay line).
         (
-            &["--set", "controller.acpMemoryBudgetMiB=8"],
-            "budget of 8 MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs 16 MiB",
+            &["--set", "controller.acpMemoryBudgetMiB=20"],
+            "budget of 20 MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs 24 MiB",
         ),
         (
             &[

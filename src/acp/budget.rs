@@ -4,8 +4,10 @@
 //! [`AcpLimits::replay_line`] while a `session/load` replays), but many restores at once could
 //! together need far more than the container has. So a connection reserves its worst case from
 //! one process-wide budget before it reads from the agent, and before a `session/load` it grows
-//! that reservation by the larger replay line: a line's buffer and what the line is parsed into,
-//! twice the line limit. When the budget is spent, the next restore waits for one to finish: it
+//! that reservation by the larger replay line: a line's buffer, a copy of its text and what it
+//! is parsed into, three times the line limit. The codec refuses a line that would cost more to
+//! parse (`jsonrpc::cost`), so the reservation holds whatever the agent writes. When the budget
+//! is spent, the next restore waits for one to finish: it
 //! finishes later rather than failing, and the process stays within its memory. The wait is
 //! outside every ACP deadline (those measure the agent, not us).
 //!
@@ -23,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::client::AcpLimits;
+use crate::jsonrpc::cost;
 
 /// The budget where the container has no memory limit.
 pub const UNLIMITED_DEFAULT: u64 = 1024 * MIB;
@@ -170,14 +173,15 @@ impl Held {
     }
 }
 
-/// What a connection may hold outside a replay: one line and what it is parsed into.
+/// What a connection may hold outside a replay: one line and what it is parsed into, which the
+/// codec bounds at [`cost::COST_MULTIPLE`] times the line.
 pub fn connection_need(limits: &AcpLimits) -> u64 {
-    2 * limits.line as u64
+    (cost::COST_MULTIPLE * limits.line) as u64
 }
 
 /// What a `session/load` may hold on top of [`connection_need`]: the longer replay line.
 pub fn replay_need(limits: &AcpLimits) -> u64 {
-    2 * (limits.replay_line.saturating_sub(limits.line) as u64)
+    (cost::COST_MULTIPLE * limits.replay_line.saturating_sub(limits.line)) as u64
 }
 
 /// The budget's size: `flag_mib` when set (above 0), else half of the container's memory limit
@@ -256,14 +260,20 @@ mod tests {
     }
 
     #[test]
-    fn needs_are_twice_the_lines() {
+    fn needs_are_what_the_codec_lets_a_line_cost() {
         let limits = AcpLimits {
             line: MIB as usize,
             replay_line: 8 * MIB as usize,
             replay_budget: 0,
         };
-        assert_eq!(connection_need(&limits), 2 * MIB);
-        assert_eq!(replay_need(&limits), 14 * MIB);
+        assert_eq!(connection_need(&limits), 3 * MIB);
+        assert_eq!(replay_need(&limits), 21 * MIB);
+        // Exactly the bound past which the codec refuses a line.
+        assert_eq!(
+            connection_need(&limits),
+            cost::bound(limits.line) as u64,
+            "a line's reservation"
+        );
     }
 
     #[tokio::test(start_paused = true)]

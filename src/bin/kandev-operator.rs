@@ -174,10 +174,11 @@ struct RunArgs {
     acp_replay_budget_mib: u64,
     /// Memory all restores together may hold for the agents' lines, in MiB; 0 (the default):
     /// half of the container's memory limit (its cgroup), or 1024 where there is none. Each
-    /// restore reserves twice the 1 MiB line limit, and a session/load twice
-    /// --acp-replay-line-limit-mib in all; once the budget is spent, the next restore waits
-    /// (before any ACP deadline) and finishes later instead of failing. The start is refused
-    /// when one restore could never fit.
+    /// restore reserves three times the 1 MiB line limit, and a session/load three times
+    /// --acp-replay-line-limit-mib in all (a line, its text and what it is parsed into; a line
+    /// that would cost more to parse cuts the agent off); once the budget is spent, the next
+    /// restore waits (before any ACP deadline) and finishes later instead of failing. The start
+    /// is refused when one restore could never fit.
     #[arg(long, default_value_t = 0, value_name = "MIB")]
     acp_memory_budget_mib: u64,
     /// Sessions reconciled at the same time, at most (each holds at most one exec into its pod).

@@ -140,7 +140,7 @@ suffix, or bytes); "" when unset or unreadable.
 
 {{/*
 The restores' memory budget (controller.acpMemoryBudgetMiB, else half of the memory limit) must
-hold one restore with a session/load, 2 × controller.acpReplayLineLimitMiB: refused otherwise,
+hold one restore with a session/load, 3 × controller.acpReplayLineLimitMiB: refused otherwise,
 as the operator would refuse to start. The budget in MiB, or "" when there is none to check.
 */}}
 {{- define "kandev-operator.memoryBudgetMiB" -}}
@@ -154,8 +154,8 @@ as the operator would refuse to start. The budget in MiB, or "" when there is no
 
 {{- define "kandev-operator.checkMemoryBudget" -}}
 {{- $budget := include "kandev-operator.memoryBudgetMiB" . -}}
-{{- $need := mul 2 .Values.controller.acpReplayLineLimitMiB -}}
+{{- $need := mul 3 .Values.controller.acpReplayLineLimitMiB -}}
 {{- if and $budget (lt (atoi $budget) (int $need)) -}}
-{{- fail (printf "controller.acpMemoryBudgetMiB: the restores' memory budget of %s MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs %d MiB (2 × controller.acpReplayLineLimitMiB): raise the memory limit or the budget, or lower acpReplayLineLimitMiB" $budget (int $need)) -}}
+{{- fail (printf "controller.acpMemoryBudgetMiB: the restores' memory budget of %s MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs %d MiB (3 × controller.acpReplayLineLimitMiB): raise the memory limit or the budget, or lower acpReplayLineLimitMiB" $budget (int $need)) -}}
 {{- end -}}
 {{- end -}}
