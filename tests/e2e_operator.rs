@@ -1002,14 +1002,71 @@ async fn an_agent_slow_to_boot_is_waited_for_within_the_launch_deadline() {
     sessions.run(body).await;
 }
 
+/// Parsing bounded by cost (issue 40, part 2): 18 sessions whose agents answer `session/load`
+/// with one 7 MiB line of tiny values (a dense array of zeros, many small objects, deep
+/// nesting; six of each) are resumed at once under the chart's budget of 128 MiB. Each line is
+/// within the 8 MiB replay line limit but would cost some 400 MiB once parsed: every agent is
+/// cut off before its line is parsed, every session ends in a clear state (`Resumed=False`
+/// naming the density, the token kept, a resume still possible), and the operator's peak RSS
+/// stays under the chart's 256 Mi limit.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn agents_answering_with_dense_json_are_cut_off_and_the_operator_stays_in_its_memory() {
+    const PER_SHAPE: usize = 6;
+    let sessions = setup().await;
+    let operator = operator().args(&["--acp-memory-budget-mib", "128"]).start();
+    let body = async {
+        let mut names = Vec::new();
+        for profile in ["test-dense", "test-objects", "test-deep"] {
+            for _ in 0..PER_SHAPE {
+                let name = unique(profile.trim_start_matches("test-"));
+                sessions.create(&name, profile).await;
+                names.push(name);
+            }
+        }
+        for name in &names {
+            sessions.wait_waiting_for_input(name).await;
+            sessions.lose(name).await;
+        }
+        for name in &names {
+            sessions.annotate(name, "dense-1").await;
+        }
+        for name in &names {
+            let ts = sessions.wait_handled(name, "dense-1").await;
+            let status = ts.status.expect("status");
+            let resumed = condition(&status, conditions::RESUMED);
+            assert_eq!(resumed.status, "False", "{name}: {resumed:?}");
+            assert!(
+                resumed.message.contains("too dense to parse"),
+                "{name}: {resumed:?}"
+            );
+            assert!(status.needs_resume, "{name}: {status:#?}");
+            assert_eq!(
+                sessions.token_of(name).await.as_deref(),
+                Some("test-session-1"),
+                "{name}: the token is kept"
+            );
+        }
+        assert_eq!(operator.metric("kandev_acp_memory_reserved_bytes").await, 0);
+    };
+    sessions.run(body).await;
+    let peak = operator.peak_rss_mib();
+    eprintln!(
+        "the operator's peak RSS after {} dense answers: {peak:.0} MiB",
+        3 * PER_SHAPE
+    );
+    assert!(peak < 256.0, "the operator's peak RSS is {peak:.0} MiB");
+}
+
 /// One memory budget (issue 30, part 4): 40 sessions whose agents each replay a 30 MiB line on
 /// `session/load` (under a replay line limit of 32 MiB) are resumed at once, under a budget of
-/// 128 MiB (a restore with a load reserves 64 MiB in all: at most two at a time). Every one is
-/// restored by its load, some after waiting for room (`kandev_acp_memory_waits_total`), none
-/// fails, and the operator's peak RSS stays under the chart's 256 Mi limit. (Without the budget, the same run
-/// peaked at 351 MiB with 32 sessions. With 40, restores that held their 2 MiB while waiting
-/// for a load's 62 could fill the budget, 40 × 2 + 62 > 128, and wait for one another forever;
-/// a load gives back what it holds before it waits, as the unit test
+/// 128 MiB (a restore with a load reserves 96 MiB in all, three times the replay line: one load
+/// at a time). Every one is restored by its load, some after waiting for room
+/// (`kandev_acp_memory_waits_total`), none fails, and the operator's peak RSS stays under the
+/// chart's 256 Mi limit. (Without the budget, the same run peaked at 351 MiB with 32 sessions.
+/// With the budget at twice the line, as it was then, restores that held their 2 MiB while
+/// waiting for a load's 62 could fill the budget, 40 × 2 + 62 > 128, and wait for one another
+/// forever; a load gives back what it holds before it waits, as the unit test
 /// `connections_that_grow_together_never_wait_for_each_other` shows.)
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]

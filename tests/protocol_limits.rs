@@ -7,6 +7,11 @@
 //! ceiling is a correctness bound, so it is asserted. A 7 MiB replay line, within the replay
 //! line limit, restores normally.
 //!
+//! One line of tiny JSON values costs many times its bytes once parsed (issue #40: a 7 MiB
+//! array of zeros took `agentctl restore` to ~390 MiB). A 7 MiB load answer of zeros, of small
+//! objects or of deeply nested arrays must be refused for its parse cost before it is parsed:
+//! the agent is cut off, the token kept, and the peak RSS grows by little more than the line.
+//!
 //! The tests take turns (one lock): the peak RSS of this process then belongs to one flood at a
 //! time, and two floods do not fight over a shared machine.
 #![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
@@ -27,6 +32,11 @@ use kandev_operator::resume::RestoreErrorClass;
 
 /// The ceiling of the issue: the operator runs in 256 Mi.
 const RSS_CEILING_KIB: u64 = 150 * 1024;
+/// How much a line refused for its parse cost may grow a peak RSS: the line's buffer (at most
+/// the 8 MiB replay line limit) and what is read around it, in a debug build, with room to
+/// spare (6 to 9 MiB measured). Parsing such a line of 7 MiB took 265 MiB (zeros) to 440 MiB
+/// (small objects) in a release `agentctl restore` (issue #40; e2e/bench/parse-cost.sh).
+const PARSE_COST_GROWTH_KIB: u64 = 32 * 1024;
 const MIB: usize = 1024 * 1024;
 
 static TURNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -39,11 +49,24 @@ fn timeouts() -> AcpTimeouts {
 
 /// `VmHWM` (peak RSS) of a process, in KiB; `None` once it is gone (or a zombie).
 fn peak_rss_kib(pid: &str) -> Option<u64> {
+    status_kib(pid, "VmHWM:")
+}
+
+/// A field of a process's `/proc/<pid>/status` given in kB (`VmHWM:`, `VmRSS:`), in KiB; `None`
+/// once the process is gone (or a zombie).
+fn status_kib(pid: &str, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Resets the peak RSS of this process to its current RSS (`clear_refs` 5) and returns that RSS
+/// in KiB: a later `VmHWM` is then the peak of what ran since, not of an earlier test's flood.
+fn reset_own_peak() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset our peak RSS");
+    status_kib("self", "VmRSS:").expect("our own status")
 }
 
 /// Samples the peak RSS of `pid` until it is gone or `stop` is set; returns the last peak seen
@@ -120,7 +143,28 @@ async fn restore_through_agentctl(
     limits: AcpLimits,
     serve_cuts_off: bool,
 ) -> (RestoreOutcome, u64) {
+    let (outcome, serve_memory) =
+        restore_through_agentctl_measured(flood, limits, serve_cuts_off).await;
+    (outcome, serve_memory.peak_kib)
+}
+
+/// The memory of `agentctl serve` during a restore, in KiB.
+struct ServeMemory {
+    /// Its RSS once it was up, before the restore.
+    start_kib: u64,
+    /// Its peak RSS.
+    peak_kib: u64,
+}
+
+/// [`restore_through_agentctl`], also returning serve's RSS before the restore.
+async fn restore_through_agentctl_measured(
+    flood: &str,
+    limits: AcpLimits,
+    serve_cuts_off: bool,
+) -> (RestoreOutcome, ServeMemory) {
     let mut serve = Serve::start(&[], &agent_args(flood));
+    let start_kib =
+        status_kib(&serve.child.id().to_string(), "VmRSS:").expect("serve's memory once up");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = sample_peak(serve.child.id(), stop.clone());
     let mut connect = tokio::process::Command::from(connect_command(&serve.socket))
@@ -145,7 +189,13 @@ async fn restore_through_agentctl(
     let serve_peak = sampler.join().expect("sampler");
     assert!(serve_peak > 0, "serve's memory was sampled");
     serve.stop();
-    (outcome, serve_peak)
+    (
+        outcome,
+        ServeMemory {
+            start_kib,
+            peak_kib: serve_peak,
+        },
+    )
 }
 
 /// One test's turn: the lock held while it runs, and when it started.
@@ -181,6 +231,34 @@ impl Turn {
         );
         if let Some(kib) = serve_peak_kib {
             assert!(kib < RSS_CEILING_KIB, "{name}: serve peaked at {kib} KiB");
+        }
+    }
+
+    /// [`Turn::report`], and asserts that the peak RSS of this process grew by less than
+    /// [`PARSE_COST_GROWTH_KIB`] over `own_start_kib` (what [`reset_own_peak`] returned), and
+    /// serve's, when the test went through agentctl, over its RSS once it was up.
+    fn report_growth(&self, name: &str, own_start_kib: u64, serve: Option<&ServeMemory>) {
+        let own_growth = peak_rss_kib("self")
+            .expect("our own status")
+            .saturating_sub(own_start_kib);
+        let serve_growth = serve.map(|memory| memory.peak_kib.saturating_sub(memory.start_kib));
+        eprintln!(
+            "{name}: peak RSS growth of this process {} MiB{}",
+            own_growth / 1024,
+            serve_growth
+                .map(|kib| format!(", of agentctl serve {} MiB", kib / 1024))
+                .unwrap_or_default()
+        );
+        self.report(name, serve.map(|memory| memory.peak_kib));
+        assert!(
+            own_growth < PARSE_COST_GROWTH_KIB,
+            "{name}: this process grew by {own_growth} KiB"
+        );
+        if let Some(kib) = serve_growth {
+            assert!(
+                kib < PARSE_COST_GROWTH_KIB,
+                "{name}: serve grew by {kib} KiB"
+            );
         }
     }
 }
@@ -300,4 +378,65 @@ async fn through_agentctl_a_7_mib_replay_line_is_within_the_replay_limit() {
         "{outcome:?}"
     );
     turn.report("7 MiB replay line, through agentctl", Some(serve_peak));
+}
+
+/// A 7 MiB load answer of tiny values (the test agent's `--flood <shape>`) sent straight to the
+/// client: refused for its parse cost before it is parsed.
+async fn parse_cost_direct(shape: &str) {
+    let turn = turn().await;
+    let own_start = reset_own_peak();
+    let outcome = restore_direct(shape, AcpLimits::default()).await;
+    assert_cut_off(&outcome, "parse cost");
+    turn.report_growth(&format!("7 MiB {shape} answer, direct"), own_start, None);
+}
+
+/// The same through `agentctl serve` and `agentctl connect`: serve reads the line first, so
+/// serve refuses it (as it cuts off an over-long line), answers the load with -32090 and exits.
+async fn parse_cost_through_agentctl(shape: &str) {
+    let turn = turn().await;
+    let own_start = reset_own_peak();
+    let (outcome, serve) =
+        restore_through_agentctl_measured(shape, AcpLimits::default(), true).await;
+    assert_cut_off(&outcome, "parse cost");
+    turn.report_growth(
+        &format!("7 MiB {shape} answer, through agentctl"),
+        own_start,
+        Some(&serve),
+    );
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_7_mib_answer_of_zeros_is_refused_for_its_parse_cost() {
+    parse_cost_direct("dense").await;
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_7_mib_answer_of_small_objects_is_refused_for_its_parse_cost() {
+    parse_cost_direct("objects").await;
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn a_7_mib_answer_of_nested_arrays_is_refused_for_its_parse_cost() {
+    parse_cost_direct("deep").await;
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_7_mib_answer_of_zeros_is_refused_for_its_parse_cost() {
+    parse_cost_through_agentctl("dense").await;
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_7_mib_answer_of_small_objects_is_refused_for_its_parse_cost() {
+    parse_cost_through_agentctl("objects").await;
+}
+
+#[tokio::test]
+#[ignore = "protocol: floods the client with hundreds of MB (make protocol)"]
+async fn through_agentctl_a_7_mib_answer_of_nested_arrays_is_refused_for_its_parse_cost() {
+    parse_cost_through_agentctl("deep").await;
 }

@@ -22,8 +22,13 @@
 //! Floods (`--flood`, on `session/load` of a known session, instead of its answer), for the
 //! memory bounds of the clients: `replay` writes 500 MB of `session/update` notifications and
 //! then answers; `long-line` writes one 30 MiB line and then answers; `requests` writes 10^6
-//! requests to the client and never reads stdin again. `--flood-amount` overrides the size (bytes,
-//! or the number of requests). Writing stops when the client is gone.
+//! requests to the client and never reads stdin again. Three floods are one line of tiny JSON
+//! values, 7 MiB by default (within the replay line limit), sent as the load's answer itself
+//! (`{"jsonrpc":"2.0","id":<id>,"result":{"flood":<payload>}}`), which costs many times its bytes
+//! once parsed: `dense` is an array of zeros `[0,0,…]`, `objects` an array of small objects
+//! `[{"a":0},…]`, `deep` arrays nested as deep as the size allows `[[[…0…]]]`; after it the agent
+//! answers nothing more for that load. `--flood-amount` overrides the size (bytes, or the number
+//! of requests; a line's size leaves out its newline). Writing stops when the client is gone.
 //!
 //! `--message-ids` gives every message chunk an ACP `messageId` (as real agents do), and
 //! `--log-prompt-text` logs each prompt's text, so a test can check what reached the agent.
@@ -136,6 +141,12 @@ enum Flood {
     LongLine,
     /// 10^6 requests to the client, and stdin is never read again.
     Requests,
+    /// The answer is one 7 MiB line: an array of zeros.
+    Dense,
+    /// The answer is one 7 MiB line: an array of small objects.
+    Objects,
+    /// The answer is one 7 MiB line: arrays nested as deep as the size allows.
+    Deep,
 }
 
 impl Flood {
@@ -144,8 +155,22 @@ impl Flood {
             Self::Replay => 500_000_000,
             Self::LongLine => 30 * 1024 * 1024,
             Self::Requests => 1_000_000,
+            Self::Dense | Self::Objects | Self::Deep => 7 * 1024 * 1024,
         }
     }
+}
+
+/// Writes `unit` `count` times through blocks of about 64 KiB, never holding the whole run.
+fn write_repeated(out: &mut impl Write, unit: &[u8], count: u64) -> std::io::Result<()> {
+    let per_block = ((1usize << 16) / unit.len().max(1)).max(1);
+    let block = unit.repeat(per_block);
+    let mut left = count;
+    while left > 0 {
+        let n = left.min(per_block as u64) as usize;
+        out.write_all(&block[..n * unit.len()])?;
+        left -= n as u64;
+    }
+    Ok(())
 }
 
 #[derive(Parser, Debug)]
@@ -190,7 +215,8 @@ struct Args {
     /// Flood the client on `session/load` (see the module docs).
     #[arg(long, value_enum)]
     flood: Option<Flood>,
-    /// The flood's size: bytes for `replay` and `long-line`, requests for `requests`.
+    /// The flood's size: bytes for `replay`, `long-line`, `dense`, `objects` and `deep`,
+    /// requests for `requests`.
     #[arg(long)]
     flood_amount: Option<u64>,
     /// Append one line per received message: `<method> [<sessionId>]`, or
@@ -519,17 +545,21 @@ impl Agent {
         if let (true, Some(flood)) = (load, self.args.flood) {
             let amount = self.args.flood_amount.unwrap_or(flood.default_amount());
             self.log(&format!("flood {flood:?} {amount}"));
-            if self.flood(flood, amount, &session).is_err() {
+            if self.flood(flood, amount, id, &session).is_err() {
                 self.log("flood stopped: the client is gone");
                 std::process::exit(0);
             }
-            if flood == Flood::Requests {
-                // Never read stdin again; the client must cut us off.
-                loop {
-                    std::thread::sleep(std::time::Duration::from_secs(3600));
+            return match flood {
+                Flood::Requests => {
+                    // Never read stdin again; the client must cut us off.
+                    loop {
+                        std::thread::sleep(std::time::Duration::from_secs(3600));
+                    }
                 }
-            }
-            return self.result(id, json!({}));
+                // The flood was the answer.
+                Flood::Dense | Flood::Objects | Flood::Deep => {}
+                Flood::Replay | Flood::LongLine => self.result(id, json!({})),
+            };
         }
         if load {
             for n in 0..self.args.replay {
@@ -553,7 +583,13 @@ impl Agent {
     }
 
     /// Writes the flood through one buffer; an error means the client stopped reading.
-    fn flood(&mut self, flood: Flood, amount: u64, session: &str) -> std::io::Result<()> {
+    fn flood(
+        &mut self,
+        flood: Flood,
+        amount: u64,
+        id: &Value,
+        session: &str,
+    ) -> std::io::Result<()> {
         let mut out = std::io::BufWriter::with_capacity(1 << 16, self.out.lock());
         match flood {
             Flood::Replay => {
@@ -591,6 +627,41 @@ impl Agent {
                         r#"{{"jsonrpc":"2.0","id":"flood-{n}","method":"fs/read_text_file","params":{{"sessionId":"{session}","path":"/etc/hostname"}}}}"#
                     )?;
                 }
+            }
+            Flood::Dense | Flood::Objects | Flood::Deep => {
+                let head = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"flood":"#);
+                let tail = "}}\n";
+                out.write_all(head.as_bytes())?;
+                // The payload fills the line to `amount` bytes (without its newline); what its
+                // pattern cannot fill exactly is padded with spaces, which JSON allows.
+                let room = amount.saturating_sub((head.len() + tail.len() - 1) as u64);
+                let written = match flood {
+                    Flood::Deep => {
+                        let depth = room.saturating_sub(1) / 2;
+                        write_repeated(&mut out, b"[", depth)?;
+                        out.write_all(b"0")?;
+                        write_repeated(&mut out, b"]", depth)?;
+                        2 * depth + 1
+                    }
+                    _ => {
+                        let unit: &[u8] = if flood == Flood::Dense {
+                            b"0,"
+                        } else {
+                            br#"{"a":0},"#
+                        };
+                        // `[`, then units whose last comma gives way to `]`.
+                        let count = room.saturating_sub(1) / unit.len() as u64;
+                        out.write_all(b"[")?;
+                        if count > 0 {
+                            write_repeated(&mut out, unit, count - 1)?;
+                            out.write_all(&unit[..unit.len() - 1])?;
+                        }
+                        out.write_all(b"]")?;
+                        (count * unit.len() as u64 + 1).max(2)
+                    }
+                };
+                write_repeated(&mut out, b" ", room.saturating_sub(written))?;
+                out.write_all(tail.as_bytes())?;
             }
         }
         out.flush()
