@@ -376,9 +376,10 @@ pub const LEAK_DIR: &str = ".kandev/leak";
 pub fn plant_hostile_git_config(url: &str) -> String {
     format!(
         r#"set -e
-case "$HOME" in "$PWD"/*) ;; *) echo "HOME=$HOME is not on the workspace $PWD"; exit 1;; esac
+mkdir -p "$HOME"
+case "$(cd "$HOME" && pwd -P)" in "$(pwd -P)"/*) ;; *) echo "HOME=$HOME is not on the workspace $PWD"; exit 1;; esac
 L="$PWD/{LEAK_DIR}"; H="$PWD/.kandev/hooks"
-mkdir -p "$HOME" "$L" "$H"
+mkdir -p "$L" "$H"
 for h in reference-transaction post-checkout post-merge post-index-change; do
   printf '#!/bin/sh\nenv >> %s/hook-%s\n' "$L" "$h" > "$H/$h"; chmod +x "$H/$h"
 done
