@@ -386,7 +386,7 @@ async fn parse_cost_direct(shape: &str) {
     let turn = turn().await;
     let own_start = reset_own_peak();
     let outcome = restore_direct(shape, AcpLimits::default()).await;
-    assert_cut_off(&outcome, "parse cost");
+    assert_cut_off(&outcome, "too dense to parse");
     turn.report_growth(&format!("7 MiB {shape} answer, direct"), own_start, None);
 }
 
@@ -397,7 +397,7 @@ async fn parse_cost_through_agentctl(shape: &str) {
     let own_start = reset_own_peak();
     let (outcome, serve) =
         restore_through_agentctl_measured(shape, AcpLimits::default(), true).await;
-    assert_cut_off(&outcome, "parse cost");
+    assert_cut_off(&outcome, "too dense to parse");
     turn.report_growth(
         &format!("7 MiB {shape} answer, through agentctl"),
         own_start,
