@@ -573,7 +573,7 @@ fn admission_policy_binds_the_operator_to_its_pods() {
         );
     }
     assert!(
-        !expressions.iter().any(|e| e.contains("startsWith")),
+        !expressions.iter().any(|e| e.contains("c.image.startsWith")),
         "no image list by default"
     );
     let binding = find(&docs, "ValidatingAdmissionPolicyBinding", &name);
@@ -593,6 +593,69 @@ fn admission_policy_binds_the_operator_to_its_pods() {
         last["expression"],
         r#"variables.deleting || variables.containers.all(c, ["kandev/"].exists(p, c.image.startsWith(p)))"#
     );
+
+    // The placement and runtime the chart gives agent pods are the only ones admitted.
+    let docs = render(&[
+        "--set",
+        "agentPods.nodeSelector.pool=agents",
+        "--set",
+        "agentPods.tolerations[0].key=dedicated",
+        "--set",
+        "agentPods.tolerations[0].value=agents",
+        "--set",
+        "agentPods.tolerations[0].effect=NoSchedule",
+        "--set",
+        "agentPods.tolerations[1].key=gpu",
+        "--set",
+        "agentPods.tolerations[1].effect=NoExecute",
+        "--set",
+        "agentPods.runtimeClassName=gvisor",
+        "--set",
+        "agentPods.hostUsers=false",
+    ]);
+    let policy = find(&docs, "ValidatingAdmissionPolicy", &name);
+    let rendered: Vec<&str> = policy["spec"]["validations"]
+        .as_array()
+        .expect("validations")
+        .iter()
+        .map(|v| v["expression"].as_str().expect("expression"))
+        .collect();
+    let rendered = rendered.join("\n");
+    for needle in [
+        r#"in ["pool=agents"]"#,
+        r#""dedicated|Equal|agents|NoSchedule","gpu|Exists||NoExecute""#,
+        r#""node.kubernetes.io/not-ready|Exists||NoExecute""#,
+        "object.spec.runtimeClassName : '') == 'gvisor'",
+        "object.spec.hostUsers : true) == false",
+    ] {
+        assert!(rendered.contains(needle), "{needle} in {rendered}");
+    }
+    // PVCs and NetworkPolicies, and exec, each have a policy of their own, bound.
+    for (suffix, resources) in [
+        (
+            "agent-objects",
+            vec!["persistentvolumeclaims", "networkpolicies"],
+        ),
+        ("agent-exec", vec!["pods/exec"]),
+    ] {
+        let name = format!("{RELEASE}-{NAMESPACE}-{suffix}");
+        let policy = find(&docs, "ValidatingAdmissionPolicy", &name);
+        let rules = policy["spec"]["matchConstraints"]["resourceRules"]
+            .as_array()
+            .expect("rules");
+        let matched: Vec<&str> = rules
+            .iter()
+            .flat_map(|r| r["resources"].as_array().expect("resources"))
+            .map(|r| r.as_str().expect("resource"))
+            .collect();
+        assert_eq!(matched, resources, "{name}");
+        assert_eq!(
+            policy["spec"]["matchConditions"][0]["expression"],
+            format!("request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{RELEASE}'")
+        );
+        let binding = find(&docs, "ValidatingAdmissionPolicyBinding", &name);
+        assert_eq!(binding["spec"]["policyName"], name.as_str());
+    }
 
     let docs = render(&["--set", "admissionPolicy.enabled=false"]);
     assert!(kinds(&docs, "ValidatingAdmissionPolicy").is_empty());

@@ -363,7 +363,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
                     p["spec"]["volumes"][1] = serde_json::json!({"name": "token", "projected":
                         {"sources": [{"serviceAccountToken": {"path": "token"}}]}})
                 }),
-                "projected service-account token",
+                "persistentVolumeClaim or emptyDir",
             ),
             (
                 "with a hostPath volume",
@@ -371,7 +371,7 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
                     p["spec"]["volumes"][1] =
                         serde_json::json!({"name": "host", "hostPath": {"path": "/"}})
                 }),
-                "no hostPath",
+                "persistentVolumeClaim or emptyDir",
             ),
             (
                 "with a container that may run as root",
@@ -446,6 +446,110 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
                 "without privileged containers",
             ),
             (
+                "with a secret volume",
+                Box::new(|p| {
+                    p["spec"]["volumes"][1] =
+                        serde_json::json!({"name": "s", "secret": {"secretName": "any"}})
+                }),
+                "persistentVolumeClaim or emptyDir",
+            ),
+            (
+                "with a configMap volume",
+                Box::new(|p| {
+                    p["spec"]["volumes"][1] =
+                        serde_json::json!({"name": "c", "configMap": {"name": "any"}})
+                }),
+                "persistentVolumeClaim or emptyDir",
+            ),
+            (
+                "taking a Secret by envFrom",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["envFrom"] =
+                        serde_json::json!([{"secretRef": {"name": "any"}}])
+                }),
+                "no envFrom",
+            ),
+            (
+                "taking a ConfigMap key by valueFrom",
+                Box::new(|p| {
+                    p["spec"]["containers"][0]["env"] = serde_json::json!([{"name": "X",
+                        "valueFrom": {"configMapKeyRef": {"name": "any", "key": "k"}}}])
+                }),
+                "no envFrom",
+            ),
+            (
+                "on a node named by nodeName",
+                Box::new(|p| p["spec"]["nodeName"] = "any-node".into()),
+                "without nodeName or affinity",
+            ),
+            (
+                "with a node affinity",
+                Box::new(|p| {
+                    p["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                              "values": ["any-node"]}]}]}}})
+                }),
+                "without nodeName or affinity",
+            ),
+            (
+                "with a nodeSelector of its own",
+                Box::new(|p| {
+                    p["spec"]["nodeSelector"] =
+                        serde_json::json!({"kubernetes.io/hostname": "any-node"})
+                }),
+                "nodeSelector is agentPods.nodeSelector",
+            ),
+            (
+                "tolerating every taint",
+                Box::new(|p| {
+                    p["spec"]["tolerations"] = serde_json::json!([{"operator": "Exists"}])
+                }),
+                "tolerations are agentPods.tolerations",
+            ),
+            (
+                "with a system priority class",
+                Box::new(|p| p["spec"]["priorityClassName"] = "system-cluster-critical".into()),
+                "without a system priority class",
+            ),
+            (
+                "with its own user namespace (the chart leaves hostUsers unset)",
+                Box::new(|p| p["spec"]["hostUsers"] = false.into()),
+                "hostUsers is agentPods.hostUsers",
+            ),
+            (
+                "with an Unconfined AppArmor profile",
+                Box::new(|p| {
+                    container(p)["appArmorProfile"] = serde_json::json!({"type": "Unconfined"})
+                }),
+                "Unconfined AppArmor profile",
+            ),
+            (
+                "with the SELinux type spc_t",
+                Box::new(|p| {
+                    p["spec"]["securityContext"]["seLinuxOptions"] =
+                        serde_json::json!({"type": "spc_t"})
+                }),
+                "SELinux options",
+            ),
+            (
+                "with an unmasked /proc",
+                Box::new(|p| {
+                    // The API server takes Unmasked only in a pod of its own user namespace.
+                    p["spec"]["hostUsers"] = false.into();
+                    container(p)["procMount"] = "Unmasked".into();
+                }),
+                "default procMount",
+            ),
+            (
+                "with an unsafe sysctl",
+                Box::new(|p| {
+                    p["spec"]["securityContext"]["sysctls"] =
+                        serde_json::json!([{"name": "kernel.msgmax", "value": "65536"}])
+                }),
+                "without sysctls",
+            ),
+            (
                 "with an image outside agentPods.allowedImagePrefixes",
                 Box::new(|p| p["spec"]["containers"][0]["image"] = "evil.example/x:1".into()),
                 "agentPods.allowedImagePrefixes",
@@ -493,6 +597,101 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
             "deleting a managed pod is allowed: {allowed:#?}"
         );
 
+        // Its other objects: only labelled PVCs and NetworkPolicies, in the shapes it makes.
+        let managed = serde_json::json!({"kandev.dev/managed": "true"});
+        let claim = |labels: &serde_json::Value, source: Option<serde_json::Value>| {
+            let mut claim = serde_json::json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "vap-claim", "labels": labels},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}},
+            });
+            if let Some(source) = source {
+                claim["spec"]["dataSource"] = source;
+            }
+            claim
+        };
+        let policy = |name: &str, labels: &serde_json::Value, selects: serde_json::Value| {
+            serde_json::json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"podSelector": {"matchLabels": selects}, "policyTypes": ["Ingress"]},
+            })
+        };
+        let unlabelled = serde_json::json!({"app": "x"});
+        let clone = serde_json::json!({"kind": "PersistentVolumeClaim", "name": "someone-elses"});
+        let objects: Vec<(&str, serde_json::Value, Option<&str>)> = vec![
+            ("a labelled claim", claim(&managed, None), None),
+            (
+                "an unlabelled claim",
+                claim(&unlabelled, None),
+                Some("PersistentVolumeClaims and NetworkPolicies labelled kandev.dev/managed=true"),
+            ),
+            (
+                "a claim cloned from another",
+                claim(&managed, Some(clone)),
+                Some("without a dataSource or dataSourceRef"),
+            ),
+            (
+                "a labelled policy of agent pods",
+                policy("vap-policy", &managed, managed.clone()),
+                None,
+            ),
+            (
+                "an unlabelled policy",
+                policy("vap-policy", &unlabelled, managed.clone()),
+                Some("PersistentVolumeClaims and NetworkPolicies labelled kandev.dev/managed=true"),
+            ),
+            (
+                "a policy of every pod",
+                policy("vap-policy", &managed, serde_json::json!({})),
+                Some("select pods labelled kandev.dev/managed=true"),
+            ),
+        ];
+        for (what, manifest, refusal) in objects {
+            let out = run_with_stdin(
+                kubectl()
+                    .args(["create", "--dry-run=server", "-n", ns, "-f", "-"])
+                    .args(["--as", OPERATOR_ACCOUNT]),
+                &manifest.to_string(),
+            );
+            match refusal {
+                None => assert!(out.success(), "{what} is admitted: {out:#?}"),
+                Some(message) => assert!(
+                    !out.success()
+                        && out.stderr.contains("ValidatingAdmissionPolicy")
+                        && out.stderr.contains(message),
+                    "{what} is refused by the chart's policy, saying {message:?}: {out:#?}"
+                ),
+            }
+        }
+        // A policy of someone else's may not be taken over by a patch that labels it.
+        let theirs = run_with_stdin(
+            kubectl().args(["create", "-n", ns, "-f", "-"]),
+            &policy("theirs", &unlabelled, managed.clone()).to_string(),
+        );
+        assert!(theirs.success(), "{theirs:#?}");
+        // (A server-side apply, as the operator writes its policies: it needs no get.)
+        let patched = run_with_stdin(
+            kubectl()
+                .args([
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-n",
+                    ns,
+                    "-f",
+                    "-",
+                ])
+                .args(["--field-manager", "kandev-operator"])
+                .args(["--dry-run=server", "--as", OPERATOR_ACCOUNT]),
+            &policy("theirs", &managed, managed.clone()).to_string(),
+        );
+        assert!(
+            !patched.success() && patched.stderr.contains("ValidatingAdmissionPolicy"),
+            "patching someone else's NetworkPolicy is refused: {patched:#?}"
+        );
+
         // The policy matches only the operator: an admin's unlabelled pod is none of its business
         // (restricted Pod Security still applies).
         let admin_pod = operator_like_pod(|p| p["metadata"]["labels"] = serde_json::json!({}));
@@ -522,6 +721,36 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
             Some("Burstable"),
             "{:?}",
             pod.spec.as_ref().map(|s| &s.containers[0].resources)
+        );
+        // exec: agentctl's own commands only (the operator's exec of `agentctl connect` and
+        // `agentctl events` just ran for this session).
+        let pod_name = pod.name_any();
+        let exec_as_operator = |command: &[&str]| {
+            run(kubectl()
+                .args([
+                    "exec",
+                    "-n",
+                    &watched.namespace,
+                    &pod_name,
+                    "-c",
+                    "agentctl",
+                ])
+                .args(["--as", OPERATOR_ACCOUNT, "--"])
+                .args(command))
+        };
+        let refused = exec_as_operator(&["sh", "-c", "id"]);
+        assert!(
+            !refused.success()
+                && refused.stderr.contains("ValidatingAdmissionPolicy")
+                && refused
+                    .stderr
+                    .contains("may only exec agentctl connect and agentctl events"),
+            "a shell exec is refused: {refused:#?}"
+        );
+        let allowed = exec_as_operator(&["agentctl", "events", "--once"]);
+        assert!(
+            allowed.success(),
+            "agentctl events is allowed: {allowed:#?}"
         );
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &watched.namespace);
         let policy = policies

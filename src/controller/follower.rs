@@ -359,7 +359,9 @@ async fn stream_events(
     view: &mut AgentView,
     (answer_within, answered): (Duration, &mut bool),
 ) -> Result<StreamEnd, kube::Error> {
+    // The container named, as the admission policy on exec requires.
     let params = AttachParams::default()
+        .container(crate::api::pod_contract::CONTAINER)
         .stdin(false)
         .stdout(true)
         .stderr(false);

@@ -159,3 +159,28 @@ as the operator would refuse to start. The budget in MiB, or "" when there is no
 {{- fail (printf "controller.acpMemoryBudgetMiB: the restores' memory budget of %s MiB (0: half of resources.limits.memory) cannot hold one session/load, which needs %d MiB (3 × controller.acpReplayLineLimitMiB): raise the memory limit or the budget, or lower acpReplayLineLimitMiB" $budget (int $need)) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+agentPods.nodeSelector as a CEL list of "key=value" strings, for the admission policy.
+*/}}
+{{- define "kandev-operator.nodeSelectorPairs" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := .Values.agentPods.nodeSelector -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- toJson $pairs -}}
+{{- end -}}
+
+{{/*
+The tolerations an agent pod may carry, as a CEL list of "key|operator|value|effect" strings for
+the admission policy: agentPods.tolerations as the operator builds them (--pod-toleration:
+Equal with a value, Exists without), and the API server's default not-ready and unreachable
+ones (DefaultTolerationSeconds adds them before validation).
+*/}}
+{{- define "kandev-operator.tolerationKeys" -}}
+{{- $keys := list "node.kubernetes.io/not-ready|Exists||NoExecute" "node.kubernetes.io/unreachable|Exists||NoExecute" -}}
+{{- range .Values.agentPods.tolerations -}}
+{{- $keys = append $keys (printf "%s|%s|%s|%s" .key (ternary "Equal" "Exists" (not (empty .value))) (toString (default "" .value)) .effect) -}}
+{{- end -}}
+{{- toJson $keys -}}
+{{- end -}}
