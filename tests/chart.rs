@@ -685,6 +685,48 @@ fn without_leader_election_there_is_no_lease_role() {
     );
 }
 
+/// The operator's own pod gets an ingress NetworkPolicy of its ports, from the peers the values
+/// name (anyone by default), and none when turned off.
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn the_operators_pod_has_an_ingress_network_policy() {
+    let docs = render(&[]);
+    let policy = find(&docs, "NetworkPolicy", RELEASE);
+    let spec = &policy["spec"];
+    assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+    assert_eq!(
+        spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "kandev-operator"
+    );
+    let ports: Vec<&str> = spec["ingress"]
+        .as_array()
+        .expect("ingress")
+        .iter()
+        .map(|rule| rule["ports"][0]["port"].as_str().expect("port"))
+        .collect();
+    assert_eq!(ports, ["http", "https-metrics"]);
+    assert!(spec["ingress"][1]["from"].is_null(), "anyone by default");
+
+    let monitoring =
+        r#"[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#;
+    let docs = render(&[
+        "--set-json",
+        &format!("networkPolicy.metricsFrom={monitoring}"),
+        "--set",
+        "metrics.access=authenticated",
+    ]);
+    let policy = find(&docs, "NetworkPolicy", RELEASE);
+    assert_eq!(
+        policy["spec"]["ingress"][1]["from"],
+        serde_json::from_str::<Value>(monitoring).expect("json")
+    );
+    let docs = render(&["--set", "metrics.access=open"]);
+    let policy = find(&docs, "NetworkPolicy", RELEASE);
+    assert_eq!(policy["spec"]["ingress"].as_array().map(Vec::len), Some(1));
+    let docs = render(&["--set", "networkPolicy.enabled=false"]);
+    assert!(kinds(&docs, "NetworkPolicy").is_empty());
+}
+
 #[test]
 #[ignore = "chart: needs helm (make chart)"]
 fn deployment_defaults() {

@@ -1,9 +1,13 @@
 //! The operator's HTTP endpoints (DESIGN §4): `/metrics` (OpenMetrics text), `/healthz`
 //! (liveness) and `/readyz` (readiness), served by hyper (HTTP/1.1).
 //!
-//! Bounded: at most [`MAX_CONNECTIONS`] connections at a time (the next wait in the kernel's
-//! accept queue), a request head must arrive within [`READ_TIMEOUT`], and a connection lives at
-//! most [`CONNECTION_TIMEOUT`] (a client that does not read its answer is cut off).
+//! Bounded: at most [`MAX_CONNECTIONS`] connections at a time and [`MAX_PER_PEER`] from one
+//! address, a request head must arrive within [`READ_TIMEOUT`], and a connection lives at most
+//! [`CONNECTION_TIMEOUT`] (a client that does not read its answer is cut off). A connection that
+//! would pass a bound makes room by closing the oldest one (of its peer, or of all) that has not
+//! sent a request head yet; only when every connection is busy answering does the next wait in
+//! the kernel's accept queue. So idle connections, however many, never keep a probe out
+//! ([`admit`], table-tested; `a_thousand_idle_connections_never_keep_the_probes_out`).
 //!
 //! `/metrics` may be served on its own listener (`--metrics-address`, e.g. 127.0.0.1 only), over
 //! TLS (`--metrics-tls`, [`super::metrics_tls`]) and only to authenticated scrapers
@@ -15,9 +19,11 @@
 //!   self-check succeeded). It does not depend on leadership: a standby replica waiting for the
 //!   lease is ready, otherwise a two-replica rollout would never finish.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode, header};
@@ -25,7 +31,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, oneshot};
 use tokio_rustls::TlsAcceptor;
 use tracing::debug;
 
@@ -35,6 +41,8 @@ use crate::telemetry::SharedWarnLimiter;
 
 /// Connections served at once; probes and a scraper or two need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
+/// Connections from one address at once (the kubelet's probes come from its node's address).
+pub const MAX_PER_PEER: usize = 8;
 /// A client that does not finish its request head in this time is dropped.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest a connection lives, reading the request and writing the answer included.
@@ -305,10 +313,12 @@ pub enum BindError {
     NoSuchAddress(String),
 }
 
-/// Bounds of a listener: [`MAX_CONNECTIONS`], [`READ_TIMEOUT`], [`CONNECTION_TIMEOUT`].
+/// Bounds of a listener: [`MAX_CONNECTIONS`], [`MAX_PER_PEER`], [`READ_TIMEOUT`],
+/// [`CONNECTION_TIMEOUT`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
     pub max_connections: usize,
+    pub max_per_peer: usize,
     pub read_timeout: Duration,
     pub connection_timeout: Duration,
 }
@@ -317,9 +327,122 @@ impl Default for Bounds {
     fn default() -> Self {
         Self {
             max_connections: MAX_CONNECTIONS,
+            max_per_peer: MAX_PER_PEER,
             read_timeout: READ_TIMEOUT,
             connection_timeout: CONNECTION_TIMEOUT,
         }
+    }
+}
+
+/// An open connection, as [`admit`] sees it: its number (in the order of arrival), its peer's
+/// address, and whether it has sent no request head yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Open {
+    pub id: u64,
+    pub peer: IpAddr,
+    pub idle: bool,
+}
+
+/// What to do with a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    Accept,
+    /// Accept it once connection `id` (the oldest idle one that stands in its way) is closed.
+    Evict(u64),
+    /// Close it: its peer holds its share, all busy answering.
+    Refuse,
+    /// Every connection is busy answering: wait until one ends.
+    Wait,
+}
+
+/// Whether a new connection from `peer` is served, given the `open` ones (in order of arrival):
+/// within its peer's share and the listener's bound it is; past either, it takes the place of
+/// the oldest connection there that has not sent a request head.
+pub fn admit(open: &[Open], peer: IpAddr, bounds: Bounds) -> Admit {
+    let oldest_idle = |of_peer: bool| {
+        open.iter()
+            .filter(|o| o.idle && (!of_peer || o.peer == peer))
+            .map(|o| o.id)
+            .min()
+    };
+    if open.iter().filter(|o| o.peer == peer).count() >= bounds.max_per_peer {
+        return oldest_idle(true).map_or(Admit::Refuse, Admit::Evict);
+    }
+    if open.len() >= bounds.max_connections {
+        return oldest_idle(false).map_or(Admit::Wait, Admit::Evict);
+    }
+    Admit::Accept
+}
+
+/// The open connections of a listener, each with the means to close it.
+#[derive(Default)]
+struct Connections {
+    open: Mutex<BTreeMap<u64, Entry>>,
+    /// Told when a connection ends.
+    ended: Notify,
+}
+
+struct Entry {
+    peer: IpAddr,
+    idle: Arc<AtomicBool>,
+    close: Option<oneshot::Sender<()>>,
+}
+
+impl Connections {
+    fn snapshot(&self) -> Vec<Open> {
+        self.lock()
+            .iter()
+            .map(|(id, e)| Open {
+                id: *id,
+                peer: e.peer,
+                idle: e.idle.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Closes connection `id` (it leaves the table when its task ends).
+    fn close(&self, id: u64) {
+        if let Some(close) = self.lock().get_mut(&id).and_then(|e| e.close.take()) {
+            let _ = close.send(());
+        }
+    }
+
+    /// Counts connection `id` of `peer` as open, idle; returns its idle flag and its close signal.
+    fn add(&self, id: u64, peer: IpAddr) -> (Arc<AtomicBool>, oneshot::Receiver<()>) {
+        let idle = Arc::new(AtomicBool::new(true));
+        let (close, closed) = oneshot::channel();
+        self.lock().insert(
+            id,
+            Entry {
+                peer,
+                idle: idle.clone(),
+                close: Some(close),
+            },
+        );
+        (idle, closed)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+        self.ended.notify_one();
+    }
+}
+
+/// Removes its connection from the table when the connection's task ends, however it ends.
+struct Leaving {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.connections.remove(self.id);
     }
 }
 
@@ -340,12 +463,9 @@ async fn serve_bounded(
     bounds: Bounds,
     tls: Option<TlsAcceptor>,
 ) {
-    let slots = Arc::new(Semaphore::new(bounds.max_connections));
+    let connections = Arc::new(Connections::default());
+    let mut next_id: u64 = 0;
     loop {
-        // Full: the next connection waits in the accept queue until one ends.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(err) => {
@@ -355,29 +475,68 @@ async fn serve_bounded(
                 continue;
             }
         };
+        // Busy everywhere: this one waits (and the next ones in the kernel's queue) until a
+        // connection ends.
+        let admitted = loop {
+            let ended = connections.ended.notified();
+            match admit(&connections.snapshot(), peer.ip(), bounds) {
+                Admit::Wait => ended.await,
+                other => break other,
+            }
+        };
+        match admitted {
+            Admit::Refuse => {
+                debug!(%peer, "HTTP connection refused: its address holds its share, all busy");
+                continue;
+            }
+            Admit::Evict(id) => {
+                debug!(%peer, evicted = id, "closing the oldest idle HTTP connection to make room");
+                connections.close(id);
+            }
+            Admit::Accept | Admit::Wait => {}
+        }
+        next_id += 1;
+        let id = next_id;
+        let (idle, closed) = connections.add(id, peer.ip());
+        let leaving = Leaving {
+            connections: connections.clone(),
+            id,
+        };
         let (state, tls) = (state.clone(), tls.clone());
         tokio::spawn(async move {
+            let _leaving = leaving;
             // A TLS handshake must end within the request head's time, and counts against the
             // connection's life like the rest.
             let deadline = tokio::time::Instant::now() + bounds.connection_timeout;
-            match tls {
-                None => serve_connection(stream, peer, state, routes, bounds, deadline).await,
-                Some(tls) => {
-                    match tokio::time::timeout(bounds.read_timeout, tls.accept(stream)).await {
-                        Ok(Ok(stream)) => {
-                            serve_connection(stream, peer, state, routes, bounds, deadline).await
+            let served = async {
+                match tls {
+                    None => {
+                        serve_connection(stream, peer, state, routes, bounds, deadline, idle).await
+                    }
+                    Some(tls) => {
+                        match tokio::time::timeout(bounds.read_timeout, tls.accept(stream)).await {
+                            Ok(Ok(stream)) => {
+                                serve_connection(
+                                    stream, peer, state, routes, bounds, deadline, idle,
+                                )
+                                .await
+                            }
+                            Ok(Err(err)) => debug!(%peer, %err, "TLS handshake failed"),
+                            Err(_) => debug!(%peer, "TLS handshake cut off"),
                         }
-                        Ok(Err(err)) => debug!(%peer, %err, "TLS handshake failed"),
-                        Err(_) => debug!(%peer, "TLS handshake cut off"),
                     }
                 }
+            };
+            tokio::select! {
+                () = served => {}
+                _ = closed => debug!(%peer, "idle HTTP connection closed to make room"),
             }
-            drop(slot);
         });
     }
 }
 
-/// One HTTP/1.1 connection on `stream` (plain TCP or TLS), cut off at `deadline`.
+/// One HTTP/1.1 connection on `stream` (plain TCP or TLS), cut off at `deadline`; `idle` is
+/// cleared when its request head has arrived.
 async fn serve_connection<S>(
     stream: S,
     peer: std::net::SocketAddr,
@@ -385,11 +544,14 @@ async fn serve_connection<S>(
     routes: Routes,
     bounds: Bounds,
     deadline: tokio::time::Instant,
+    idle: Arc<AtomicBool>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let state = state.clone();
+        // Its head has arrived: from now on it is busy answering, never closed to make room.
+        idle.store(false, Ordering::Relaxed);
         async move {
             let response = handle(
                 request.method(),
@@ -664,8 +826,42 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_connection_past_a_bound_takes_the_place_of_the_oldest_idle_one() {
+        let a: IpAddr = [10, 0, 0, 1].into();
+        let b: IpAddr = [10, 0, 0, 2].into();
+        let bounds = Bounds {
+            max_connections: 3,
+            max_per_peer: 2,
+            ..Bounds::default()
+        };
+        let open = |list: &[(u64, IpAddr, bool)]| -> Vec<Open> {
+            list.iter()
+                .map(|&(id, peer, idle)| Open { id, peer, idle })
+                .collect()
+        };
+        #[rustfmt::skip]
+        let rows: Vec<(&str, Vec<Open>, IpAddr, Admit)> = vec![
+            ("room", open(&[]), a, Admit::Accept),
+            ("room for its peer and all", open(&[(1, a, true), (2, b, true)]), a, Admit::Accept),
+            ("its peer's share is full: its oldest idle one goes",
+                open(&[(1, b, true), (2, a, true), (3, a, true)]), a, Admit::Evict(2)),
+            ("its peer's share is full of busy ones: refused",
+                open(&[(1, b, true), (2, a, false), (3, a, false)]), a, Admit::Refuse),
+            ("its peer's busy and idle ones: the idle one goes",
+                open(&[(2, a, false), (3, a, true)]), a, Admit::Evict(3)),
+            ("the listener is full: the oldest idle of any peer goes",
+                open(&[(1, a, false), (2, b, true), (3, b, true)]), a, Admit::Evict(2)),
+            ("the listener is full of busy ones: wait",
+                open(&[(1, a, false), (2, b, false), (3, b, false)]), a, Admit::Wait),
+        ];
+        for (what, open, peer, expected) in rows {
+            assert_eq!(admit(&open, peer, bounds), expected, "{what}");
+        }
+    }
+
     #[tokio::test]
-    async fn connections_beyond_the_bound_wait_until_one_ends() {
+    async fn connections_beyond_the_bound_close_the_oldest_idle_one() {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let bounds = Bounds {
@@ -673,33 +869,89 @@ mod tests {
             ..Bounds::default()
         };
         tokio::spawn(serve_bounded(listener, state(), Routes::ALL, bounds, None));
-        // The one slot is held by a client that has not finished its request.
+        // The one slot is held by a client that has not finished its request head.
         let mut holder = TcpStream::connect(address).await.expect("connect");
         holder
             .write_all(b"GET /healthz HTTP/1.1\r\n")
             .await
             .expect("write");
-        let mut waiting = TcpStream::connect(address)
-            .await
-            .expect("connect (the kernel queues it)");
-        waiting
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        // (Let the server take it in before the next one arrives.)
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut next = TcpStream::connect(address).await.expect("connect");
+        next.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .expect("write");
-        assert_eq!(
-            answered_within(&mut waiting, Duration::from_millis(300)).await,
-            None,
-            "not served while the only slot is taken"
-        );
-        holder.write_all(b"Host: x\r\n\r\n").await.expect("write");
-        let first = answered_within(&mut holder, READ_TIMEOUT)
+        let served = answered_within(&mut next, READ_TIMEOUT)
             .await
             .expect("answered");
-        assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{first}");
-        let second = answered_within(&mut waiting, READ_TIMEOUT)
+        assert!(served.starts_with("HTTP/1.1 200 OK\r\n"), "{served}");
+        let holder = answered_within(&mut holder, READ_TIMEOUT).await;
+        assert_eq!(holder.as_deref(), Some(""), "closed without an answer");
+    }
+
+    /// Issue 40, part 4: another process holds 1,000 connections open without a word, from the
+    /// same address as the prober; every probe is still answered within the liveness probe's
+    /// timeout (2 s in the chart), and the idle connections the server keeps stay within its
+    /// bounds.
+    #[tokio::test]
+    async fn a_thousand_idle_connections_never_keep_the_probes_out() {
+        const IDLE: usize = 1000;
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(serve(listener, state(), Routes::ALL, None));
+        // Connects IDLE sockets and holds them (reconnecting any the server closes), printing
+        // "held" once all were opened.
+        let script = format!(
+            r#"
+import resource, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+held = []
+for _ in range({IDLE}):
+    s = socket.socket(); s.connect(("127.0.0.1", {port})); held.append(s)
+print("held", flush=True)
+while True:
+    for i, s in enumerate(held):
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                s.close(); n = socket.socket(); n.connect(("127.0.0.1", {port})); held[i] = n
+        except BlockingIOError:
+            pass
+    time.sleep(0.05)
+"#,
+            port = address.port()
+        );
+        let mut holder = tokio::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 holds the connections");
+        let mut out = tokio::io::BufReader::new(holder.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
             .await
-            .expect("then served");
-        assert!(second.starts_with("HTTP/1.1 200 OK\r\n"), "{second}");
+            .expect("read");
+        assert_eq!(line.trim(), "held");
+        for probe in 0..20 {
+            let started = std::time::Instant::now();
+            let mut stream = TcpStream::connect(address).await.expect("connect");
+            stream
+                .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .expect("write");
+            let answer = answered_within(&mut stream, Duration::from_secs(2)).await;
+            assert!(
+                answer
+                    .as_deref()
+                    .is_some_and(|a| a.starts_with("HTTP/1.1 200 OK\r\n")),
+                "probe {probe} not answered within 2 s ({:?}): {answer:?}",
+                started.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        holder.kill().await.expect("kill");
     }
 
     #[tokio::test]
