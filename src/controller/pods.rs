@@ -383,12 +383,10 @@ fn agentctl_container(
         termination_message_path: says_why.then(|| TERMINATION_LOG.to_string()),
         working_dir: Some(mount_path.clone()),
         env: Some(container_env(ts, settings, profile, suspend)),
-        resources: ts
-            .spec
-            .resources
-            .clone()
-            .filter(|r| r.requests.is_some() || r.limits.is_some())
-            .or_else(|| settings.default_resources.clone()),
+        resources: effective_resources(
+            ts.spec.resources.as_ref(),
+            settings.default_resources.as_ref(),
+        ),
         readiness_probe: Some(readiness_probe()),
         volume_mounts: Some(vec![
             mount("workspace", &mount_path),
@@ -508,6 +506,61 @@ fn pod_security_context(uid: i64) -> PodSecurityContext {
         }),
         ..Default::default()
     }
+}
+
+/// The agentctl container's resources: the session's own, with a default limit for each
+/// resource it sets no limit of (so requests alone never escape the operator's limits; a request
+/// above the default limit is its own limit), or the defaults whole when it sets none.
+pub fn effective_resources(
+    own: Option<&ResourceRequirements>,
+    defaults: Option<&ResourceRequirements>,
+) -> Option<ResourceRequirements> {
+    let own = own.filter(|r| r.requests.is_some() || r.limits.is_some());
+    let Some(own) = own else {
+        return defaults.cloned();
+    };
+    let mut merged = own.clone();
+    let default_limits = defaults.and_then(|d| d.limits.as_ref());
+    for (name, default) in default_limits.into_iter().flatten() {
+        let limits = merged.limits.get_or_insert_with(BTreeMap::new);
+        if limits.contains_key(name) {
+            continue;
+        }
+        let requested = own.requests.as_ref().and_then(|r| r.get(name));
+        let limit = match requested {
+            Some(request) if quantity_value(request) > quantity_value(default) => request,
+            _ => default,
+        };
+        limits.insert(name.clone(), limit.clone());
+    }
+    Some(merged)
+}
+
+/// A Kubernetes quantity as a number, to compare two of them (`500m`, `2`, `1Gi`, `1e3`, `5k`);
+/// `None` when it is not one (the CRD refuses those).
+fn quantity_value(quantity: &Quantity) -> Option<f64> {
+    let text = quantity.0.trim();
+    const SUFFIXES: [(&str, f64); 13] = [
+        ("Ki", 1024.0),
+        ("Mi", 1_048_576.0),
+        ("Gi", 1_073_741_824.0),
+        ("Ti", 1_099_511_627_776.0),
+        ("Pi", 1_125_899_906_842_624.0),
+        ("Ei", 1_152_921_504_606_846_976.0),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    for (suffix, factor) in SUFFIXES.iter().chain(&[("P", 1e15), ("E", 1e18)]) {
+        if let Some(number) = text.strip_suffix(suffix) {
+            return number.parse::<f64>().ok().map(|n| n * factor);
+        }
+    }
+    text.parse::<f64>().ok()
 }
 
 /// The workspace PVC and the two sized scratch directories (`/run/kandev`, `/tmp`).
@@ -1113,6 +1166,60 @@ mod tests {
     }
 
     #[test]
+    fn quantities_compare_by_value() {
+        #[rustfmt::skip]
+        let rows: Vec<(&str, Option<f64>)> = vec![
+            ("2", Some(2.0)), ("500m", Some(0.5)), ("1Gi", Some(1_073_741_824.0)),
+            ("1G", Some(1e9)), ("5k", Some(5000.0)), ("1e3", Some(1000.0)),
+            ("1.5Mi", Some(1_572_864.0)), ("256Mi", Some(268_435_456.0)), ("x", None), ("", None),
+        ];
+        for (text, expected) in rows {
+            assert_eq!(quantity_value(&Quantity(text.into())), expected, "{text}");
+        }
+        assert!(quantity_value(&Quantity("3Gi".into())) > quantity_value(&Quantity("2Gi".into())));
+        assert!(
+            quantity_value(&Quantity("2100M".into())) < quantity_value(&Quantity("2Gi".into()))
+        );
+    }
+
+    #[test]
+    fn a_session_that_sets_only_some_resources_gets_the_default_limits_of_the_rest() {
+        let defaults = ResourceRequirements {
+            requests: quantities(&[("cpu", "250m"), ("memory", "512Mi")]),
+            limits: quantities(&[("memory", "2Gi"), ("ephemeral-storage", "4Gi")]),
+            ..Default::default()
+        };
+        let own = |requests: &[(&str, &str)], limits: &[(&str, &str)]| ResourceRequirements {
+            requests: (!requests.is_empty())
+                .then(|| quantities(requests))
+                .flatten(),
+            limits: (!limits.is_empty()).then(|| quantities(limits)).flatten(),
+            ..Default::default()
+        };
+        #[rustfmt::skip]
+        let rows: Vec<(&str, Option<ResourceRequirements>, Option<ResourceRequirements>)> = vec![
+            ("none: the defaults", None, Some(defaults.clone())),
+            ("requests only: default limits",
+                Some(own(&[("memory", "1Gi")], &[])),
+                Some(own(&[("memory", "1Gi")], &[("memory", "2Gi"), ("ephemeral-storage", "4Gi")]))),
+            ("a request above a default limit is its own limit",
+                Some(own(&[("memory", "8Gi")], &[])),
+                Some(own(&[("memory", "8Gi")], &[("memory", "8Gi"), ("ephemeral-storage", "4Gi")]))),
+            ("its own limits win",
+                Some(own(&[], &[("memory", "16Gi"), ("cpu", "4")])),
+                Some(own(&[], &[("memory", "16Gi"), ("cpu", "4"), ("ephemeral-storage", "4Gi")]))),
+        ];
+        for (what, session, expected) in rows {
+            assert_eq!(
+                effective_resources(session.as_ref(), Some(&defaults)),
+                expected,
+                "{what}"
+            );
+        }
+        assert_eq!(effective_resources(None, None), None);
+    }
+
+    #[test]
     fn containment_settings_shape_the_pod() {
         let defaults = ResourceRequirements {
             requests: quantities(&[("cpu", "250m"), ("memory", "512Mi")]),
@@ -1135,7 +1242,7 @@ mod tests {
             "a session without resources gets the defaults: never BestEffort"
         );
 
-        // The session's own resources win, whole.
+        // The session's own limits win.
         let mut ts = session(claim("ws"));
         let own = ResourceRequirements {
             limits: quantities(&[("cpu", "4"), ("memory", "8Gi")]),
@@ -1144,6 +1251,20 @@ mod tests {
         ts.spec.resources = Some(own.clone());
         let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
         assert_eq!(pod.spec.expect("spec").containers[0].resources, Some(own));
+        // Requests alone still get the default limits; one above a default limit is its own.
+        ts.spec.resources = Some(ResourceRequirements {
+            requests: quantities(&[("cpu", "1"), ("memory", "4Gi")]),
+            ..Default::default()
+        });
+        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        assert_eq!(
+            pod.spec.expect("spec").containers[0].resources,
+            Some(ResourceRequirements {
+                requests: quantities(&[("cpu", "1"), ("memory", "4Gi")]),
+                limits: quantities(&[("memory", "4Gi")]),
+                ..Default::default()
+            })
+        );
         // An empty resources object counts as none.
         ts.spec.resources = Some(ResourceRequirements::default());
         let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
