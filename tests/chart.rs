@@ -1185,6 +1185,11 @@ fn invalid_values_fail_with_a_clear_message() {
             ],
             "does not allow the default agentctl image",
         ),
+        // A prefix that does not end in '/' or ':' also matches other registries.
+        (
+            &["--set", "agentPods.allowedImagePrefixes={registry.example}"],
+            "allowedImagePrefixes",
+        ),
         (
             &["--set-json", r#"agentPods.tolerations=[{"key":"k"}]"#],
             "effect",

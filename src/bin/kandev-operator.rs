@@ -108,8 +108,10 @@ struct RunArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     host_users: bool,
     /// Only images starting with this prefix may run as agent pods (repeatable); a session with
-    /// another spec.image is refused (Stalled, reason InvalidSpec). None: any image.
-    #[arg(long = "allowed-image-prefix", value_name = "PREFIX")]
+    /// another spec.image is refused (Stalled, reason InvalidSpec). None: any image. A prefix
+    /// ends in '/' (a registry or repository path) or ':' (a repository's tags), so that
+    /// registry.example.com/ never matches registry.example.com.evil/.
+    #[arg(long = "allowed-image-prefix", value_name = "PREFIX", value_parser = image_prefix)]
     allowed_image_prefixes: Vec<String>,
     /// Apply a NetworkPolicy with every session's agent pod: egress to DNS (kube-dns) and the
     /// --egress-allow-cidr ranges minus the --egress-deny-cidr ones, ingress from the
@@ -460,6 +462,10 @@ enum FlagError {
     Resource(String),
     #[error("{0:?} is not a size such as 512Mi or 1Gi")]
     Size(String),
+    #[error(
+        "image prefix {0:?} must end in '/' or ':' (e.g. registry.example.com/agents/ or registry.example.com/agentctl:): without it, it also matches other registries and repositories"
+    )]
+    ImagePrefix(String),
     #[error("node selector {0:?}: expected KEY=VALUE")]
     NodeSelector(String),
 }
@@ -509,6 +515,15 @@ fn size_quantity(text: &str) -> Result<Quantity, FlagError> {
         Ok(Quantity(text.to_string()))
     } else {
         Err(FlagError::Size(text.to_string()))
+    }
+}
+
+/// An image prefix: ends in '/' or ':', so it names whole path segments or a repository's tags.
+fn image_prefix(text: &str) -> Result<String, FlagError> {
+    if text.is_empty() || text.ends_with('/') || text.ends_with(':') {
+        Ok(text.to_string())
+    } else {
+        Err(FlagError::ImagePrefix(text.to_string()))
     }
 }
 
@@ -958,6 +973,18 @@ mod tests {
             assert!(size_quantity(bad).is_err(), "{bad:?}");
         }
         assert!(run_args(&["--tmp-size-limit=lots"]).is_err());
+        for good in ["registry.example/agents/", "ghcr.io/kandev/agentctl:", ""] {
+            assert_eq!(image_prefix(good).as_deref(), Ok(good), "{good:?}");
+        }
+        for bad in [
+            "registry.example",
+            "ghcr.io/kandev",
+            "ghcr.io/kandev/agentctl",
+        ] {
+            let refused = image_prefix(bad).expect_err(bad).to_string();
+            assert!(refused.contains("must end in '/' or ':'"), "{refused}");
+        }
+        assert!(run_args(&["--allowed-image-prefix=registry.example"]).is_err());
         assert!(args.host_users && args.agent_network_policy);
         assert!(args.allowed_image_prefixes.is_empty() && args.runtime_class_name.is_none());
         assert_eq!(
