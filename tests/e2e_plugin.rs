@@ -757,6 +757,30 @@ async fn refusals_and_timeouts_without_an_operator() {
         let run = plugin(&["resume", &name, "-n", &ns]).await.expect_code(0);
         assert!(run.stdout.contains("has not started yet"), "{}", run.stdout);
 
+        // Text from the cluster reaches the terminal with its control characters escaped (an
+        // OSC 52 clipboard write, a line erased and forged).
+        sessions
+            .set_status(
+                &name,
+                json!({"errorMessage": "boom\u{1b}]52;c;ZXZpbA==\u{7}\u{1b}[2K\rforged"}),
+            )
+            .await;
+        let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
+        assert!(
+            !run.stdout.contains('\u{1b}') && !run.stdout.contains('\u{7}'),
+            "{:?}",
+            run.stdout
+        );
+        assert!(
+            run.stdout
+                .contains("boom\\u{1b}]52;c;ZXZpbA==\\u{7}\\u{1b}[2K\\u{d}forged"),
+            "{:?}",
+            run.stdout
+        );
+        sessions
+            .set_status(&name, json!({"errorMessage": null}))
+            .await;
+
         // An active session without a pod: a request is made, and nobody handles it.
         sessions
             .set_status(

@@ -25,7 +25,7 @@ pub(super) async fn end(
     if session.spec.end != Some(end) {
         session = cluster.set_end(&name, end).await?;
     }
-    eprintln!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
+    say!("tasksession {name:?}: spec.end set to {end:?}; the operator stops the agent");
     if args.wait {
         let what = format!("tasksession {name:?} to be {wanted}");
         let progress = Progress::for_output(&args.output);

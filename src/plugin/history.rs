@@ -11,7 +11,7 @@ use super::cli::{HistoryArgs, HistoryOutput};
 use super::cluster::Cluster;
 use super::error::{ExitCode, PluginError};
 use super::status::liveness_name;
-use super::{write_stdout, write_stdout_bytes};
+use super::write_stdout;
 use crate::api::pod_contract::CONTAINER;
 use crate::history::{NO_HISTORY_EXIT_CODE, parse_history, render_transcript, validate_session_id};
 
@@ -105,21 +105,21 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
     match read_outcome(success, exit_code, &String::from_utf8_lossy(&stderr)) {
         ReadOutcome::Printed => {}
         ReadOutcome::NoHistory => {
-            eprintln!("tasksession {name:?} has no recorded history yet");
+            say!("tasksession {name:?} has no recorded history yet");
             return Ok(ExitCode::Ok);
         }
         ReadOutcome::Failed(reason) => return Err(PluginError::Exec { action, reason }),
     }
     match args.output {
-        HistoryOutput::Jsonl => write_stdout_bytes(&stdout)?,
+        HistoryOutput::Jsonl => write_stdout(&String::from_utf8_lossy(&stdout))?,
         HistoryOutput::Text => {
             let parsed = parse_history(&String::from_utf8_lossy(&stdout));
             if parsed.entries.is_empty() {
-                eprintln!("tasksession {name:?} has no recorded history yet");
+                say!("tasksession {name:?} has no recorded history yet");
             }
             write_stdout(&render_transcript(&parsed.entries, args.timestamps))?;
             if parsed.skipped_corrupt_lines > 0 {
-                eprintln!(
+                say!(
                     "({} corrupt line(s) skipped; see them with -o jsonl)",
                     parsed.skipped_corrupt_lines
                 );

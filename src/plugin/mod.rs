@@ -17,6 +17,17 @@
 //!
 //! Exit codes ([`ExitCode`]): 0 ok, 1 failed, 2 usage, 3 not found, 4 not resumable, 5 timeout,
 //! 6 cluster/API error.
+//!
+//! Everything it prints goes through [`escape_controls`]: status fields, history and the
+//! agent's own words come from the cluster and the agent, and a terminal must not run their
+//! escape sequences (an OSC 52 clipboard write, a cursor move that forges a line).
+
+/// `eprintln!` with the line's control characters escaped ([`escape_controls`]).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::plugin::write_stderr(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
 
 pub mod cli;
 pub mod cluster;
@@ -72,7 +83,7 @@ pub fn run_cli() -> i32 {
         }
     };
     if let Err(message) = cli.global.validate() {
-        eprintln!("error: {message}");
+        say!("error: {message}");
         return ExitCode::Usage.code();
     }
     init_tracing();
@@ -80,7 +91,7 @@ pub fn run_cli() -> i32 {
         Command::Prompt(args) => match prompt_text(&args.text) {
             Ok(text) => Some(text),
             Err(message) => {
-                eprintln!("error: {message}");
+                say!("error: {message}");
                 return ExitCode::Usage.code();
             }
         },
@@ -92,7 +103,7 @@ pub fn run_cli() -> i32 {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("error: cannot start the async runtime: {error}");
+            say!("error: cannot start the async runtime: {error}");
             return ExitCode::Failed.code();
         }
     };
@@ -101,7 +112,7 @@ pub fn run_cli() -> i32 {
     match result {
         Ok(code) => code.code(),
         Err(error) => {
-            eprintln!("error: {error}");
+            say!("error: {error}");
             error.exit_code().code()
         }
     }
@@ -152,14 +163,37 @@ async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginEr
     }
 }
 
-/// Writes to stdout; a closed pipe (`| head`) is not an error.
-pub(crate) fn write_stdout(text: &str) -> Result<(), PluginError> {
-    write_stdout_bytes(text.as_bytes())
+/// `text` with every control character but newline and tab written out as an escape
+/// (`\u{1b}`), C1 controls included: what the plugin prints can hold no terminal sequence.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let kept = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    if text.chars().all(kept) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if kept(c) {
+            escaped.push(c);
+        } else {
+            escaped.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
 }
 
-pub(crate) fn write_stdout_bytes(bytes: &[u8]) -> Result<(), PluginError> {
+/// Writes to stderr, control characters escaped; a closed stderr is not an error.
+pub(crate) fn write_stderr(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(escape_controls(text).as_bytes());
+}
+
+/// Writes to stdout, control characters escaped; a closed pipe (`| head`) is not an error.
+pub(crate) fn write_stdout(text: &str) -> Result<(), PluginError> {
     let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
+    match out
+        .write_all(escape_controls(text).as_bytes())
+        .and_then(|()| out.flush())
+    {
         Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => Err(PluginError::Io {
             context: "writing to stdout".into(),
             source: error,
@@ -188,5 +222,27 @@ pub(crate) fn print_object(
     match output::render(&value, format).map_err(|e| failed(e.to_string()))? {
         Some(rendered) => write_stdout(&rendered),
         None => write_stdout(&text()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_controls;
+
+    #[test]
+    fn control_characters_are_printed_as_escapes() {
+        #[rustfmt::skip]
+        let rows: Vec<(&str, &str)> = vec![
+            ("plain text, ünïcode ✓", "plain text, ünïcode ✓"),
+            ("lines\nand\ttabs stay", "lines\nand\ttabs stay"),
+            // An OSC 52 clipboard write and a CSI cursor move.
+            ("\u{1b}]52;c;ZXZpbA==\u{7}x", "\\u{1b}]52;c;ZXZpbA==\\u{7}x"),
+            ("ok\u{1b}[2K\rforged", "ok\\u{1b}[2K\\u{d}forged"),
+            // A C1 control (8-bit CSI) and DEL.
+            ("\u{9b}31m\u{7f}", "\\u{9b}31m\\u{7f}"),
+        ];
+        for (text, expected) in rows {
+            assert_eq!(escape_controls(text), expected, "{text:?}");
+        }
     }
 }

@@ -11,7 +11,6 @@
 //! workspace volume before the agent gets the prompt. After a pod lost mid-turn, the session is
 //! resumed and the new pod's journal read: only a prompt whose id is not there is sent again.
 
-use std::io::Write;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -208,21 +207,24 @@ pub async fn prompt(
         };
         let pod_lost = pod_lost_within(cluster, name, &ready, grace).await?;
         match after_failure(failure.stage, failure.stream_lost, pod_lost, retried) {
-            AfterFailure::ResumeAndRetry => eprintln!(
+            AfterFailure::ResumeAndRetry => say!(
                 "kubectl-kandev: the agent's pod {} vanished before the prompt was sent ({}); resuming the session and sending the prompt once more",
-                ready.pod, failure.reason
+                ready.pod,
+                failure.reason
             ),
             AfterFailure::ResumeAndCheck => {
-                eprintln!(
+                say!(
                     "kubectl-kandev: the agent's pod {} vanished after the prompt was sent ({}); resuming the session to read in agentctl's journal whether the agent received it",
-                    ready.pod, failure.reason
+                    ready.pod,
+                    failure.reason
                 );
                 lost_with = Some((ready.pod.clone(), ready.cursor));
             }
             AfterFailure::RetrySamePod => {
-                eprintln!(
+                say!(
                     "kubectl-kandev: could not reach the agent in pod {} ({}); trying once more",
-                    ready.pod, failure.reason
+                    ready.pod,
+                    failure.reason
                 );
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -257,7 +259,7 @@ async fn never_received(
 ) -> Result<(), PluginError> {
     let what = match delivery(cluster, ready_pod, prompt_id, cursor).await {
         Ok(false) => {
-            eprintln!(
+            say!(
                 "kubectl-kandev: agentctl's journal shows that the prompt never reached the agent in pod {lost_pod}; sending it once more"
             );
             return Ok(());
@@ -279,7 +281,7 @@ async fn never_received(
 
 /// The exit of a turn that ended with `stop_reason`.
 fn turn_done(name: &str, stop_reason: &str) -> Result<ExitCode, PluginError> {
-    eprintln!("[stop reason: {stop_reason}]");
+    say!("[stop reason: {stop_reason}]");
     if stop_reason_succeeded(stop_reason) {
         Ok(ExitCode::Ok)
     } else {
@@ -390,7 +392,7 @@ impl Requests {
         } else {
             format!(": {}", outcome.message)
         };
-        eprintln!(
+        say!(
             "kubectl-kandev: tasksession {name:?} resumed ({}){message}",
             outcome.kind.as_str()
         );
@@ -430,7 +432,7 @@ impl Requests {
             .filter(|r| *r == ResumeReason::Suspended)
             .unwrap_or(snapshot.evaluation().reason);
         let token = cluster.request_resume(snapshot, false).await?;
-        eprintln!(
+        say!(
             "kubectl-kandev: tasksession {name:?} needs a resume ({reason}); requested it (request {token}); waiting up to {}",
             super::format_duration(deadline.total)
         );
@@ -636,7 +638,7 @@ impl Printer {
                     .and_then(|t| t.as_str())
                     .unwrap_or("tool");
                 self.finish();
-                let _ = writeln!(std::io::stderr(), "[tool call: {title}]");
+                say!("[tool call: {title}]");
             }
             _ => {}
         }

@@ -385,7 +385,7 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
             } else {
                 ""
             };
-            eprintln!(
+            say!(
                 "a resume of tasksession {name:?} is already in progress (request {token}){fresh_note}"
             );
             token
@@ -396,7 +396,7 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
     if !args.wait {
         print_object(&report, &args.output, || {
             // The token alone on stdout (for scripts), the explanation on stderr.
-            eprint!("{}", report.text());
+            super::write_stderr(&report.text());
             format!("{request}\n")
         })?;
         return Ok(ExitCode::Ok);
@@ -412,9 +412,7 @@ fn resume_plan(snapshot: &Snapshot, fresh: bool) -> ResumePlan {
         ResumePlan::AwaitActive(token) => {
             match stalling_launch(&status, &token, snapshot.current_pod()) {
                 Some(why) => {
-                    eprintln!(
-                        "resume request {token} is stalled ({why}); a new request supersedes it"
-                    );
+                    say!("resume request {token} is stalled ({why}); a new request supersedes it");
                     ResumePlan::Request
                 }
                 None => ResumePlan::AwaitActive(token),

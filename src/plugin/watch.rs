@@ -277,7 +277,7 @@ impl Progress {
     /// Says what is awaited, once.
     pub fn begin(&mut self, what: &str, total: Duration) {
         if self.shown && self.said.is_none() {
-            eprintln!(
+            say!(
                 "waiting up to {} for {what}",
                 super::error::format_duration(total)
             );
@@ -291,7 +291,7 @@ impl Progress {
         let now = snapshot.last_seen();
         if self.said.as_deref() != Some(now.as_str()) || self.said_at.elapsed() >= PROGRESS_EVERY {
             if self.shown {
-                eprintln!("  [{:>4}s] {now}", self.started.elapsed().as_secs());
+                say!("  [{:>4}s] {now}", self.started.elapsed().as_secs());
             }
             (self.said, self.said_at) = (Some(now), Instant::now());
         }
