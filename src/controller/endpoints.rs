@@ -54,7 +54,7 @@ pub struct HttpState {
     metrics: &'static Metrics,
     auth: MetricsAuth,
     /// The client of the access reviews (set once the API server answered).
-    reviewer: OnceLock<kube::Client>,
+    reviewer: OnceLock<metrics_access::Reviewer>,
     /// Rate limit of the warnings about refused or unverifiable scrapes.
     warnings: SharedWarnLimiter,
 }
@@ -97,7 +97,7 @@ impl HttpState {
     /// The client that makes the access reviews of `--metrics-auth=kubernetes`; until it is
     /// set, a scrape is answered 503.
     pub fn set_reviewer(&self, client: kube::Client) {
-        let _ = self.reviewer.set(client);
+        let _ = self.reviewer.set(metrics_access::Reviewer::new(client));
     }
 }
 
@@ -179,7 +179,7 @@ pub async fn handle(
         Route::Answer(answer) => answer,
         Route::CheckedMetrics => {
             let verdict = match state.reviewer.get() {
-                Some(client) => metrics_access::check(client, headers).await,
+                Some(reviewer) => reviewer.check(headers).await,
                 None => Verdict::Unavailable(
                     "the operator has not connected to the API server yet".to_owned(),
                 ),

@@ -4,11 +4,16 @@
 //! secure metrics do: the RBAC that lets Prometheus scrape the API server's own `/metrics`
 //! lets it scrape ours. `/healthz` and `/readyz` stay open (the kubelet's probes carry no token).
 //!
-//! The decisions are pure ([`bearer_token`], [`token_review`], [`access_review`], [`verdict`]);
-//! [`check`] makes the two calls. Nothing is cached: a scrape every 30 s costs two small API
-//! requests, and a revoked binding takes effect at the next scrape.
+//! The decisions are pure ([`bearer_token`], [`token_review`], [`access_review`], [`verdict`],
+//! [`VerdictCache`]); [`Reviewer::check`] makes the two calls. A verdict is kept for
+//! [`CACHE_TTL`] (at most [`CACHE_ENTRIES`] tokens; a review that could not be made is never
+//! kept), and at most [`CONCURRENT_REVIEWS`] reviews run at once: a scraper costs the API server
+//! two small requests per [`CACHE_TTL`], not per scrape, a flood of scrapes with new tokens waits
+//! for its turn, and a revoked binding takes effect within [`CACHE_TTL`].
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
@@ -151,18 +156,110 @@ pub fn verdict(
     }
 }
 
-/// Asks the API server about the bearer token of a scrape.
-pub async fn check(client: &Client, headers: &HeaderMap) -> Verdict {
-    let token = match bearer_token(headers) {
-        Ok(token) => token,
-        Err(why) => return Verdict::Unauthenticated(why.to_string()),
-    };
-    match tokio::time::timeout(REVIEW_TIMEOUT, review(client, token)).await {
-        Ok(verdict) => verdict,
-        Err(_) => Verdict::Unavailable(format!(
-            "the API server did not answer the token and access reviews within {}s",
-            REVIEW_TIMEOUT.as_secs()
-        )),
+/// How long a verdict about a token is kept.
+pub const CACHE_TTL: Duration = Duration::from_secs(10);
+/// Tokens whose verdicts are kept at once.
+pub const CACHE_ENTRIES: usize = 64;
+/// Reviews made at once; more scrapes wait (their wait counts against [`REVIEW_TIMEOUT`]).
+pub const CONCURRENT_REVIEWS: usize = 4;
+
+/// Verdicts by token for a while: [`VerdictCache::get`] answers a token seen within the TTL,
+/// [`VerdictCache::put`] keeps a verdict, dropping what expired and, when full, the oldest.
+#[derive(Debug)]
+pub struct VerdictCache {
+    ttl: Duration,
+    capacity: usize,
+    entries: HashMap<String, (Instant, Verdict)>,
+}
+
+impl VerdictCache {
+    pub fn new(ttl: Duration, capacity: usize) -> Self {
+        Self {
+            ttl,
+            capacity,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The verdict kept for `token`, if it was reviewed less than the TTL before `now`.
+    pub fn get(&self, token: &str, now: Instant) -> Option<Verdict> {
+        self.entries
+            .get(token)
+            .filter(|(at, _)| now.saturating_duration_since(*at) < self.ttl)
+            .map(|(_, verdict)| verdict.clone())
+    }
+
+    /// Keeps `verdict` for `token` from `now`; an unavailable review is not a verdict to keep.
+    pub fn put(&mut self, token: &str, verdict: &Verdict, now: Instant) {
+        if matches!(verdict, Verdict::Unavailable(_)) || self.capacity == 0 {
+            return;
+        }
+        let ttl = self.ttl;
+        self.entries
+            .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+        if self.entries.len() >= self.capacity && !self.entries.contains_key(token) {
+            let oldest = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (at, _))| *at)
+                .map(|(token, _)| token.clone());
+            if let Some(oldest) = oldest {
+                self.entries.remove(&oldest);
+            }
+        }
+        self.entries
+            .insert(token.to_owned(), (now, verdict.clone()));
+    }
+}
+
+/// Makes the reviews of scrapes: through `client`, cached, a few at a time.
+pub struct Reviewer {
+    client: Client,
+    cache: Mutex<VerdictCache>,
+    turns: tokio::sync::Semaphore,
+}
+
+impl Reviewer {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            cache: Mutex::new(VerdictCache::new(CACHE_TTL, CACHE_ENTRIES)),
+            turns: tokio::sync::Semaphore::new(CONCURRENT_REVIEWS),
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, VerdictCache> {
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks the API server about the bearer token of a scrape (or answers from the cache).
+    pub async fn check(&self, headers: &HeaderMap) -> Verdict {
+        let token = match bearer_token(headers) {
+            Ok(token) => token,
+            Err(why) => return Verdict::Unauthenticated(why.to_string()),
+        };
+        if let Some(verdict) = self.cache().get(token, Instant::now()) {
+            return verdict;
+        }
+        let reviewed = async {
+            let _turn = self.turns.acquire().await;
+            // Another scrape with this token may have been reviewed while this one waited.
+            if let Some(verdict) = self.cache().get(token, Instant::now()) {
+                return verdict;
+            }
+            review(&self.client, token).await
+        };
+        let verdict = match tokio::time::timeout(REVIEW_TIMEOUT, reviewed).await {
+            Ok(verdict) => verdict,
+            Err(_) => Verdict::Unavailable(format!(
+                "the API server did not answer the token and access reviews within {}s",
+                REVIEW_TIMEOUT.as_secs()
+            )),
+        };
+        self.cache().put(token, &verdict, Instant::now());
+        verdict
     }
 }
 
@@ -300,5 +397,40 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn verdicts_are_kept_for_a_while_and_never_when_unavailable() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut cache = VerdictCache::new(Duration::from_secs(10), 2);
+        let forbidden = Verdict::Forbidden {
+            user: "u".into(),
+            reason: String::new(),
+        };
+        cache.put("a", &Verdict::Allowed, at(0));
+        cache.put("b", &forbidden, at(1));
+        cache.put("c", &Verdict::Unavailable("down".into()), at(1));
+        assert_eq!(
+            cache.get("a", at(9)),
+            Some(Verdict::Allowed),
+            "within the TTL"
+        );
+        assert_eq!(cache.get("b", at(5)), Some(forbidden.clone()));
+        assert_eq!(
+            cache.get("c", at(1)),
+            None,
+            "an unavailable review is not kept"
+        );
+        assert_eq!(cache.get("a", at(10)), None, "expired");
+        // Full: the oldest goes.
+        cache.put("d", &Verdict::Allowed, at(2));
+        assert_eq!(cache.get("a", at(3)), None);
+        assert_eq!(cache.get("b", at(3)), Some(forbidden));
+        assert_eq!(cache.get("d", at(3)), Some(Verdict::Allowed));
+        // What expired makes room first.
+        cache.put("e", &Verdict::Allowed, at(11));
+        assert_eq!(cache.get("d", at(11)), Some(Verdict::Allowed), "kept: b expired");
+        assert_eq!(cache.get("e", at(11)), Some(Verdict::Allowed));
     }
 }
