@@ -43,7 +43,7 @@
 //!
 //! `--hostile <BYTES>` plays an agent that chooses its words to hurt the client: its name
 //! (`agentInfo.name`) and every JSON-RPC error message it sends are BYTES long, and with
-//! `--session-config` it reports 10,000 config options besides `effort`; with
+//! `--session-config` it reports 1,000 config options besides `effort`; with
 //! `--hostile-session-id`, `session/new` hands out an id of BYTES too. Keep BYTES under the
 //! client's line limit (1 MiB) to reach the client's bounds on the text itself.
 //!
@@ -245,8 +245,10 @@ struct Args {
     hostile_session_id: bool,
 }
 
-/// Config options a `--hostile` agent reports besides `effort`.
-const HOSTILE_OPTIONS: usize = 10_000;
+/// Config options a `--hostile` agent reports besides `effort`: far more than a client keeps (64),
+/// in a line still within the parse-cost bound of a 1 MiB line (3 MiB once parsed; 10,000 such
+/// options would cost some 24 MiB, and the client would cut the agent off for that instead).
+const HOSTILE_OPTIONS: usize = 1_000;
 
 const MODES: [&str; 2] = ["default", "plan"];
 const MODELS: [&str; 2] = ["small", "large"];
