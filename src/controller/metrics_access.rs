@@ -430,7 +430,11 @@ mod tests {
         assert_eq!(cache.get("d", at(3)), Some(Verdict::Allowed));
         // What expired makes room first.
         cache.put("e", &Verdict::Allowed, at(11));
-        assert_eq!(cache.get("d", at(11)), Some(Verdict::Allowed), "kept: b expired");
+        assert_eq!(
+            cache.get("d", at(11)),
+            Some(Verdict::Allowed),
+            "kept: b expired"
+        );
         assert_eq!(cache.get("e", at(11)), Some(Verdict::Allowed));
     }
 }
