@@ -61,6 +61,11 @@ ENTRYPOINT ["/usr/local/bin/kandev-operator"]
 # launch command from its profile (claude-code: `claude-agent-acp`).
 FROM node:22.23.2-bookworm-slim AS agentctl
 # Default agent: Claude Code over ACP, pinned to the version the protocol tests run (e2e/agents.sh).
+# It is installed with `npm ci` from AGENT_LOCK's package.json and package-lock.json: the agent and
+# every package it pulls in at the versions and integrity hashes of the lockfile, nothing newer.
+# For another agent, make its directory (package.json naming it, then
+# `npm install --package-lock-only`) and pass AGENT_LOCK, AGENT_PACKAGE and AGENT_VERSION.
+ARG AGENT_LOCK=images/agentctl/claude-code
 ARG AGENT_PACKAGE=@agentclientprotocol/claude-agent-acp
 ARG AGENT_VERSION=0.101.0
 ARG VERSION
@@ -72,10 +77,14 @@ LABEL org.opencontainers.image.title="agentctl" \
       org.opencontainers.image.revision="${REVISION}" \
       dev.kandev.agent.package="${AGENT_PACKAGE}" \
       dev.kandev.agent.version="${AGENT_VERSION}"
+COPY ${AGENT_LOCK}/package.json ${AGENT_LOCK}/package-lock.json /opt/agent/
 # git and certificates for agents that clone or fetch; tini is not needed: agentctl reaps its agent.
 RUN apt-get update && apt-get install -y --no-install-recommends git ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && npm install --global --omit=dev --no-audit --no-fund "${AGENT_PACKAGE}@${AGENT_VERSION}" \
+ && cd /opt/agent && npm ci --omit=dev --no-audit --no-fund \
+ && node -e 'const v = require(process.argv[1] + "/package.json").version; if (v !== process.argv[2]) { console.error(process.argv[1] + " " + v + " is not AGENT_VERSION " + process.argv[2]); process.exit(1) }' \
+      "/opt/agent/node_modules/${AGENT_PACKAGE}" "${AGENT_VERSION}" \
+ && ln -s /opt/agent/node_modules/.bin/* /usr/local/bin/ \
  && npm cache clean --force
 COPY --from=build /out/agentctl /usr/local/bin/agentctl
 ENV NODE_ENV=production

@@ -185,6 +185,35 @@ fn chart_images_and_versions_match_the_dockerfile_and_crate() {
         dockerfile.contains(&format!("ARG AGENT_VERSION={pinned}")),
         "Dockerfile's AGENT_VERSION is {pinned} (e2e/agents.versions)"
     );
+    // It is installed from a lockfile that pins that version, every package with its integrity
+    // hash.
+    let lock_dir = dockerfile
+        .lines()
+        .find_map(|line| line.strip_prefix("ARG AGENT_LOCK="))
+        .expect("ARG AGENT_LOCK");
+    let read = |file: &str| -> serde_json::Value {
+        let path = repo().join(lock_dir).join(file);
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("lockfile")).expect("json")
+    };
+    assert_eq!(read("package.json")["dependencies"][package], pinned);
+    let lock = read("package-lock.json");
+    let packages = lock["packages"].as_object().expect("lockfile v3 packages");
+    assert_eq!(
+        packages[&format!("node_modules/{package}")]["version"],
+        pinned
+    );
+    for (path, entry) in packages.iter().filter(|(path, _)| !path.is_empty()) {
+        assert!(
+            entry["integrity"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("sha512-")),
+            "{path} has no integrity hash in {lock_dir}/package-lock.json"
+        );
+    }
+    assert!(
+        dockerfile.contains("npm ci --omit=dev"),
+        "the agent is installed with npm ci"
+    );
 }
 
 /// One source of truth for the default agentctl image: the operator binary's `--agentctl-image`
