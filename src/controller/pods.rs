@@ -540,7 +540,7 @@ pub fn effective_resources(
 /// `None` when it is not one (the CRD refuses those).
 fn quantity_value(quantity: &Quantity) -> Option<f64> {
     let text = quantity.0.trim();
-    const SUFFIXES: [(&str, f64); 13] = [
+    const SUFFIXES: [(&str, f64); 15] = [
         ("Ki", 1024.0),
         ("Mi", 1_048_576.0),
         ("Gi", 1_073_741_824.0),
@@ -554,8 +554,10 @@ fn quantity_value(quantity: &Quantity) -> Option<f64> {
         ("M", 1e6),
         ("G", 1e9),
         ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
     ];
-    for (suffix, factor) in SUFFIXES.iter().chain(&[("P", 1e15), ("E", 1e18)]) {
+    for (suffix, factor) in SUFFIXES {
         if let Some(number) = text.strip_suffix(suffix) {
             return number.parse::<f64>().ok().map(|n| n * factor);
         }
