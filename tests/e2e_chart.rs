@@ -742,9 +742,9 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         assert!(
             !refused.success()
                 && refused.stderr.contains("ValidatingAdmissionPolicy")
-                && refused
-                    .stderr
-                    .contains("may only exec agentctl connect and agentctl events"),
+                && refused.stderr.contains(
+                    "may only exec agentctl connect, agentctl events and agentctl answer"
+                ),
             "a shell exec is refused: {refused:#?}"
         );
         let allowed = exec_as_operator(&["agentctl", "events", "--once"]);

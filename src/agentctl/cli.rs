@@ -19,8 +19,14 @@ use super::socket::resolve_socket_path;
 use super::{AgentctlError, client, history};
 use crate::acp::{AcpTimeouts, RestoreOptions, RestoreReport, SpawnOptions};
 use crate::agents::{AgentProfile, AgentRegistry};
+use crate::api::EffectivePolicy;
+use crate::api::bounds::cap;
 use crate::api::pod_contract;
 use crate::history::{NO_HISTORY_EXIT_CODE, validate_session_id};
+
+/// `agentctl answer`'s exit code when serve refused the answer (no such request waits, or no
+/// option of that kind).
+pub const ANSWER_REFUSED_EXIT_CODE: i32 = 3;
 use crate::telemetry::{self, LogSettings};
 
 /// agentctl — the in-pod supervisor of one AI coding agent (kandev-operator).
@@ -80,7 +86,7 @@ pub enum Command {
     ///
     /// Exits non-zero when the agent exits, so the pod ends and the operator sees a lost pod;
     /// on SIGTERM it closes the agent's stdin, waits up to 10 s, and exits 0.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Bridge stdin/stdout to the served agent, one JSON-RPC message per line (what the
     /// operator runs through `kubectl exec`).
     ///
@@ -109,6 +115,14 @@ pub enum Command {
     /// also sends {"event":"heartbeat","timestamp":…} every 10 s (not journaled, no "seq");
     /// events exits 1 when serve sends nothing for 30 s (a serve that does not answer).
     Events(EventsArgs),
+    /// Answer a permission request that waits for a person (what the operator runs when the
+    /// TaskSession's kandev.dev/permission-answer annotation names one).
+    ///
+    /// Prints one JSON line: {"request":…,"outcome":"approved|rejected"} when the agent got
+    /// the option of that kind (exit 0), or {"request":…,"refused":…} when no such request waits
+    /// (answered already, timed out, gone with the agent) or it offers no option of that kind
+    /// (exit 3). Exits 1 when nothing serves the socket.
+    Answer(AnswerArgs),
     /// Debugging: start an agent locally, restore a session the way the operator would, and
     /// print the outcome as one JSON object.
     ///
@@ -244,6 +258,13 @@ pub struct ServeArgs {
         default_value_t = 0
     )]
     pub suspend_idle_after: u64,
+    /// What the agent's permission requests get when no client that decides is connected, as
+    /// JSON: {"default":"allow|ask|deny","rules":[{"kinds":["edit",…],"action":…}],
+    /// "askTimeoutSeconds":N} (0: no timeout). `ask` holds a request until `agentctl answer`
+    /// or the timeout. [default: read, search, think, edit, move, delete and switch_mode
+    /// allowed, everything else asked, 900 s]
+    #[arg(long, env = pod_contract::ENV_PERMISSIONS, value_name = "JSON")]
+    pub permissions: Option<String>,
     #[command(flatten)]
     pub limits: LimitArgs,
     /// The agent command, instead of (or overriding) the profile's launch command.
@@ -323,6 +344,22 @@ pub struct ConnectArgs {
     /// stream died without closing its connection).
     #[arg(long)]
     pub takeover: bool,
+    /// This client answers the agent's permission requests itself (an interactive prompt);
+    /// without it they go to the session's policy.
+    #[arg(long)]
+    pub permissions: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct AnswerArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    /// The held request's id (`p<n>`, as in the events and status.pendingPermissions).
+    #[arg(value_name = "REQUEST")]
+    pub request: String,
+    /// The kind of option to choose.
+    #[arg(value_name = "OPTION_KIND", value_parser = ["allow_once", "allow_always", "reject_once", "reject_always"])]
+    pub option_kind: String,
 }
 
 #[derive(Args, Debug)]
@@ -423,15 +460,25 @@ fn log_settings(cli: &Cli) -> LogSettings {
 
 async fn run(command: Command) -> i32 {
     let result = match command {
-        Command::Serve(args) => run_serve(args).await,
+        Command::Serve(args) => run_serve(*args).await,
         Command::Connect(args) => match args.socket.path() {
             Ok(path) => {
-                client::connect(&path, args.takeover, args.limits.replay_line_limit()).await
+                client::connect(
+                    &path,
+                    args.takeover,
+                    args.permissions,
+                    args.limits.replay_line_limit(),
+                )
+                .await
             }
             Err(error) => Err(error),
         },
         Command::Events(args) => match args.socket.path() {
             Ok(path) => client::events(&path, args.since, args.once, args.until_idle).await,
+            Err(error) => Err(error),
+        },
+        Command::Answer(args) => match args.socket.path() {
+            Ok(path) => client::answer(&path, &args.request, &args.option_kind).await,
             Err(error) => Err(error),
         },
         Command::Restore(args) => return run_restore(args).await,
@@ -454,6 +501,7 @@ async fn run(command: Command) -> i32 {
             eprintln!("agentctl: {error}");
             match error {
                 AgentctlError::NoHistory { .. } => NO_HISTORY_EXIT_CODE,
+                AgentctlError::AnswerRefused { .. } => ANSWER_REFUSED_EXIT_CODE,
                 _ => 1,
             }
         }
@@ -500,6 +548,12 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         &args.command,
         args.resume_token.as_deref().filter(|t| !t.is_empty()),
     )?;
+    let permissions = match args.permissions.as_deref().filter(|p| !p.trim().is_empty()) {
+        Some(json) => serde_json::from_str(json).map_err(|error| {
+            AgentctlError::InvalidPermissions(format!("{error} (in {})", cap(json, 200)))
+        })?,
+        None => EffectivePolicy::default(),
+    };
     let cwd = args.cwd.clone().unwrap_or_else(|| args.workspace.clone());
     // Checked here: a missing cwd would otherwise surface as a misleading "cannot start the
     // agent: No such file or directory".
@@ -538,6 +592,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
                 .as_ref()
                 .is_some_and(|p| p.history_context_injection),
             worktree: worktree.and_then(|w| serde_json::to_value(w).ok()),
+            permissions,
         },
         initialize_timeout: Duration::from_secs(args.initialize_timeout),
         replay_line_limit: args.limits.replay_line_limit(),

@@ -37,18 +37,65 @@ enum StdinEnd {
     Refused(AgentctlError),
 }
 
+/// How long serve may take to answer `agentctl answer`.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `agentctl answer`: one answer to a held permission request; prints serve's result line.
+pub async fn answer(
+    socket_path: &Path,
+    request: &str,
+    option_kind: &str,
+) -> Result<(), AgentctlError> {
+    let stream = socket::connect(socket_path).await?;
+    let (read, mut write) = stream.into_split();
+    let hello = Hello {
+        answer: Some(socket::PermissionAnswer {
+            request: request.to_owned(),
+            option_kind: option_kind.to_owned(),
+        }),
+        ..Hello::new(Mode::Answer)
+    };
+    write
+        .write_all(hello.line().as_bytes())
+        .await
+        .map_err(AgentctlError::io("cannot send the hello line"))?;
+    let mut reader = LineReader::new(BufReader::new(read), LINE_LIMIT);
+    let line = match tokio::time::timeout(ANSWER_TIMEOUT, reader.next_line()).await {
+        Ok(Ok(Frame::Line)) => String::from_utf8_lossy(reader.line()).into_owned(),
+        Ok(_) => {
+            return Err(AgentctlError::io("agentctl closed without answering")(
+                std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+            ));
+        }
+        Err(_) => {
+            return Err(AgentctlError::Silent {
+                path: socket_path.to_owned(),
+                seconds: ANSWER_TIMEOUT.as_secs(),
+            });
+        }
+    };
+    println!("{line}");
+    let result: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+    match result.get("refused").and_then(Value::as_str) {
+        Some(why) => Err(AgentctlError::AnswerRefused(why.to_owned())),
+        None => Ok(()),
+    }
+}
+
 /// `agentctl connect`: bridges stdin/stdout to the served agent, line by line. Lines from
 /// stdin may be 1 MiB long, lines from serve `replay_line_limit` (serve enforces the limits on
 /// the agent; a longer line here means the two disagree).
 pub async fn connect(
     socket_path: &Path,
     takeover: bool,
+    permissions: bool,
     replay_line_limit: usize,
 ) -> Result<(), AgentctlError> {
     let stream = socket::connect(socket_path).await?;
     let (read, mut write) = stream.into_split();
     let hello = Hello {
         takeover,
+        permissions,
         ..Hello::new(Mode::Acp)
     };
     write

@@ -116,6 +116,10 @@ pub enum AgentctlError {
         session: Option<String>,
         path: PathBuf,
     },
+    #[error("--permissions is not a permission policy: {0}")]
+    InvalidPermissions(String),
+    #[error("permission answer refused: {0}")]
+    AnswerRefused(String),
     #[error("no agent command: pass --profile NAME or the command after `--`")]
     NoCommand,
     #[error("cannot start the agent `{program}`: {source}")]

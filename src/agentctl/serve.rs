@@ -156,6 +156,8 @@ enum Input {
     ClientClosed {
         conn: ConnId,
     },
+    /// `askTimeout` passed for a held permission request.
+    PermissionTimeout(String),
 }
 
 /// A connection that sent its hello line, with how often it has been rechecked while busy.
@@ -622,9 +624,17 @@ impl Driver {
                     self.subscribe(conn, reader, writer, hello.since, follow);
                     Vec::new()
                 }
+                Mode::Answer => self.answer(greeting),
                 Mode::Acp => match self.hub.attach(greeting.conn, greeting.hello.takeover) {
                     Ok(out) => {
-                        tracing::info!(conn = greeting.conn, "ACP client connected");
+                        tracing::info!(
+                            conn = greeting.conn,
+                            decides_permissions = greeting.hello.permissions,
+                            "ACP client connected"
+                        );
+                        if greeting.hello.permissions {
+                            self.hub.client_decides_permissions(greeting.conn);
+                        }
                         self.register_client(greeting.conn, greeting.reader, greeting.writer);
                         out
                     }
@@ -654,9 +664,47 @@ impl Driver {
                     }
                 },
             },
+            Input::PermissionTimeout(request_id) => self.hub.permission_timed_out(&request_id),
             Input::AgentExited(_) => Vec::new(),
         };
         self.apply(out).await
+    }
+
+    /// An `agentctl answer` connection: the answer goes to the hub, one result line goes back
+    /// (`{"outcome":…}` or `{"refused":…}`), and the connection closes.
+    fn answer(&mut self, greeting: Greeting) -> Vec<Output> {
+        let Greeting {
+            conn,
+            hello,
+            reader,
+            mut writer,
+            ..
+        } = greeting;
+        let (line, out) = match &hello.answer {
+            Some(answer) => {
+                let (result, out) = self
+                    .hub
+                    .answer_permission(&answer.request, &answer.option_kind);
+                let line = match result {
+                    Ok(outcome) => json!({"request": answer.request, "outcome": outcome}),
+                    Err(refusal) => {
+                        json!({"request": answer.request, "refused": refusal.to_string()})
+                    }
+                };
+                (line, out)
+            }
+            None => (
+                json!({"refused": "the answer hello names no request"}),
+                Vec::new(),
+            ),
+        };
+        tracing::info!(conn, result = %line, "permission answer");
+        self.tasks.spawn(async move {
+            let _ = write_line(&mut writer, &line.to_string()).await;
+            let _ = writer.shutdown().await;
+            drop(reader);
+        });
+        out
     }
 
     fn register_client(
@@ -889,6 +937,13 @@ impl Driver {
                     }
                 }
                 return Ok(self.send_agent(&message));
+            }
+            Output::PermissionTimer { request_id, after } => {
+                let inputs = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = inputs.send(Input::PermissionTimeout(request_id)).await;
+                });
             }
             Output::InitializeFailed { code, message } => {
                 return Err(AgentctlError::InitializeFailed { code, message });

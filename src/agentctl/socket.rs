@@ -35,6 +35,21 @@ pub struct Hello {
     /// events only: follow live only while a prompt is active; end once the agent is idle.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub until_idle: bool,
+    /// acp only: this client answers the agent's permission requests itself; without it they
+    /// go to the session's policy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub permissions: bool,
+    /// answer only: the held permission request to answer, and the kind of option to choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<PermissionAnswer>,
+}
+
+/// A person's answer to a held permission request (`agentctl answer`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PermissionAnswer {
+    pub request: String,
+    pub option_kind: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +59,8 @@ pub enum Mode {
     Acp,
     /// A stream of event lines.
     Events,
+    /// One answer to a held permission request; serve writes one result line and closes.
+    Answer,
 }
 
 impl Hello {
@@ -55,6 +72,8 @@ impl Hello {
             since: None,
             once: false,
             until_idle: false,
+            permissions: false,
+            answer: None,
         }
     }
 
@@ -62,6 +81,7 @@ impl Hello {
         let mut line = serde_json::to_string(self).unwrap_or_else(|_| match self.mode {
             Mode::Acp => r#"{"mode":"acp"}"#.to_owned(),
             Mode::Events => r#"{"mode":"events"}"#.to_owned(),
+            Mode::Answer => r#"{"mode":"answer"}"#.to_owned(),
         });
         line.push('\n');
         line

@@ -16,6 +16,9 @@ pub const RESUMED: &str = "Resumed";
 /// sent, False with the reason when it could not be (it is not sent again). Absent while none
 /// was due.
 pub const TASK_SENT: &str = "TaskSent";
+/// True while a permission request of the agent waits for a person's answer
+/// (`status.pendingPermissions`); False once none waits. Absent on a session that never had one.
+pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
 /// True while the session is suspended after being idle ([`super::SUSPENDED`]).
 pub const SUSPENDED: &str = super::SUSPENDED;
 

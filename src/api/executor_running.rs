@@ -150,6 +150,16 @@ pub struct ExecutorRunningStatus {
     /// A resume sets them back where the restored session reports something else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_config: Option<SessionConfigState>,
+    /// The agent's permission requests that wait for a person's answer, as agentctl's journal
+    /// reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = super::PENDING_PERMISSIONS_MAX))]
+    pub pending_permissions: Vec<super::PendingPermission>,
+    /// The last `kandev.dev/permission-answer` value handled (relayed, or refused with an
+    /// Event): the same value again is a no-op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub handled_permission_answer: Option<String>,
 }
 
 /// The mode, model and config options of an agent session (ACP `modes.currentModeId`,

@@ -11,12 +11,14 @@ pub mod bounds;
 pub mod conditions;
 mod executor_running;
 pub mod names;
+mod permissions;
 pub mod pod_contract;
 mod states;
 mod task_session;
 
 pub use executor_running::*;
 pub use names::{MANAGED_LABEL, SESSION_LABEL};
+pub use permissions::*;
 pub use states::*;
 pub use task_session::*;
 

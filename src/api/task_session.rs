@@ -52,6 +52,13 @@ use super::{ResumeReason, SessionState, TaskState};
         description = "Why the session needs (or cannot get) a resume"
     ),
     printcolumn(
+        name = "Approval",
+        type_ = "string",
+        json_path = ".status.pendingPermissions[0].id",
+        priority = "1",
+        description = "The oldest permission request that waits for an answer"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -143,6 +150,13 @@ pub struct TaskSessionSpec {
     /// What happens to the agent while it waits for input: `suspendAfter` stops an idle one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdleSpec>,
+
+    /// What agentctl answers when the agent asks for a permission (ACP
+    /// `session/request_permission`) and no client that decides is connected: allow, deny, or
+    /// ask a person (`status.pendingPermissions`, `kubectl kandev approve|deny`). Fields left
+    /// out take the operator's defaults. Read when a pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<super::PermissionPolicy>,
 
     /// Ends the session, once: `Completed` lets a running prompt finish (up to the operator's
     /// end grace period), `Cancelled` cancels it. Then the agent is stopped, the session and its
@@ -559,7 +573,14 @@ pub struct TaskSessionStatus {
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// kstatus-compatible conditions: Ready, Reconciling, Stalled, AgentRunning, NeedsResume, Resumed.
+    /// The agent's permission requests that wait for a person's answer, oldest first (answer
+    /// one with the annotation kandev.dev/permission-answer=<id>=<optionKind>, or
+    /// `kubectl kandev approve|deny`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = super::PENDING_PERMISSIONS_MAX))]
+    pub pending_permissions: Vec<super::PendingPermission>,
+    /// kstatus-compatible conditions: Ready, Reconciling, Stalled, AgentRunning, NeedsResume,
+    /// Resumed, AwaitingApproval.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -221,6 +221,14 @@ struct RunArgs {
         value_parser = kandev_operator::api::parse_idle_duration)]
     // Spelled out: clap would take a plain `Option` for "the flag may be missing".
     suspend_idle_after: std::option::Option<Duration>,
+    /// The permission policy of sessions whose spec.permissions leaves a field out, as JSON in
+    /// the shape of spec.permissions: {"default":"allow|ask|deny","rules":[{"kinds":[…],
+    /// "action":…}],"askTimeout":"15m"}. Fields left out keep the built-in defaults: read,
+    /// search, think, edit, move, delete and switch_mode allowed, everything else (execute,
+    /// fetch, other) asked, askTimeout 15m.
+    #[arg(long, value_name = "JSON", default_value = "{}",
+        value_parser = parse_permissions)]
+    permissions: kandev_operator::api::EffectivePolicy,
     /// Seconds between reads of an idle agent's event journal (an exec each), for prompts sent
     /// by clients that do not set the kandev.dev/prompted-at annotation afterwards (kubectl
     /// kandev prompt does). 0 (the default): only when that annotation changes, so that an
@@ -535,6 +543,21 @@ fn parse_node_selector(text: &str) -> Result<(String, String), FlagError> {
 }
 
 /// The default requests and limits of the agentctl container (`None` when both are empty).
+/// `--permissions`: a spec.permissions-shaped JSON laid over the built-in defaults.
+fn parse_permissions(json: &str) -> Result<kandev_operator::api::EffectivePolicy, String> {
+    use kandev_operator::api::{EffectivePolicy, PermissionPolicy, parse_idle_duration};
+    let policy: PermissionPolicy = serde_json::from_str(json).map_err(|error| {
+        format!("{error}; expected e.g. {{\"default\":\"ask\",\"rules\":[{{\"kinds\":[\"read\",\"edit\"],\"action\":\"allow\"}}],\"askTimeout\":\"15m\"}}")
+    })?;
+    if let Some(timeout) = policy.ask_timeout.as_deref() {
+        parse_idle_duration(timeout).map_err(|error| format!("askTimeout {error}"))?;
+    }
+    Ok(EffectivePolicy::over(
+        &EffectivePolicy::default(),
+        Some(&policy),
+    ))
+}
+
 fn default_resources(
     args: &RunArgs,
 ) -> Result<Option<k8s_openapi::api::core::v1::ResourceRequirements>, FlagError> {
@@ -808,6 +831,7 @@ fn pod_settings(args: &RunArgs) -> Result<PodSettings, StartError> {
         replay_line_limit_mib: args.acp_replay_line_limit_mib,
         default_resources: default_resources(args)?,
         suspend_idle_after: args.suspend_idle_after,
+        permissions: args.permissions.clone(),
         runtime_class_name: args.runtime_class_name.clone().filter(|n| !n.is_empty()),
         user_namespace: !args.host_users,
         allowed_image_prefixes: args

@@ -25,6 +25,10 @@ pub enum Error {
     ExecutorConflict,
     #[error("the ExecutorRunning, pod and PVC caches have not finished their first list")]
     CacheNotReady,
+    /// `agentctl answer` could not be run in the session's pod; the answer stays unhandled and
+    /// the next reconcile relays it again.
+    #[error("relaying the permission answer to pod {pod} failed: {message}")]
+    PermissionRelay { pod: String, message: String },
     /// The reconcile's task panicked or was cancelled; the next reconcile decides again.
     #[error("the reconcile task ended without an answer: {0}")]
     TaskFailed(String),
@@ -45,6 +49,7 @@ impl Error {
             Self::Conflict | Self::ExecutorConflict => "conflict",
             Self::CacheNotReady => "cache_not_ready",
             Self::TaskFailed(_) => "task_failed",
+            Self::PermissionRelay { .. } => "permission_relay",
         }
     }
 }

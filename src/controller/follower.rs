@@ -46,7 +46,7 @@ use crate::api::pod_contract::events::{Event, EventLine};
 use crate::api::{AgentActivity, ExecutorRunningStatus, TaskSession};
 use crate::controller::gate::{DEFAULT_EXECS_PER_SECOND, ExecGate};
 use crate::jsonrpc::codec::{Frame, LINE_LIMIT, LineReader};
-use crate::resume::{AgentView, JournalNews, view_after};
+use crate::resume::{AgentView, JournalNews, RESOLUTIONS_KEPT, view_after};
 use crate::telemetry::WarnLimiter;
 
 /// While a prompt runs, serve sends a heartbeat every 10 s on the open stream: a stream silent
@@ -107,6 +107,12 @@ impl Board {
         if let Ok(mut board) = self.news.lock() {
             if let Some((before, _)) = board.remove(&news.pod_uid) {
                 news.handled_nudge = news.handled_nudge.or(before.handled_nudge);
+                // Permission requests that ended and are not published yet stay.
+                let mut resolutions = before.view.resolutions;
+                resolutions.append(&mut news.view.resolutions);
+                let excess = resolutions.len().saturating_sub(RESOLUTIONS_KEPT);
+                resolutions.drain(..excess);
+                news.view.resolutions = resolutions;
             }
             let serial = self.posts.fetch_add(1, Ordering::Relaxed);
             board.insert(news.pod_uid.clone(), (news, serial));
@@ -427,6 +433,8 @@ async fn stream_events(
         };
         if read_line(&line, view, &reader.session.name) {
             reader.post(view, None);
+            // Posted: the board keeps them until a reconcile publishes them.
+            view.resolutions.clear();
         }
         // The snapshot ends the replay; agentctl closes the stream once the agent is idle.
         caught_up |= matches!(line.event, Event::Snapshot { .. });
@@ -462,7 +470,7 @@ fn read_line(line: &EventLine, view: &mut AgentView, session: &str) -> bool {
         warn!(%session, session_id = %cap(session_id, SESSION_ID_MAX), method = %cap(method, AGENT_NAME_MAX), code = error.code, message = %cap(&error.message, AGENT_TEXT_MAX), "agentctl could not set the session's saved configuration back after the restore; the restore stands");
     }
     match view_after(line, view) {
-        Some(next) if !next.same_fields(view) => {
+        Some(next) if !next.same_fields(view) || next.resolutions != view.resolutions => {
             *view = next;
             true
         }

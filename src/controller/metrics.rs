@@ -20,7 +20,9 @@ use crate::acp::budget::MemoryBudget;
 use prometheus_client::registry::Registry;
 
 use crate::api::conditions;
-use crate::api::{RESUME_ANNOTATION, SessionState, TaskSession, TaskSessionStatus};
+use crate::api::{
+    PermissionOutcome, RESUME_ANNOTATION, SessionState, TaskSession, TaskSessionStatus, ToolKind,
+};
 use crate::resume::{Unrest, unrest};
 
 /// How often the watchdog of `kandev_sessions_overdue` looks at the sessions.
@@ -80,6 +82,12 @@ struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PermissionLabel {
+    kind: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabel {
     state: &'static str,
 }
@@ -109,6 +117,7 @@ pub struct Metrics {
     reconcile_errors: Family<KindLabel, Counter>,
     reconcile_duration: Histogram,
     resumes: Family<OutcomeLabel, Counter>,
+    permissions: Family<PermissionLabel, Counter>,
     agents_lost: Counter,
     restore_duration: Histogram,
     leader: Gauge,
@@ -182,6 +191,12 @@ impl Metrics {
             "Handled resume requests (kandev.dev/resume-requested-at tokens) by outcome",
             resumes.clone(),
         );
+        let permissions = Family::<PermissionLabel, Counter>::default();
+        registry.register(
+            "kandev_permission_requests",
+            "The agents' permission requests by tool kind and outcome (allowedByPolicy, deniedByPolicy, approved, rejected, timedOut, gone, overflow), as read from agentctl's journal",
+            permissions.clone(),
+        );
         let agents_lost = Counter::default();
         registry.register(
             "kandev_agents_lost",
@@ -204,6 +219,7 @@ impl Metrics {
             reconcile_errors,
             reconcile_duration,
             resumes,
+            permissions,
             agents_lost,
             restore_duration,
             leader,
@@ -230,6 +246,16 @@ impl Metrics {
     pub fn resume_handled(&self, outcome: ResumeOutcome) {
         self.resumes
             .get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// A permission request of `kind` ended with `outcome`.
+    pub fn permission_resolved(&self, kind: ToolKind, outcome: PermissionOutcome) {
+        self.permissions
+            .get_or_create(&PermissionLabel {
+                kind: kind.as_str(),
                 outcome: outcome.as_str(),
             })
             .inc();
@@ -406,6 +432,8 @@ struct SessionSummary {
     oldest_needing_resume_seconds: f64,
     /// Sessions not in a terminal state whose launch stalled (`Stalled=True`), by reason.
     stalled: BTreeMap<String, i64>,
+    /// Permission requests that wait for a person, over all sessions.
+    pending_permissions: i64,
 }
 
 fn summarize(sessions: &[Arc<TaskSession>], now: jiff::Timestamp) -> SessionSummary {
@@ -422,6 +450,7 @@ fn summarize(sessions: &[Arc<TaskSession>], now: jiff::Timestamp) -> SessionSumm
             continue;
         };
         *summary.by_state.entry(status.state.as_str()).or_default() += 1;
+        summary.pending_permissions += status.pending_permissions.len() as i64;
         if status.needs_resume {
             summary.needing_resume += 1;
             if let Some(since) = conditions::find(&status.conditions, conditions::NEEDS_RESUME)
@@ -500,6 +529,14 @@ impl prometheus_client::collector::Collector for SessionGauges {
         for (reason, count) in summary.stalled {
             stalled.get_or_create(&ReasonLabel { reason }).set(count);
         }
+        let pending = Gauge::<i64>::default();
+        pending.set(summary.pending_permissions);
+        encode_gauge(
+            &mut encoder,
+            "kandev_permissions_pending",
+            "The agents' permission requests that wait for a person's answer (status.pendingPermissions), over all sessions",
+            &pending,
+        )?;
         let overdue_gauge = Gauge::<i64>::default();
         overdue_gauge.set(overdue);
         encode_gauge(

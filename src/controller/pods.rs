@@ -32,11 +32,13 @@ use crate::api::names::{
 use crate::api::pod_contract::{
     CHECKOUT_CONTAINER, CONTAINER, ENV_AGENT_PROFILE_DEFINITION, ENV_AGENTCTL_SOCKET,
     ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME,
-    ENV_POD_NAME, ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH, ENV_REPOSITORY_BRANCH,
-    ENV_REPOSITORY_URL, ENV_SESSION_NAME, ENV_SUSPEND_IDLE_AFTER, SOCKET_DIR, TERMINATION_LOG,
+    ENV_PERMISSIONS, ENV_POD_NAME, ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH,
+    ENV_REPOSITORY_BRANCH, ENV_REPOSITORY_URL, ENV_SESSION_NAME, ENV_SUSPEND_IDLE_AFTER,
+    SOCKET_DIR, TERMINATION_LOG,
 };
 use crate::api::{
-    ExecutorRunning, ExecutorRunningSpec, RepositorySpec, TaskSession, parse_idle_duration,
+    EffectivePolicy, ExecutorRunning, ExecutorRunningSpec, RepositorySpec, TaskSession,
+    parse_idle_duration,
 };
 
 /// Operator-wide settings that shape every agentctl pod.
@@ -74,6 +76,9 @@ pub struct PodSettings {
     /// How long an agent may stay idle before agentctl suspends the session, where
     /// `spec.idle.suspendAfter` does not say (`--suspend-idle-after`); `None`: never.
     pub suspend_idle_after: Option<Duration>,
+    /// The permission policy of sessions whose `spec.permissions` leaves a field out
+    /// (`--permissions`).
+    pub permissions: EffectivePolicy,
 }
 
 /// The session's idle suspension: `spec.idle.suspendAfter`, else the operator's default. A value
@@ -425,6 +430,13 @@ fn container_env(
             .iter()
             .map(|(name, value)| env_value(name, value)),
     );
+    // agentctl's built-in policy is the default one: only another policy is spelled out.
+    let permissions = EffectivePolicy::over(&settings.permissions, ts.spec.permissions.as_ref());
+    if permissions != EffectivePolicy::default()
+        && let Ok(json) = serde_json::to_string(&permissions)
+    {
+        env.push(env_value(ENV_PERMISSIONS, &json));
+    }
     env.extend(
         ts.spec
             .credentials

@@ -44,6 +44,7 @@ pub const FINALIZER: &str = "kandev.dev/cleanup";
 /// Annotation asking the next resume to ignore the saved token and start fresh.
 pub use crate::api::RESUME_FRESH_ANNOTATION;
 
+mod approval;
 mod end;
 mod launch;
 mod restore;
@@ -230,6 +231,7 @@ impl<'a> Session<'a> {
     pub(super) async fn apply(mut self) -> Result<Requeue, Error> {
         self.report_decoys();
         self.write_journal_news().await?;
+        self.relay_permission_answer().await?;
         if let Some(end) = ending(self.ts.spec.end, &self.status) {
             return self.end_session(end).await;
         }
@@ -457,10 +459,12 @@ impl<'a> Session<'a> {
         let Some((news, serial)) = self.ctx.followers.news(&pod_uid) else {
             return Ok(());
         };
+        let before = self.objects.executor_status().pending_permissions;
         if let Some(desired) = journal_update(&self.objects.executor_status(), &news) {
             self.write_executor(&desired, "writing what the agent's journal says")
                 .await?;
         }
+        self.publish_permission_news(&before, &news.view);
         self.ctx.followers.written(&pod_uid, serial);
         Ok(())
     }
@@ -477,8 +481,11 @@ impl<'a> Session<'a> {
         if self.objects.executor.is_none() {
             return Ok(());
         }
-        let desired = ended(&self.objects.executor_status(), phase, resumable);
-        self.write_executor(&desired, doing).await
+        let current = self.objects.executor_status();
+        let desired = ended(&current, phase, resumable);
+        self.write_executor(&desired, doing).await?;
+        self.publish_permissions_gone(&current.pending_permissions, doing);
+        Ok(())
     }
 
     /// Applies `desired` as the ExecutorRunning's status (server-side apply under [`MANAGER`]:

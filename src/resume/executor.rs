@@ -19,6 +19,7 @@ use crate::api::{
     AgentActivity, ExecutorPhase, ExecutorRunningStatus, NegotiatedCapabilities,
     SessionConfigState, WorktreeStatus,
 };
+use crate::api::{PendingPermission, PermissionOutcome, ToolKind};
 
 /// What agentctl last said about the agent: the ExecutorRunning fields that the agent's journal
 /// (and a launch's restore) set, and the journal entry last applied.
@@ -32,6 +33,23 @@ pub struct AgentView {
     pub cursor: u64,
     /// `sessionConfig`: the configuration of the session `resume_token` names.
     pub session_config: Option<SessionConfigState>,
+    /// `pendingPermissions`: the permission requests that wait for a person, oldest first.
+    pub pending_permissions: Vec<PendingPermission>,
+    /// Permission requests that ended since the last post (not written: the reconciler turns
+    /// them into Events and metrics), oldest first, at most [`RESOLUTIONS_KEPT`].
+    pub resolutions: Vec<PermissionResolution>,
+}
+
+/// Resolutions a view keeps until they are written; older ones go first.
+pub const RESOLUTIONS_KEPT: usize = 64;
+
+/// A permission request's end, as the journal says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermissionResolution {
+    pub request_id: String,
+    pub tool_kind: ToolKind,
+    pub outcome: PermissionOutcome,
+    pub reason: String,
 }
 
 impl AgentView {
@@ -42,6 +60,8 @@ impl AgentView {
             activity: status.activity,
             cursor: status.journal_cursor.unwrap_or(0),
             session_config: status.session_config.clone(),
+            pending_permissions: status.pending_permissions.clone(),
+            resolutions: Vec::new(),
         }
     }
 
@@ -56,18 +76,20 @@ impl AgentView {
         self
     }
 
-    /// The same fields, whatever the cursor.
+    /// The same status fields, whatever the cursor (resolutions are not status).
     pub fn same_fields(&self, other: &AgentView) -> bool {
         (
             &self.resume_token,
             &self.last_message_id,
             self.activity,
             &self.session_config,
+            &self.pending_permissions,
         ) == (
             &other.resume_token,
             &other.last_message_id,
             other.activity,
             &other.session_config,
+            &other.pending_permissions,
         )
     }
 
@@ -77,6 +99,7 @@ impl AgentView {
         status.activity = self.activity;
         status.journal_cursor = (self.cursor > 0).then_some(self.cursor);
         status.session_config = self.session_config;
+        status.pending_permissions = self.pending_permissions;
     }
 }
 
@@ -109,6 +132,8 @@ pub fn launched(current: &ExecutorRunningStatus, record: LaunchRecord) -> Execut
         } else {
             AgentActivity::Idle
         }),
+        // A new agent: nothing of the one before waits.
+        pending_permissions: Vec::new(),
         ..AgentView::from_status(current)
     }
     .with_session(record.token.map(str::to_string));
@@ -187,6 +212,8 @@ pub fn ended(
         status: Some(phase),
         resumable,
         activity: None,
+        // What waited went with the agent (the reconciler says so in an Event).
+        pending_permissions: Vec::new(),
         ..current.clone()
     }
 }

@@ -10,7 +10,9 @@ use crate::api::AgentActivity;
 use crate::api::bounds::session_id_problem;
 use crate::api::pod_contract::events::{Event, EventLine};
 
-use super::AgentView;
+use super::{AgentView, PermissionResolution, RESOLUTIONS_KEPT};
+use crate::api::bounds::{AGENT_TEXT_MAX, cap};
+use crate::api::{PENDING_PERMISSIONS_MAX, PERMISSION_ID_MAX};
 
 fn keeps(id: &str) -> bool {
     session_id_problem(id).is_none()
@@ -64,13 +66,21 @@ fn apply_event(event: &Event, next: AgentView) -> Option<AgentView> {
         Event::Snapshot {
             session_id,
             prompt_active,
+            pending_permissions,
             ..
         } => {
             let next = match session_id.as_ref().filter(|id| keeps(id)) {
                 Some(id) => session(next, id),
                 None => next,
             };
+            // What waits now, as agentctl holds it (a restarted operator rebuilds the list).
+            let pending_permissions = pending_permissions
+                .iter()
+                .take(PENDING_PERMISSIONS_MAX)
+                .filter_map(|p| p.clone().bounded())
+                .collect();
             Some(AgentView {
+                pending_permissions,
                 activity: Some(if *prompt_active {
                     AgentActivity::Working
                 } else {
@@ -94,6 +104,38 @@ fn apply_event(event: &Event, next: AgentView) -> Option<AgentView> {
                 session_config: Some(config.clone().bounded()),
                 ..next
             })
+        }
+        Event::PermissionRequested { request, .. } => {
+            let request = request.clone().bounded()?;
+            if next.pending_permissions.iter().any(|p| p.id == request.id) {
+                return None;
+            }
+            let mut next = next;
+            if next.pending_permissions.len() >= PENDING_PERMISSIONS_MAX {
+                next.pending_permissions.remove(0);
+            }
+            next.pending_permissions.push(request);
+            Some(next)
+        }
+        Event::PermissionResolved {
+            request_id,
+            tool_kind,
+            outcome,
+            reason,
+            ..
+        } => {
+            let mut next = next;
+            next.pending_permissions.retain(|p| &p.id != request_id);
+            if next.resolutions.len() >= RESOLUTIONS_KEPT {
+                next.resolutions.remove(0);
+            }
+            next.resolutions.push(PermissionResolution {
+                request_id: cap(request_id, PERMISSION_ID_MAX).into_owned(),
+                tool_kind: *tool_kind,
+                outcome: *outcome,
+                reason: cap(reason, AGENT_TEXT_MAX).into_owned(),
+            });
+            Some(next)
         }
         Event::ConfigSetBackFailed { .. }
         | Event::Suspended { .. }
@@ -372,5 +414,59 @@ mod tests {
                 (got, want) => panic!("{line}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    /// Permission requests: a request adds to what waits (once), its end removes it and is
+    /// kept for the Events, the snapshot says what waits now (a restarted operator), and forged
+    /// entries (the journal is the agent's to write) stay within bounds.
+    #[test]
+    fn permission_requests_come_and_go_with_the_journal() {
+        use crate::api::{PENDING_PERMISSIONS_MAX, PermissionOutcome, ToolKind};
+        let requested = |seq: u64, id: &str| {
+            parse(&format!(
+                r#"{{"event":"permission_requested","sessionId":"s1","request":{{"id":"{id}","toolKind":"execute","title":"make","options":[{{"id":"yes","kind":"allow_once"}}],"requestedAt":"T"}},"seq":{seq}}}"#
+            ))
+        };
+        let known = running_idle();
+        let one = view_after(&requested(1, "p1"), &known).expect("a change");
+        assert_eq!(one.pending_permissions.len(), 1);
+        assert_eq!(
+            view_after(&requested(2, "p1"), &one).map(|v| v.pending_permissions.len()),
+            None
+        );
+        let resolved = parse(
+            r#"{"event":"permission_resolved","sessionId":"s1","requestId":"p1","toolKind":"execute","outcome":"timedOut","reason":"nobody answered","seq":3}"#,
+        );
+        let done = view_after(&resolved, &one).expect("a change");
+        assert!(done.pending_permissions.is_empty());
+        assert_eq!(
+            done.resolutions,
+            [PermissionResolution {
+                request_id: "p1".into(),
+                tool_kind: ToolKind::Execute,
+                outcome: PermissionOutcome::TimedOut,
+                reason: "nobody answered".into(),
+            }]
+        );
+        let snapshot = parse(
+            r#"{"event":"snapshot","sessionId":"s1","promptActive":true,"pendingPermissions":[{"id":"p7","toolKind":"fetch","title":"curl","options":[],"requestedAt":"T"}],"seq":9}"#,
+        );
+        let rebuilt = view_after(&snapshot, &one).expect("a change");
+        assert_eq!(
+            rebuilt
+                .pending_permissions
+                .iter()
+                .map(|p| p.id.as_str())
+                .collect::<Vec<_>>(),
+            ["p7"]
+        );
+        // Forged: an id agentctl never gives is not applied; a flood keeps the bound.
+        assert_eq!(view_after(&requested(4, "p\\n1"), &known), None);
+        let mut flooded = known.clone();
+        for seq in 1..=40 {
+            flooded = view_after(&requested(seq, &format!("p{seq}")), &flooded).expect("a change");
+        }
+        assert_eq!(flooded.pending_permissions.len(), PENDING_PERMISSIONS_MAX);
+        assert_eq!(flooded.pending_permissions[0].id, "p25");
     }
 }

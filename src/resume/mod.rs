@@ -5,6 +5,7 @@
 //! Nothing here touches the cluster or an agent; callers gather facts, these functions decide,
 //! and the tables in each file's tests map line by line to DESIGN §3.
 
+mod approval;
 mod classify;
 mod end;
 mod executor;
@@ -27,14 +28,15 @@ mod stall;
 mod status;
 mod transition;
 
+pub use approval::{AnswerStep, answer_step, gone_note, handled_value, permission_notes};
 pub use classify::{RestoreErrorClass, classify_restore_error};
 pub use end::{
     EndFacts, EndStep, deletes_workspace, end_step, end_word, ending_begun, ending_since,
     session_finished,
 };
 pub use executor::{
-    AgentView, JournalNews, LaunchRecord, ended, journal_update, launched, leftovers, merge_patch,
-    unknown_to_schema,
+    AgentView, JournalNews, LaunchRecord, PermissionResolution, RESOLUTIONS_KEPT, ended,
+    journal_update, launched, leftovers, merge_patch, unknown_to_schema,
 };
 pub use handshake::{
     HANDLED_TOKENS_KEPT, MAX_TOKEN_BYTES, RequestAnswer, answer_request, handled_key,

@@ -67,6 +67,12 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
             status.task_state = TaskState::of_agent_in(state);
         }
     }
+    // What waits for a person is the running agent's; nothing waits without one.
+    status.pending_permissions = if running {
+        objects.executor_status().pending_permissions.clone()
+    } else {
+        Vec::new()
+    };
     let eval = evaluate_resume_eligibility(&objects.facts_with(&status, pod));
     let newly_lost = eval.needs_resume && !status.needs_resume;
     let suspended = suspended && eval.needs_resume;
@@ -99,7 +105,12 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         reason: eval.reason,
     };
     let generation = objects.session.metadata.generation;
-    let wanted = steady_conditions(&seen, eval.needs_resume, status.state, &loaded);
+    let mut wanted = steady_conditions(&seen, eval.needs_resume, status.state, &loaded);
+    wanted.extend(awaiting_approval(
+        &status,
+        &loaded,
+        &objects.session.metadata.name,
+    ));
     settle(&mut status, &wanted, generation, now);
     let write = status != loaded;
     let mut transition = Transition {
@@ -215,6 +226,35 @@ fn steady_conditions(
     .into_iter()
     .chain(suspended)
     .collect()
+}
+
+/// `AwaitingApproval`: True while a permission request waits (naming the oldest), False once
+/// none does; not set on a session that never had one.
+fn awaiting_approval(
+    status: &TaskSessionStatus,
+    loaded: &TaskSessionStatus,
+    name: &Option<String>,
+) -> Option<Want> {
+    let name = name.as_deref().unwrap_or("SESSION");
+    match status.pending_permissions.first() {
+        Some(oldest) => Some(Want::new(
+            conditions::AWAITING_APPROVAL,
+            true,
+            "PermissionRequested",
+            format!(
+                "{} request(s) wait; the oldest, {}, asks to {} \"{}\": kubectl kandev approve {name} {} or kubectl kandev deny {name} {}",
+                status.pending_permissions.len(),
+                oldest.id,
+                oldest.tool_kind,
+                oldest.title,
+                oldest.id,
+                oldest.id
+            ),
+        )),
+        None => conditions::find(&loaded.conditions, conditions::AWAITING_APPROVAL)
+            .filter(|c| c.status == "True")
+            .map(|_| Want::new(conditions::AWAITING_APPROVAL, false, "NoneWaiting", "")),
+    }
 }
 
 /// The one action of the steady state, its Event, metric and recheck: a running pod that

@@ -22,6 +22,7 @@ impl Hub {
                 .current_session
                 .as_deref()
                 .and_then(|session| self.last_message_id(session)),
+            pending_permissions: self.held_permissions(),
         }
     }
 

@@ -30,6 +30,7 @@
 mod config;
 mod emit;
 mod inject;
+mod permission;
 mod record;
 #[cfg(test)]
 mod tests;
@@ -50,6 +51,7 @@ use crate::telemetry;
 use crate::telemetry::WarnLimiter;
 
 pub use inject::{inject_history, prompt_text};
+pub use permission::AnswerRefusal;
 pub use record::RECORDED_TURN_TEXT;
 use record::SessionRecording;
 
@@ -78,6 +80,11 @@ pub enum Output {
         history_session: String,
         message: Value,
     },
+    /// Call [`Hub::permission_timed_out`] with `request_id` after `after`.
+    PermissionTimer {
+        request_id: String,
+        after: std::time::Duration,
+    },
     /// The agent rejected agentctl's `initialize`: it is unusable, serve must stop.
     InitializeFailed { code: i64, message: String },
 }
@@ -103,6 +110,8 @@ pub struct HubConfig {
     /// `initialize` answer as `_meta["kandev.dev/worktree"]`: the operator learns it from the
     /// same exchange that restores the session.
     pub worktree: Option<Value>,
+    /// What the agent's permission requests get when no client that decides is connected.
+    pub permissions: crate::api::EffectivePolicy,
 }
 
 enum InitState {
@@ -156,6 +165,9 @@ struct AgentRequest {
     conn: ConnId,
     id: Value,
     method: String,
+    /// A permission request as the agent sent it (for the policy, should the client leave
+    /// without answering); empty for other requests.
+    raw: Map<String, Value>,
 }
 
 /// The bridge state. See the module docs.
@@ -184,6 +196,14 @@ pub struct Hub {
     warnings: WarnLimiter,
     /// The same for the notes about agent requests answered with the default.
     notes: WarnLimiter,
+    /// The connected client answers the agent's permission requests itself (its hello said so).
+    client_decides: bool,
+    /// Permission requests held for a person's answer, oldest first.
+    held: Vec<permission::Held>,
+    /// The last permission request id given (`p<n>`).
+    next_permission: u64,
+    /// The time a held request was asked at (RFC 3339); a fixed one in tests.
+    clock: fn() -> String,
 }
 
 impl Hub {
@@ -204,6 +224,24 @@ impl Hub {
             last_launch: None,
             warnings: WarnLimiter::default(),
             notes: WarnLimiter::default(),
+            client_decides: false,
+            held: Vec::new(),
+            next_permission: 0,
+            clock: super::time::now_rfc3339,
+        }
+    }
+
+    /// The clock of held requests' `requestedAt` (tests fix it).
+    #[cfg(test)]
+    pub fn set_clock(&mut self, clock: fn() -> String) {
+        self.clock = clock;
+    }
+
+    /// The connected client `conn` answers the agent's permission requests itself (an
+    /// interactive `kubectl kandev prompt`); other clients leave them to the policy.
+    pub fn client_decides_permissions(&mut self, conn: ConnId) {
+        if self.client == Some(conn) {
+            self.client_decides = true;
         }
     }
 
@@ -230,7 +268,10 @@ impl Hub {
     /// Whether the agent is idle: initialized, no client connected, and nothing asked of it
     /// that it has not answered (a prompt whose client left included).
     pub fn idle(&self) -> bool {
-        !self.initializing() && self.client.is_none() && self.pending.is_empty()
+        !self.initializing()
+            && self.client.is_none()
+            && self.pending.is_empty()
+            && self.held.is_empty()
     }
 
     /// Whether agentctl is still waiting for the agent's `initialize` response.
@@ -405,6 +446,7 @@ impl Hub {
             }
         }
         self.agent_requests.clear();
+        out.extend(self.permissions_gone());
         if let Some(conn) = self.client.take() {
             out.push(Output::CloseClient(conn));
         }
@@ -420,6 +462,7 @@ impl Hub {
     fn detach(&mut self, conn: ConnId) -> Vec<Output> {
         if self.client == Some(conn) {
             self.client = None;
+            self.client_decides = false;
         }
         if let InitState::Waiting { clients, .. } = &mut self.init {
             clients.retain(|(waiting, _)| *waiting != conn);
@@ -430,16 +473,23 @@ impl Hub {
             .filter(|(_, request)| request.conn == conn)
             .map(|(key, _)| key.clone())
             .collect();
-        orphaned
+        let orphaned: Vec<AgentRequest> = orphaned
             .into_iter()
             .filter_map(|key| self.agent_requests.remove(&key))
-            .map(|request| {
-                if let Some(suppressed) = self.notes.allow() {
-                    tracing::info!(method = %request.method, suppressed, "client left with an agent request open; answering with the default");
-                }
-                Output::ToAgent(default_answer(request.id, &request.method))
-            })
-            .collect()
+            .collect();
+        let mut out = Vec::new();
+        for request in orphaned {
+            if request.method == method::SESSION_REQUEST_PERMISSION {
+                // The client that would have decided left: the policy decides.
+                out.extend(self.permission_by_policy(request.id, &request.raw));
+                continue;
+            }
+            if let Some(suppressed) = self.notes.allow() {
+                tracing::info!(method = %request.method, suppressed, "client left with an agent request open; answering with the default");
+            }
+            out.push(Output::ToAgent(default_answer(request.id, &request.method)));
+        }
+        out
     }
 
     fn client_request(
@@ -768,6 +818,11 @@ impl Hub {
     }
 
     fn agent_request(&mut self, id: Value, method: String, raw: Map<String, Value>) -> Vec<Output> {
+        if method == method::SESSION_REQUEST_PERMISSION
+            && !(self.client.is_some() && self.client_decides)
+        {
+            return self.permission_by_policy(id, &raw);
+        }
         match self.client {
             Some(_) if self.agent_requests.len() >= AGENT_REQUESTS_OPEN => {
                 // The client is not keeping up with the agent's requests: answered here, like
@@ -778,8 +833,20 @@ impl Hub {
                 vec![Output::ToAgent(default_answer(id, &method))]
             }
             Some(conn) => {
-                self.agent_requests
-                    .insert(jsonrpc::id_key(&id), AgentRequest { conn, id, method });
+                let kept = if method == method::SESSION_REQUEST_PERMISSION {
+                    raw.clone()
+                } else {
+                    Map::new()
+                };
+                self.agent_requests.insert(
+                    jsonrpc::id_key(&id),
+                    AgentRequest {
+                        conn,
+                        id,
+                        method,
+                        raw: kept,
+                    },
+                );
                 vec![Output::ToClient(conn, Value::Object(raw))]
             }
             None => {

@@ -4,6 +4,7 @@
 use super::record::push_bounded;
 use super::*;
 use crate::agentctl::events::{AgentError, PromptOutcome};
+use crate::api::{EffectivePolicy, PermissionAction, PermissionOutcome, ToolKind};
 use crate::history::TRUNCATION_MARKER;
 use pretty_assertions::assert_eq;
 
@@ -262,10 +263,17 @@ fn invalid_client_lines_get_errors_and_change_nothing() {
 
 #[test]
 fn agent_requests_go_to_the_client_or_get_safe_defaults() {
-    let mut hub = ready_hub(HubConfig::default());
+    let mut hub = ready_hub(HubConfig {
+        permissions: EffectivePolicy {
+            default: PermissionAction::Deny,
+            rules: vec![],
+            ask_timeout_seconds: 0,
+        },
+        ..HubConfig::default()
+    });
     let permission = json!({"jsonrpc":"2.0","id":"p1","method":"session/request_permission","params":{"sessionId":"s"}});
     let read = json!({"jsonrpc":"2.0","id":9,"method":"fs/read_text_file","params":{}});
-    // Nobody connected: agentctl answers.
+    // Nobody connected: agentctl answers (the policy denies; no option to pick, so cancelled).
     let out = hub.agent_line(&line(permission.clone()));
     assert_eq!(
         to_agent(&out),
@@ -273,8 +281,9 @@ fn agent_requests_go_to_the_client_or_get_safe_defaults() {
     );
     let out = hub.agent_line(&line(read.clone()));
     assert_eq!(to_agent(&out)[0]["error"]["code"], code::METHOD_NOT_FOUND);
-    // Connected: forwarded as is, and the client's answer goes back.
+    // Connected, and deciding: forwarded as is, and the client's answer goes back.
     hub.attach(1, false).ok();
+    hub.client_decides_permissions(1);
     let out = hub.agent_line(&line(permission.clone()));
     assert_eq!(to_client(&out), vec![(1, permission)]);
     let answer = json!({"jsonrpc":"2.0","id":"p1","result":{"outcome":{"outcome":"selected","optionId":"allow"}}});
@@ -676,6 +685,7 @@ fn load_replay_is_not_recorded_again() {
         session_name: Some("ts-1".into()),
         history_injection: false,
         worktree: None,
+        ..HubConfig::default()
     });
     hub.attach(1, false).ok();
     hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/load","params":{"sessionId":"s","cwd":"/","mcpServers":[]}})));
@@ -834,6 +844,7 @@ fn history_injection_only_for_the_first_prompt_after_a_fresh_new() {
         session_name: Some("ts-1".into()),
         history_injection: true,
         worktree: None,
+        ..HubConfig::default()
     };
     let mut hub = ready_hub(config.clone());
     hub.attach(1, false).ok();
@@ -993,4 +1004,210 @@ fn agent_requests_beyond_the_open_bound_are_answered_here() {
     assert_eq!(answered.len(), 1);
     assert_eq!(answered[0]["id"], "one-too-many");
     assert_eq!(answered[0]["error"]["code"], code::METHOD_NOT_FOUND);
+}
+
+/// A permission request of `kind` from the agent, offering the four usual options.
+fn ask(id: &str, kind: &str, title: &str) -> String {
+    line(
+        json!({"jsonrpc":"2.0","id":id,"method":"session/request_permission","params":{
+        "sessionId":"s",
+        "toolCall":{"toolCallId":format!("tc-{id}"),"title":title,"kind":kind,"rawInput":{"command":title}},
+        "options":[
+            {"optionId":"yes","name":"Allow","kind":"allow_once"},
+            {"optionId":"always","name":"Always","kind":"allow_always"},
+            {"optionId":"no","name":"Reject","kind":"reject_once"}
+        ]}}),
+    )
+}
+
+fn selected(id: &str, option: &str) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"result":{"outcome":{"outcome":"selected","optionId":option}}})
+}
+
+fn resolutions(out: &[Output]) -> Vec<(String, PermissionOutcome)> {
+    events(out)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::PermissionResolved {
+                request_id,
+                outcome,
+                ..
+            } => Some((request_id, outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn policy_hub() -> Hub {
+    let mut hub = ready_hub(HubConfig {
+        session_name: Some("ts-1".into()),
+        ..HubConfig::default()
+    });
+    hub.set_clock(|| "T".into());
+    hub
+}
+
+/// With no client, the default policy allows an edit at once (its allow-once option), and holds
+/// a command for a person: journaled, in the snapshot, with its timer; the agent counts as busy.
+#[test]
+fn the_policy_allows_by_rule_and_holds_what_it_asks() {
+    let mut hub = policy_hub();
+    let out = hub.agent_line(&ask("a1", "edit", "Write src/lib.rs"));
+    assert_eq!(to_agent(&out), vec![selected("a1", "yes")]);
+    assert_eq!(
+        resolutions(&out),
+        vec![("p1".to_string(), PermissionOutcome::AllowedByPolicy)]
+    );
+    let history: Vec<&HistoryEntry> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Record {
+                history_session,
+                entry,
+            } if history_session == "ts-1" => Some(entry),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(history[..], [HistoryEntry::ToolResult { name, output, .. }] if name == "permission" && output.contains("allowedByPolicy")),
+        "{history:?}"
+    );
+    assert!(hub.idle());
+    let out = hub.agent_line(&ask("a2", "execute", "cargo test"));
+    assert_eq!(to_agent(&out), Vec::<Value>::new(), "held, not answered");
+    let requested = events(&out);
+    let [Event::PermissionRequested { request, .. }] = &requested[..] else {
+        panic!("{requested:?}");
+    };
+    assert_eq!(
+        (
+            request.id.as_str(),
+            request.tool_kind,
+            request.title.as_str()
+        ),
+        ("p2", ToolKind::Execute, "cargo test")
+    );
+    assert_eq!(request.requested_at, "T");
+    assert_eq!(request.summary, r#"{"command":"cargo test"}"#);
+    assert_eq!(
+        request
+            .options
+            .iter()
+            .map(|o| o.kind.as_str())
+            .collect::<Vec<_>>(),
+        ["allow_once", "allow_always", "reject_once"]
+    );
+    assert!(out.contains(&Output::PermissionTimer {
+        request_id: "p2".into(),
+        after: std::time::Duration::from_secs(900)
+    }));
+    assert!(
+        !hub.idle(),
+        "a request that waits keeps the agent from being suspended"
+    );
+    assert_eq!(
+        hub.snapshot().to_json("T")["pendingPermissions"][0]["id"],
+        "p2"
+    );
+    // Answered: the option of that kind goes to the agent, once.
+    let (result, out) = hub.answer_permission("p2", "allow_once");
+    assert_eq!(result, Ok(PermissionOutcome::Approved));
+    assert_eq!(to_agent(&out), vec![selected("a2", "yes")]);
+    assert_eq!(
+        resolutions(&out),
+        vec![("p2".to_string(), PermissionOutcome::Approved)]
+    );
+    let (again, out) = hub.answer_permission("p2", "allow_once");
+    assert!(
+        matches!(again, Err(AnswerRefusal::NotPending { .. })),
+        "{again:?}"
+    );
+    assert_eq!(out, vec![]);
+    assert!(hub.idle());
+}
+
+/// Two requests wait; each answer reaches its own; an option the request does not offer is
+/// refused and the request keeps waiting; the timeout rejects what is left, once.
+#[test]
+fn answers_timeouts_and_refusals() {
+    let mut hub = policy_hub();
+    hub.agent_line(&ask("a1", "execute", "make"));
+    hub.agent_line(&ask("a2", "fetch", "curl example.com"));
+    let (refused, out) = hub.answer_permission("p1", "reject_always");
+    assert_eq!(
+        refused.map_err(|e| e.to_string()),
+        Err("permission request p1 offers no reject_always option (it offers: allow_once, allow_always, reject_once)".into())
+    );
+    assert_eq!(out, vec![]);
+    let (_, out) = hub.answer_permission("p2", "reject_once");
+    assert_eq!(to_agent(&out), vec![selected("a2", "no")]);
+    assert_eq!(
+        resolutions(&out),
+        vec![("p2".to_string(), PermissionOutcome::Rejected)]
+    );
+    let (_, out) = hub.answer_permission("p1", "allow_always");
+    assert_eq!(to_agent(&out), vec![selected("a1", "always")]);
+    hub.agent_line(&ask("a3", "execute", "rm -rf target"));
+    let out = hub.permission_timed_out("p3");
+    assert_eq!(to_agent(&out), vec![selected("a3", "no")]);
+    assert_eq!(
+        resolutions(&out),
+        vec![("p3".to_string(), PermissionOutcome::TimedOut)]
+    );
+    assert_eq!(hub.permission_timed_out("p3"), vec![], "rejected once");
+    assert_eq!(
+        hub.permission_timed_out("p1"),
+        vec![],
+        "an answered request has no timeout"
+    );
+}
+
+/// More than the bound wait: the oldest is rejected; the agent exiting takes the rest with it.
+#[test]
+fn held_requests_are_bounded_and_go_with_the_agent() {
+    let mut hub = policy_hub();
+    for i in 0..crate::api::PENDING_PERMISSIONS_MAX {
+        hub.agent_line(&ask(&format!("a{i}"), "execute", "x"));
+    }
+    let out = hub.agent_line(&ask("late", "execute", "x"));
+    assert_eq!(to_agent(&out), vec![selected("a0", "no")]);
+    assert_eq!(
+        resolutions(&out),
+        vec![("p1".to_string(), PermissionOutcome::Overflow)]
+    );
+    assert_eq!(
+        hub.held_permissions().len(),
+        crate::api::PENDING_PERMISSIONS_MAX
+    );
+    let out = hub.agent_exited(Some(1), None);
+    let gone = resolutions(&out);
+    assert_eq!(gone.len(), crate::api::PENDING_PERMISSIONS_MAX);
+    assert!(gone.iter().all(|(_, o)| *o == PermissionOutcome::Gone));
+    assert_eq!(to_agent(&out), Vec::<Value>::new(), "nobody to answer");
+    assert!(hub.held_permissions().is_empty());
+}
+
+/// A client that does not decide (the operator's launch, a prompt without a terminal) leaves
+/// requests to the policy; one that decides gets them, and a request it leaves open when it goes
+/// goes to the policy.
+#[test]
+fn only_a_client_that_decides_gets_permission_requests() {
+    let mut hub = policy_hub();
+    hub.attach(1, false).ok();
+    let out = hub.agent_line(&ask("a1", "edit", "Write x"));
+    assert_eq!(to_client(&out), vec![], "not for this client");
+    assert_eq!(to_agent(&out), vec![selected("a1", "yes")]);
+    hub.client_closed(1);
+    hub.attach(2, false).ok();
+    hub.client_decides_permissions(2);
+    let out = hub.agent_line(&ask("a2", "execute", "make"));
+    assert_eq!(to_client(&out).len(), 1);
+    let out = hub.client_closed(2);
+    assert_eq!(to_agent(&out), Vec::<Value>::new(), "held for a person now");
+    assert_eq!(hub.held_permissions()[0].title, "make");
+    // The next client does not decide unless it says so.
+    hub.attach(3, false).ok();
+    let out = hub.agent_line(&ask("a3", "execute", "make again"));
+    assert_eq!(to_client(&out), vec![]);
+    assert_eq!(hub.held_permissions().len(), 2);
 }

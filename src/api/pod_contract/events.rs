@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::api::SessionConfigState;
+use crate::api::{PendingPermission, PermissionOutcome, SessionConfigState, ToolKind};
 
 /// One event. The hub emits it, serve stamps and journals it ([`Event::to_json`]), the follower
 /// reads it back ([`EventLine`]).
@@ -39,6 +39,9 @@ pub enum Event {
         /// sends message ids.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         last_message_id: Option<String>,
+        /// The permission requests that wait for a person's answer, oldest first.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pending_permissions: Vec<PendingPermission>,
     },
     /// A successful `session/new`, `session/load` or `session/resume`.
     SessionCreated { session_id: String, method: String },
@@ -53,6 +56,25 @@ pub enum Event {
         session_id: String,
         method: String,
         error: AgentError,
+    },
+    /// The agent asked for a permission that the policy holds for a person's answer (`ask`).
+    PermissionRequested {
+        session_id: String,
+        request: PendingPermission,
+    },
+    /// A permission request got its answer: from the policy, a person, a client that decides,
+    /// the `askTimeout`, or none because the agent went.
+    PermissionResolved {
+        session_id: String,
+        request_id: String,
+        tool_kind: ToolKind,
+        outcome: PermissionOutcome,
+        /// The option chosen (none: the request was cancelled, or went with the agent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        option_id: Option<String>,
+        /// Why, in words (the rule, the person's answer, what was missing).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
     },
     /// agentctl stopped its agent after it was idle (no prompt, no client) this long, and ends.
     Suspended { idle_seconds: u64 },
@@ -171,11 +193,11 @@ mod tests {
         let rows = [
             (
                 r#"{"event":"snapshot","sessionId":null,"promptActive":false,"timestamp":"T"}"#,
-                Event::Snapshot { session_id: None, prompt_active: false, last_message_id: None },
+                Event::Snapshot { session_id: None, prompt_active: false, last_message_id: None, pending_permissions: vec![] },
             ),
             (
                 r#"{"event":"snapshot","sessionId":"s","promptActive":true,"timestamp":"T","lastMessageId":"m-2"}"#,
-                Event::Snapshot { session_id: Some("s".into()), prompt_active: true, last_message_id: Some("m-2".into()) },
+                Event::Snapshot { session_id: Some("s".into()), prompt_active: true, last_message_id: Some("m-2".into()), pending_permissions: vec![] },
             ),
             (
                 r#"{"event":"session_created","sessionId":"s1","method":"session/new","timestamp":"T"}"#,
@@ -265,7 +287,7 @@ mod tests {
             ),
             (
                 r#"{"event":"snapshot","sessionId":"s1","seq":3}"#,
-                Some(EventLine { seq: Some(3), event: Event::Snapshot { session_id: Some("s1".into()), prompt_active: false, last_message_id: None } }),
+                Some(EventLine { seq: Some(3), event: Event::Snapshot { session_id: Some("s1".into()), prompt_active: false, last_message_id: None, pending_permissions: vec![] } }),
             ),
             (
                 r#"{"event":"something_new","sessionId":"s1","seq":7}"#,

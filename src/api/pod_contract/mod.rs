@@ -43,6 +43,8 @@ pub const ENV_REPOSITORY_BRANCH: &str = "KANDEV_REPOSITORY_BRANCH";
 pub const ENV_REPOSITORY_BASE_BRANCH: &str = "KANDEV_REPOSITORY_BASE_BRANCH";
 /// Seconds of idleness after which `serve` suspends the session.
 pub const ENV_SUSPEND_IDLE_AFTER: &str = "KANDEV_SUSPEND_IDLE_AFTER";
+/// The session's permission policy for agentctl serve, as JSON ([`crate::api::EffectivePolicy`]).
+pub const ENV_PERMISSIONS: &str = "KANDEV_PERMISSIONS";
 /// The longest line of a `session/load` replay, in MiB.
 pub const ENV_REPLAY_LINE_LIMIT_MIB: &str = "KANDEV_REPLAY_LINE_LIMIT_MIB";
 /// agentctl's log format.
