@@ -297,7 +297,8 @@ fn agent_requests_go_to_the_client_or_get_safe_defaults() {
     );
     assert_logged(&log, "response agent-2 error -32601");
 
-    let mut client = serve.connect();
+    // A client that says it decides permissions gets them (others leave them to the policy).
+    let mut client = Client::spawn(&serve.socket, &["--permissions"]);
     client.send_request(
         json!(1),
         "session/new",
@@ -515,4 +516,107 @@ fn an_idle_agent_is_suspended_and_activity_holds_it_off() {
     let message = std::fs::read_to_string(&log).expect("the termination message");
     assert!(message.starts_with("Suspended: idle for "), "{message}");
     assert!(!serve.socket.exists(), "the socket is removed");
+}
+
+/// `agentctl answer` runs `serve` with its path to the socket.
+fn answer(serve: &Serve, request: &str, kind: &str) -> (i32, Value) {
+    let output = agentctl()
+        .args(["answer", "--socket"])
+        .arg(&serve.socket)
+        .args([request, kind])
+        .output()
+        .expect("run agentctl answer");
+    let line = String::from_utf8_lossy(&output.stdout);
+    let result = serde_json::from_str(line.trim()).unwrap_or(Value::Null);
+    (output.status.code().unwrap_or(-1), result)
+}
+
+/// With no client that decides, the policy answers: an edit allowed by a rule at once, a command
+/// held (journaled, in the snapshot) until `agentctl answer` gives it the person's option; a
+/// second answer to it is refused with exit code 3; the prompt finishes having received exactly
+/// those answers.
+#[test]
+fn permission_requests_follow_the_policy_and_wait_for_an_answer() {
+    let policy =
+        r#"{"default":"ask","rules":[{"kinds":["edit"],"action":"allow"}],"askTimeoutSeconds":0}"#;
+    let serve = Serve::start(
+        &["--permissions", policy],
+        &["--ask-permissions", "edit,execute"],
+    );
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.initialize(1);
+    client.new_session(2, &serve.workspace);
+    client.send_request(
+        json!(3),
+        "session/prompt",
+        prompt_params("test-session-1", "go"),
+    );
+    let requested = loop {
+        let event = events.next();
+        if event["event"] == "permission_requested" {
+            break event;
+        }
+    };
+    assert_eq!(requested["request"]["id"], "p2", "{requested}");
+    assert_eq!(requested["request"]["toolKind"], "execute");
+    assert_eq!(requested["request"]["title"], "Run make test");
+    let log = serve.wait_agent_log("the edit allowed", |l| {
+        l.iter().any(|l| l.starts_with("permission edit"))
+    });
+    assert_logged(&log, "permission edit selected opt-allow_once");
+    assert!(
+        !log.iter().any(|l| l.starts_with("permission execute")),
+        "{log:?}"
+    );
+    let late = serve.events();
+    let snapshot = late.next();
+    assert_eq!(snapshot["pendingPermissions"][0]["id"], "p2", "{snapshot}");
+    let (code, refused) = answer(&serve, "p2", "reject_always");
+    assert_eq!(code, 0, "reject_always is offered: {refused}");
+    assert_eq!(refused["outcome"], "rejected");
+    let log = serve.wait_agent_log("the execute answered", |l| {
+        l.iter().any(|l| l.starts_with("permission execute"))
+    });
+    assert_logged(&log, "permission execute selected opt-reject_always");
+    let finished = client.response(&json!(3));
+    assert_eq!(finished["result"]["stopReason"], "end_turn", "{finished}");
+    let (code, again) = answer(&serve, "p2", "allow_once");
+    assert_eq!(code, 3, "{again}");
+    assert!(
+        again["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("no permission request p2 waits")),
+        "{again}"
+    );
+}
+
+/// askTimeout passes: the request is rejected once, with its reason in the journal.
+#[test]
+fn an_unanswered_permission_request_is_rejected_at_its_timeout() {
+    let policy = r#"{"default":"ask","rules":[],"askTimeoutSeconds":1}"#;
+    let serve = Serve::start(&["--permissions", policy], &["--ask-permissions", "fetch"]);
+    let events = serve.events();
+    let mut client = serve.connect();
+    client.initialize(1);
+    client.new_session(2, &serve.workspace);
+    let finished = client.prompt(3, "test-session-1", "go");
+    assert_eq!(finished["result"]["stopReason"], "end_turn", "{finished}");
+    let log = serve.wait_agent_log("the fetch answered", |l| {
+        l.iter().any(|l| l.starts_with("permission fetch"))
+    });
+    assert_logged(&log, "permission fetch selected opt-reject_once");
+    let resolved = loop {
+        let event = events.next();
+        if event["event"] == "permission_resolved" {
+            break event;
+        }
+    };
+    assert_eq!(resolved["outcome"], "timedOut", "{resolved}");
+    assert!(
+        resolved["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("askTimeout (1s)")),
+        "{resolved}"
+    );
 }

@@ -1,4 +1,5 @@
-//! The Argo CD health check and actions (resume, complete, cancel) published in docs/gitops.md, run in Lua 5.1 (the
+//! The Argo CD health check and actions (resume, complete, cancel, approve and deny the oldest
+//! permission request) published in docs/gitops.md, run in Lua 5.1 (the
 //! language of Argo CD's gopher-lua) against sample TaskSessions. The scripts are read from the
 //! page itself, so what users copy is what is tested.
 #![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
@@ -174,7 +175,17 @@ fn each_action_is_offered_only_when_it_applies() {
 fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
     let (_, definitions) = actions();
     let names: Vec<&str> = definitions.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["resume", "resume-fresh", "complete", "cancel"]);
+    assert_eq!(
+        names,
+        [
+            "resume",
+            "resume-fresh",
+            "complete",
+            "cancel",
+            "approve-oldest",
+            "deny-oldest"
+        ]
+    );
     let definitions: Vec<_> = definitions
         .into_iter()
         .filter(|(name, _)| name.starts_with("resume"))
@@ -223,5 +234,39 @@ fn end_actions_set_spec_end_and_nothing_else() {
         let mut expected = waiting.clone();
         expected["spec"]["end"] = json!(end);
         assert_eq!(out, expected, "{name}");
+    }
+}
+
+/// The approval actions are offered while a request waits, answer the oldest one once (allow or
+/// reject once), and change nothing else.
+#[test]
+fn approval_actions_answer_the_oldest_request() {
+    let (discovery, definitions) = actions();
+    let waiting = session(json!({"state": "RUNNING", "pendingPermissions": [
+        {"id": "p2", "toolKind": "execute", "title": "make", "options": [], "requestedAt": "T"},
+        {"id": "p5", "toolKind": "fetch", "title": "curl", "options": [], "requestedAt": "T"}
+    ]}));
+    for (object, disabled) in [
+        (session(json!({"state": "RUNNING"})), true),
+        (session(json!({"state": "RUNNING", "pendingPermissions": []})), true),
+        (waiting.clone(), false),
+    ] {
+        let out = run(&discovery, &object);
+        for action in ["approve-oldest", "deny-oldest"] {
+            assert_eq!(out[action]["disabled"], disabled, "{action} for {object}");
+        }
+    }
+    for (name, answer) in [("approve-oldest", "p2=allow_once"), ("deny-oldest", "p2=reject_once")] {
+        let code = definitions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, code)| code)
+            .unwrap_or_else(|| panic!("action {name}"));
+        let out = run(code, &waiting);
+        let mut expected = waiting.clone();
+        expected["metadata"]["annotations"] = json!({"kandev.dev/permission-answer": answer});
+        assert_eq!(out, expected, "{name}");
+        let idle = session(json!({"state": "WAITING_FOR_INPUT"}));
+        assert_eq!(run(code, &idle), idle, "{name} with nothing waiting changes nothing");
     }
 }

@@ -47,10 +47,16 @@
 //! `--hostile-session-id`, `session/new` hands out an id of BYTES too. Keep BYTES under the
 //! client's line limit (1 MiB) to reach the client's bounds on the text itself.
 //!
+//! `--ask-permissions edit,execute` makes each prompt ask for those permissions first, in
+//! order (`session/request_permission` with a tool call of that kind and the options
+//! `allow_once`, `allow_always`, `reject_once`, `reject_always`), each waiting for its answer
+//! (other messages are handled meanwhile), logged as `permission <kind> selected <optionId>` or
+//! `permission <kind> cancelled`; then the prompt is answered as usual.
+//!
 //! Test-only; not shipped in images.
 
 use std::fs::OpenOptions;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -243,6 +249,10 @@ struct Args {
     /// With `--hostile`, `session/new` hands out an id of that size.
     #[arg(long, requires = "hostile")]
     hostile_session_id: bool,
+    /// Each prompt first asks for a permission of each of these tool kinds (see the module
+    /// docs).
+    #[arg(long, value_delimiter = ',')]
+    ask_permissions: Vec<String>,
 }
 
 /// Config options a `--hostile` agent reports besides `effort`: far more than a client keeps (64),
@@ -263,6 +273,7 @@ struct Agent {
     hanging_prompt: Option<(Value, String)>,
     /// Messages answered so far (for `--message-ids`).
     messages_sent: usize,
+    input: std::io::Lines<std::io::StdinLock<'static>>,
 }
 
 impl Agent {
@@ -316,7 +327,7 @@ impl Agent {
         let permission = format!("agent-{}", self.agent_request_ids);
         self.send(
             &json!({"jsonrpc": "2.0", "id": permission, "method": "session/request_permission",
-            "params": {"sessionId": session, "toolCall": {"toolCallId": "t1"}, "options": []}}),
+            "params": {"sessionId": session, "toolCall": {"toolCallId": "t1", "kind": "read"}, "options": []}}),
         );
         self.agent_request_ids += 1;
         let read = format!("agent-{}", self.agent_request_ids);
@@ -679,6 +690,9 @@ impl Agent {
             return;
         }
         let session = session_id.unwrap_or_default().to_owned();
+        for kind in self.args.ask_permissions.clone() {
+            self.ask_permission(&session, &kind);
+        }
         let text = message
             .pointer("/params/prompt/0/text")
             .and_then(Value::as_str)
@@ -707,6 +721,54 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Asks for a permission of `kind` and waits for its answer, handling what else arrives.
+    fn ask_permission(&mut self, session: &str, kind: &str) {
+        self.agent_request_ids += 1;
+        let id = format!("perm-{}", self.agent_request_ids);
+        let title = match kind {
+            "edit" => "Write notes.txt".to_owned(),
+            "execute" => "Run make test".to_owned(),
+            other => format!("A {other} tool call"),
+        };
+        let options: Vec<Value> = ["allow_once", "allow_always", "reject_once", "reject_always"]
+            .iter()
+            .map(|k| json!({"optionId": format!("opt-{k}"), "name": k, "kind": k}))
+            .collect();
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission",
+            "params": {"sessionId": session, "toolCall": {"toolCallId": format!("tool-{id}"),
+            "title": title, "kind": kind, "rawInput": {"command": title}}, "options": options}}),
+        );
+        while let Some(line) = self.next_line() {
+            let Ok(message) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if message.get("method").is_none() && message.get("id") == Some(&json!(id)) {
+                let outcome = &message["result"]["outcome"];
+                match outcome["outcome"].as_str() {
+                    Some("selected") => self.log(&format!(
+                        "permission {kind} selected {}",
+                        outcome["optionId"].as_str().unwrap_or("?")
+                    )),
+                    _ => self.log(&format!("permission {kind} cancelled")),
+                }
+                return;
+            }
+            self.handle(&message);
+        }
+    }
+
+    fn next_line(&mut self) -> Option<String> {
+        loop {
+            let line = self.input.next()?.ok()?;
+            if !line.trim().is_empty() {
+                return Some(line);
+            }
+        }
+    }
+}
+
 fn to_value<T: serde::Serialize>(value: &T) -> Value {
     // The schema types always serialize; a failure would be a bug in this test agent.
     serde_json::to_value(value).unwrap_or_else(|error| json!({"encodeError": error.to_string()}))
@@ -721,13 +783,9 @@ fn main() {
         agent_request_ids: 0,
         hanging_prompt: None,
         messages_sent: 0,
+        input: std::io::stdin().lines(),
     };
-    let stdin = std::io::stdin();
-    for line in stdin.lock().lines() {
-        let Ok(line) = line else { break };
-        if line.trim().is_empty() {
-            continue;
-        }
+    while let Some(line) = agent.next_line() {
         match serde_json::from_str::<Value>(&line) {
             Ok(message) => agent.handle(&message),
             Err(_) => {
