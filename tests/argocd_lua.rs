@@ -248,7 +248,10 @@ fn approval_actions_answer_the_oldest_request() {
     ]}));
     for (object, disabled) in [
         (session(json!({"state": "RUNNING"})), true),
-        (session(json!({"state": "RUNNING", "pendingPermissions": []})), true),
+        (
+            session(json!({"state": "RUNNING", "pendingPermissions": []})),
+            true,
+        ),
         (waiting.clone(), false),
     ] {
         let out = run(&discovery, &object);
@@ -256,7 +259,10 @@ fn approval_actions_answer_the_oldest_request() {
             assert_eq!(out[action]["disabled"], disabled, "{action} for {object}");
         }
     }
-    for (name, answer) in [("approve-oldest", "p2=allow_once"), ("deny-oldest", "p2=reject_once")] {
+    for (name, answer) in [
+        ("approve-oldest", "p2=allow_once"),
+        ("deny-oldest", "p2=reject_once"),
+    ] {
         let code = definitions
             .iter()
             .find(|(n, _)| n == name)
@@ -267,6 +273,10 @@ fn approval_actions_answer_the_oldest_request() {
         expected["metadata"]["annotations"] = json!({"kandev.dev/permission-answer": answer});
         assert_eq!(out, expected, "{name}");
         let idle = session(json!({"state": "WAITING_FOR_INPUT"}));
-        assert_eq!(run(code, &idle), idle, "{name} with nothing waiting changes nothing");
+        assert_eq!(
+            run(code, &idle),
+            idle,
+            "{name} with nothing waiting changes nothing"
+        );
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use e2e_support::git::{GitDaemon, Repositories};
 use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{
-    Sessions, assert_condition, condition, executor_status_where, status_where,
+    Sessions, assert_condition, condition, executor_status_where, status_where, template_workspace,
 };
 use e2e_support::{plugin, pod_sh as sh, poll, unique};
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -620,6 +620,109 @@ async fn a_resume_sets_the_sessions_mode_back() {
             "a restore sends no prompt: {restored:?}"
         );
         session_config_is(&sessions, &name, planned).await;
+    };
+    sessions.run(body).await;
+}
+
+/// spec.sessionConfig is set after a new session, before its task: a mode, a model and an
+/// option the agent offers (SessionConfigured=True/Applied, and the ExecutorRunning shows them);
+/// a mode it does not offer is reported (SessionConfigured=False/NotOffered naming what it
+/// offers, a Warning Event) while the session runs on with what it has.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn the_spec_sets_the_sessions_mode_model_and_options() {
+    let sessions = setup().await;
+    let _operator = operator(
+        "config-agent",
+        &["--session-config", "--unique-session-ids"],
+        false,
+    )
+    .start();
+    let body = async {
+        let configured = unique("configured");
+        let mut ts = sessions.new_session_with_task(
+            &configured,
+            "config-agent",
+            Some("hello"),
+            template_workspace(),
+        );
+        ts.spec.session_config = Some(
+            serde_json::from_value(
+                json!({"mode": "plan", "model": "large", "options": {"effort": "high"}}),
+            )
+            .expect("sessionConfig"),
+        );
+        sessions.create_session(&ts).await;
+        let unoffered = unique("unoffered");
+        let mut ts =
+            sessions.new_session_with_task(&unoffered, "config-agent", None, template_workspace());
+        ts.spec.session_config =
+            Some(serde_json::from_value(json!({"mode": "turbo"})).expect("sessionConfig"));
+        sessions.create_session(&ts).await;
+
+        sessions.wait_waiting_for_input(&configured).await;
+        let wanted = SessionConfigState {
+            mode: Some("plan".into()),
+            model: Some("large".into()),
+            config_options: vec![ConfigOptionValue {
+                id: "effort".into(),
+                value: "high".into(),
+            }],
+        };
+        session_config_is(&sessions, &configured, wanted).await;
+        let ts = sessions
+            .wait(
+                &configured,
+                "SessionConfigured=True",
+                status_where(|s| {
+                    conditions::find(&s.conditions, conditions::SESSION_CONFIGURED)
+                        .is_some_and(|c| c.status == "True" && c.reason == "Applied")
+                }),
+            )
+            .await;
+        assert_eq!(
+            ts.status.expect("status").state,
+            SessionState::WaitingForInput
+        );
+        let log = AgentLog::of(&sessions, &configured).await;
+        let processes = log
+            .wait("the sets and the task", |p| {
+                p.len() == 1 && p[0].iter().any(|l| l.starts_with("session/prompt"))
+            })
+            .await;
+        let lines = &processes[0];
+        let at = |line: &str| lines.iter().position(|l| l == line);
+        let prompt = lines
+            .iter()
+            .position(|l| l.starts_with("session/prompt"))
+            .expect("the task");
+        for set in ["set mode plan", "set model large", "set effort high"] {
+            assert!(
+                at(set).is_some_and(|i| i < prompt),
+                "{set} before the task: {lines:?}"
+            );
+        }
+
+        let ts = sessions
+            .wait(
+                &unoffered,
+                "SessionConfigured=False",
+                status_where(|s| {
+                    conditions::find(&s.conditions, conditions::SESSION_CONFIGURED)
+                        .is_some_and(|c| c.status == "False" && c.reason == "NotOffered")
+                }),
+            )
+            .await;
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::WaitingForInput, "it runs on");
+        let message = &condition(&status, conditions::SESSION_CONFIGURED).message;
+        assert!(
+            message.contains(r#"mode "turbo" (offered: default, plan)"#),
+            "{message}"
+        );
+        sessions
+            .assert_event(&unoffered, "SessionConfigNotOffered")
+            .await;
     };
     sessions.run(body).await;
 }

@@ -15,7 +15,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use e2e_support::git::{HttpsGit, Repositories, leak_check, plant_hostile_git_config};
-use e2e_support::sessions::{FIRST_PROMPT, Sessions, assert_condition, template_workspace};
+use e2e_support::sessions::{
+    FIRST_PROMPT, Sessions, assert_condition, executor_status_where, status_where,
+    template_workspace,
+};
 use e2e_support::support::chart::{self, RELEASE};
 use e2e_support::support::process::{kubectl, run, run_with_stdin};
 use e2e_support::{client, plugin, pod_sh, poll, unique, wait_for_within, with_cleanup};
@@ -308,6 +311,34 @@ fn assert_no_process_holds(pod: &Pod, secret: &str, session: &str) {
     );
 }
 
+/// The ExecutorRunning says the agent's session runs in `mode`, and the session says its
+/// configuration was applied.
+async fn assert_mode(sessions: &Sessions, name: &str, mode: &str) {
+    sessions
+        .wait_executor(
+            name,
+            &format!("the agent's session in mode {mode}"),
+            executor_status_where(|s| {
+                s.session_config.as_ref().and_then(|c| c.mode.as_deref()) == Some(mode)
+            }),
+        )
+        .await;
+    let ts = sessions
+        .wait(
+            name,
+            "SessionConfigured=True",
+            status_where(|s| {
+                kandev_operator::api::conditions::find(
+                    &s.conditions,
+                    kandev_operator::api::conditions::SESSION_CONFIGURED,
+                )
+                .is_some_and(|c| c.status == "True")
+            }),
+        )
+        .await;
+    assert!(ts.status.is_some());
+}
+
 async fn leader(client: &Client) -> String {
     let leases: Api<Lease> = Api::namespaced(client.clone(), CHART_NS);
     let names: Vec<String> = operator_pods(client)
@@ -410,10 +441,14 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
                 "caBundleKey": "ca.pem"}}))
             .expect("repository"),
         );
+        // A mode the real agent offers, set after its start and after its resume (issue 45).
+        ts.spec.session_config =
+            Some(serde_json::from_value(json!({"mode": "acceptEdits"})).expect("sessionConfig"));
         sessions.create_session(&ts).await;
         sessions
             .wait_state_within(name, SessionState::WaitingForInput, START)
             .await;
+        assert_mode(&sessions, name, "acceptEdits").await;
         let token = sessions
             .token_of(name)
             .await
@@ -483,6 +518,7 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
         assert_ne!(second.uid(), first.uid(), "a new pod");
         assert_eq!(claim_of(&second), claim, "on the same workspace claim");
         assert_agent_confined(&second);
+        assert_mode(&sessions, name, "acceptEdits").await;
         // The clone was kept and no file holds the password; next, the agent wipes the
         // clone, so the start after the operator's kill clones again under its hostile HOME.
         assert_eq!(

@@ -22,6 +22,7 @@ use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, cap, session_id_problem
 use crate::api::{NegotiatedCapabilities, SessionConfigState};
 use crate::jsonrpc::CallFailure;
 use crate::resume::AgentRestoreCapabilities;
+use crate::resume::{ReportedConfig, reported_config};
 
 use super::rpc::{Replayed, RpcConnection};
 use super::updates::SessionUpdateEvent;
@@ -101,8 +102,12 @@ pub struct AcpClient {
     timeouts: AcpTimeouts,
     /// The launch whose session setup and prompt this client sends ([`LAUNCH_META`]).
     launch: Option<String>,
-    /// The saved session configuration a restore carries ([`SESSION_CONFIG_META`]).
+    /// The session configuration a restore carries ([`SESSION_CONFIG_META`]).
     saved_config: Option<SessionConfigState>,
+    /// The session configuration a `session/new` carries.
+    new_config: Option<SessionConfigState>,
+    /// What the last successful session setup answer said about the session's configuration.
+    reported: std::sync::Mutex<Option<ReportedConfig>>,
     /// The id the next `session/prompt` carries ([`PROMPT_ID_META`]).
     prompt_id: Option<String>,
     /// This connection's share of the process-wide memory budget; a `session/load` grows it.
@@ -122,6 +127,8 @@ impl AcpClient {
             timeouts: AcpTimeouts::default(),
             launch: None,
             saved_config: None,
+            new_config: None,
+            reported: std::sync::Mutex::new(None),
             prompt_id: None,
             memory: None,
         }
@@ -171,6 +178,25 @@ impl AcpClient {
         self.saved_config = config;
     }
 
+    /// Sends `config` with the `session/new` that follows: agentctl sets what the new session
+    /// reports differently.
+    pub fn set_new_config(&mut self, config: Option<SessionConfigState>) {
+        self.new_config = config;
+    }
+
+    /// What the last successful `session/new`, `load` or `resume` answer said about the
+    /// session's mode, model and config options, and what the agent offers.
+    pub fn reported_config(&self) -> Option<ReportedConfig> {
+        self.reported.lock().ok().and_then(|r| r.clone())
+    }
+
+    fn report<T: Serialize>(&self, answer: &T) {
+        if let (Ok(value), Ok(mut reported)) = (serde_json::to_value(answer), self.reported.lock())
+        {
+            *reported = Some(reported_config(&value));
+        }
+    }
+
     /// `params` of `method`, with the launch and the trace context in `_meta` for the methods
     /// agentctl deduplicates and traces.
     fn params<T: Serialize>(
@@ -199,9 +225,12 @@ impl AcpClient {
         if let Some(launch) = &self.launch {
             meta.insert(LAUNCH_META.to_owned(), serde_json::json!(launch));
         }
-        if let (Some(config), method::SESSION_LOAD | method::SESSION_RESUME) =
-            (&self.saved_config, method)
-        {
+        let config = match method {
+            method::SESSION_LOAD | method::SESSION_RESUME => self.saved_config.as_ref(),
+            method::SESSION_NEW => self.new_config.as_ref(),
+            _ => None,
+        };
+        if let Some(config) = config {
             meta.insert(SESSION_CONFIG_META.to_owned(), serde_json::json!(config));
         }
         if let (Some(id), method::SESSION_PROMPT) = (&self.prompt_id, method) {
@@ -300,6 +329,7 @@ impl AcpClient {
                 failure: CallFailure::MalformedResponse(problem),
             });
         }
+        self.report(&response);
         Ok(id)
     }
 
@@ -330,7 +360,8 @@ impl AcpClient {
             .rpc
             .call_replaying(method, params, Some(limit), session_id)
             .await;
-        let _: LoadSessionResponse = decode(method, answer)?;
+        let response: LoadSessionResponse = decode(method, answer)?;
+        self.report(&response);
         Ok(replayed)
     }
 
@@ -347,9 +378,10 @@ impl AcpClient {
         limit: Duration,
     ) -> Result<(), AcpError> {
         let request = ResumeSessionRequest::new(session_id.to_owned(), cwd);
-        let _: ResumeSessionResponse = self
+        let response: ResumeSessionResponse = self
             .request(method::SESSION_RESUME, &request, Some(limit))
             .await?;
+        self.report(&response);
         Ok(())
     }
 

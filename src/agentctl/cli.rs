@@ -64,12 +64,12 @@ pub enum Command {
     /// {"jsonrpc":"2.0","method":"_kandev/disconnect"} or by closing the socket, and the agent
     /// keeps running), or {"mode":"events"} for a stream of event lines (a snapshot of the current
     /// state, then session_created, session_config, prompt_started, prompt_finished,
-    /// agent_exited). After a session/load or session/resume whose params carry
-    /// "_meta":{"kandev.dev/session-config":{mode,model,configOptions}} (the saved
+    /// agent_exited). After a session/new, session/load or session/resume whose params carry
+    /// "_meta":{"kandev.dev/session-config":{mode,model,configOptions}} (the wanted
     /// configuration), agentctl itself sends session/set_mode, session/set_model and
-    /// session/set_config_option for the saved values the restored session reports
-    /// differently and offers, before the client gets the answer; a refused one is reported as
-    /// config_set_back_failed and the restore stands. A
+    /// session/set_config_option for the values the session reports differently and offers,
+    /// before the client gets the answer; a refused one is reported as config_set_back_failed
+    /// and the session stands. A
     /// session/new|load|resume or session/prompt whose params carry
     /// "_meta":{"kandev.dev/launch":<id>} reaches the agent once per launch id, method and
     /// session: a repeat gets the first one's answer. The conversation is recorded under

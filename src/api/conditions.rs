@@ -19,6 +19,10 @@ pub const TASK_SENT: &str = "TaskSent";
 /// True while a permission request of the agent waits for a person's answer
 /// (`status.pendingPermissions`); False once none waits. Absent on a session that never had one.
 pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
+/// Whether the agent runs with `spec.sessionConfig`: True (`Applied`) when the last launch set
+/// everything it asks for, False (`NotOffered`) naming what the agent does not offer. Only on
+/// sessions with `spec.sessionConfig`.
+pub const SESSION_CONFIGURED: &str = "SessionConfigured";
 /// True while the session is suspended after being idle ([`super::SUSPENDED`]).
 pub const SUSPENDED: &str = super::SUSPENDED;
 

@@ -155,6 +155,11 @@ pub struct ExecutorRunningStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = super::PENDING_PERMISSIONS_MAX))]
     pub pending_permissions: Vec<super::PendingPermission>,
+    /// What of the wanted session configuration (the saved one and spec.sessionConfig) the
+    /// agent did not offer at the last launch; empty when everything was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = super::bounds::MESSAGE_MAX))]
+    pub session_config_problem: Option<String>,
     /// The last `kandev.dev/permission-answer` value handled (relayed, or refused with an
     /// Event): the same value again is a no-op.
     #[serde(default, skip_serializing_if = "Option::is_none")]

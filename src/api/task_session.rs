@@ -158,6 +158,14 @@ pub struct TaskSessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permissions: Option<super::PermissionPolicy>,
 
+    /// The agent session's mode, model and config options, set after every start and every
+    /// restore, before the task or a prompt is sent (ACP `session/set_mode`, `session/set_model`,
+    /// `session/set_config_option`). A value the agent does not offer is reported
+    /// (`SessionConfigured=False`, reason `NotOffered`, and an Event naming what it offers); it
+    /// never fails the launch. Read at each launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_config: Option<SessionConfigSpec>,
+
     /// Ends the session, once: `Completed` lets a running prompt finish (up to the operator's
     /// end grace period), `Cancelled` cancels it. Then the agent is stopped, the session and its
     /// task become COMPLETED or CANCELLED, and resume requests are refused.
@@ -518,6 +526,44 @@ pub fn parse_idle_duration(text: &str) -> Result<Option<std::time::Duration>, Id
     Ok(Some(std::time::Duration::from_secs(total)))
 }
 
+/// `spec.sessionConfig`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionConfigSpec {
+    /// A session mode id the agent offers (e.g. claude-agent-acp's `acceptEdits` or `plan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub mode: Option<String>,
+    /// A model id the agent offers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub model: Option<String>,
+    /// Values of the agent's select config options, by option id.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new("self.size() <= 16 && self.all(k, k.size() <= 128 && self[k].size() <= 128)").message(
+        "sessionConfig.options holds at most 16 options, ids and values of at most 128 characters"
+    ))]
+    pub options: std::collections::BTreeMap<String, String>,
+}
+
+impl SessionConfigSpec {
+    /// The same values as a session configuration.
+    pub fn state(&self) -> super::SessionConfigState {
+        super::SessionConfigState {
+            mode: self.mode.clone(),
+            model: self.model.clone(),
+            config_options: self
+                .options
+                .iter()
+                .map(|(id, value)| super::ConfigOptionValue {
+                    id: id.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Per-session overrides of the agent profile (see the agent capability registry).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -580,7 +626,7 @@ pub struct TaskSessionStatus {
     #[schemars(length(max = super::PENDING_PERMISSIONS_MAX))]
     pub pending_permissions: Vec<super::PendingPermission>,
     /// kstatus-compatible conditions: Ready, Reconciling, Stalled, AgentRunning, NeedsResume,
-    /// Resumed, AwaitingApproval.
+    /// Resumed, AwaitingApproval, SessionConfigured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

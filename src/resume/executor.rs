@@ -117,6 +117,9 @@ pub struct LaunchRecord<'a> {
     pub capabilities: Option<NegotiatedCapabilities>,
     /// The checkout agentctl reported (sessions with a repository only).
     pub worktree: Option<WorktreeStatus>,
+    /// The session's configuration after agentctl's set calls, and what of the wanted one the
+    /// agent does not offer; `None` when the restore's answer said nothing about it.
+    pub session_config: Option<super::Configured>,
     pub now: Timestamp,
 }
 
@@ -137,6 +140,12 @@ pub fn launched(current: &ExecutorRunningStatus, record: LaunchRecord) -> Execut
         ..AgentView::from_status(current)
     }
     .with_session(record.token.map(str::to_string));
+    let mut view = view;
+    let configured = record.session_config.unwrap_or_default();
+    if configured.state != SessionConfigState::default() {
+        view.session_config = Some(configured.state.bounded());
+    }
+    next.session_config_problem = configured.problem;
     view.write_into(&mut next);
     next.resumable = record.token.is_some();
     next.pod_name = Some(record.pod_name.to_string());
@@ -338,6 +347,7 @@ mod tests {
                 nudge,
                 capabilities: None,
                 worktree: None,
+                session_config: None,
                 now: now(),
             };
             let next = launched(&running(), record);

@@ -67,7 +67,10 @@ pub use restore::{
     RestoreOutcome, RestorePlan, next_step_after_failure, select_restore_method,
 };
 pub use route::{ending, launching, request_meets_running_pod};
-pub use session_config::{ReportedConfig, SetBack, apply_config_update, reported_config, set_back};
+pub use session_config::{
+    Configured, ReportedConfig, SetBack, apply_config_update, configured, not_offered,
+    reported_config, set_back, wanted_config,
+};
 pub use stall::{LaunchStall, checkout_stall, launch_stall, previous_pod_stall};
 pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,

@@ -111,6 +111,7 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         &loaded,
         &objects.session.metadata.name,
     ));
+    wanted.extend(session_configured(objects, running));
     settle(&mut status, &wanted, generation, now);
     let write = status != loaded;
     let mut transition = Transition {
@@ -255,6 +256,19 @@ fn awaiting_approval(
             .filter(|c| c.status == "True")
             .map(|_| Want::new(conditions::AWAITING_APPROVAL, false, "NoneWaiting", "")),
     }
+}
+
+/// `SessionConfigured` of a session with `spec.sessionConfig` whose agent runs: what its last
+/// launch could not set, or that it set everything.
+fn session_configured(objects: &SessionObjects, running: bool) -> Option<Want> {
+    objects.session.spec.session_config.as_ref()?;
+    if !running {
+        return None;
+    }
+    Some(match objects.executor_status().session_config_problem {
+        Some(problem) => Want::new(conditions::SESSION_CONFIGURED, false, "NotOffered", problem),
+        None => Want::new(conditions::SESSION_CONFIGURED, true, "Applied", ""),
+    })
 }
 
 /// The one action of the steady state, its Event, metric and recheck: a running pod that

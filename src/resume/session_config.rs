@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::api::{ConfigOptionValue, SessionConfigState};
+use crate::api::{ConfigOptionValue, SessionConfigSpec, SessionConfigState};
 use crate::jsonrpc::method;
 
 /// What one `session/new`, `load` or `resume` answer says about the session's configuration:
@@ -210,6 +210,103 @@ pub fn set_back(saved: &SessionConfigState, reported: &ReportedConfig) -> Vec<Se
         }
     }
     calls
+}
+
+/// The configuration a launch asks agentctl to set: `saved` (what the restored session had;
+/// `None` for a new session) with `spec` (`spec.sessionConfig`) laid over it. `None` when neither
+/// says anything.
+pub fn wanted_config(
+    saved: Option<&SessionConfigState>,
+    spec: Option<&SessionConfigSpec>,
+) -> Option<SessionConfigState> {
+    let mut wanted = saved.cloned().unwrap_or_default();
+    if let Some(spec) = spec {
+        let spec = spec.state();
+        wanted.mode = spec.mode.or(wanted.mode);
+        wanted.model = spec.model.or(wanted.model);
+        for option in spec.config_options {
+            match wanted.config_options.iter_mut().find(|o| o.id == option.id) {
+                Some(current) => current.value = option.value,
+                None => wanted.config_options.push(option),
+            }
+        }
+    }
+    (wanted != SessionConfigState::default()).then_some(wanted)
+}
+
+/// What of `wanted` the session that reported `reported` neither has nor offers, in words
+/// (`mode "turbo" (offered: default, plan)`); empty when all of it is set or can be.
+pub fn not_offered(wanted: &SessionConfigState, reported: &ReportedConfig) -> Vec<String> {
+    let list = |values: &[String]| {
+        if values.is_empty() {
+            "none".to_string()
+        } else {
+            values.join(", ")
+        }
+    };
+    let mut missing = Vec::new();
+    let mut check = |what: &str,
+                     want: &Option<String>,
+                     have: &Option<String>,
+                     offered: &Option<Vec<String>>| {
+        let Some(want) = want.as_ref().filter(|w| have.as_ref() != Some(*w)) else {
+            return;
+        };
+        match offered {
+            Some(values) if values.contains(want) => {}
+            Some(values) => missing.push(format!("{what} {want:?} (offered: {})", list(values))),
+            None => missing.push(format!("{what} {want:?} (the agent offers no {what}s)")),
+        }
+    };
+    check("mode", &wanted.mode, &reported.state.mode, &reported.modes);
+    check(
+        "model",
+        &wanted.model,
+        &reported.state.model,
+        &reported.models,
+    );
+    for option in &wanted.config_options {
+        let current = reported
+            .state
+            .config_options
+            .iter()
+            .find(|o| o.id == option.id);
+        if current.is_some_and(|c| c.value == option.value) {
+            continue;
+        }
+        match (current, reported.options.get(&option.id)) {
+            (Some(_), Some(values)) if values.contains(&option.value) => {}
+            (Some(_), Some(values)) => missing.push(format!(
+                "option {} {:?} (offered: {})",
+                option.id,
+                option.value,
+                list(values)
+            )),
+            _ => missing.push(format!(
+                "option {} {:?} (the agent offers no such select option)",
+                option.id, option.value
+            )),
+        }
+    }
+    missing
+}
+
+/// What a launch left of the session's configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Configured {
+    /// The configuration once agentctl's set calls are accepted.
+    pub state: SessionConfigState,
+    /// What of the wanted configuration the agent does not offer, in words; `None`: nothing.
+    pub problem: Option<String>,
+}
+
+/// The session's configuration once the `calls` agentctl sends after `reported` are accepted.
+pub fn configured(reported: &ReportedConfig, calls: &[SetBack]) -> SessionConfigState {
+    let mut state = reported.state.clone();
+    for call in calls {
+        call.apply(&mut state);
+    }
+    state
 }
 
 #[cfg(test)]
@@ -431,6 +528,74 @@ mod tests {
         assert_eq!(
             current,
             state(Some("plan"), Some("large"), &[("effort", "high")])
+        );
+    }
+
+    /// spec.sessionConfig over the saved configuration: the spec wins field by field, options
+    /// by id; nothing wanted is `None`.
+    #[test]
+    fn the_spec_is_laid_over_the_saved_configuration() {
+        let saved = state(
+            Some("plan"),
+            Some("small"),
+            &[("effort", "low"), ("style", "terse")],
+        );
+        let spec = SessionConfigSpec {
+            mode: Some("default".into()),
+            model: None,
+            options: [("effort".to_string(), "high".to_string())].into(),
+        };
+        assert_eq!(
+            wanted_config(Some(&saved), Some(&spec)),
+            Some(state(
+                Some("default"),
+                Some("small"),
+                &[("effort", "high"), ("style", "terse")]
+            ))
+        );
+        assert_eq!(wanted_config(Some(&saved), None), Some(saved.clone()));
+        assert_eq!(
+            wanted_config(None, Some(&spec)),
+            Some(state(Some("default"), None, &[("effort", "high")]))
+        );
+        assert_eq!(wanted_config(None, None), None);
+        assert_eq!(
+            wanted_config(None, Some(&SessionConfigSpec::default())),
+            None
+        );
+    }
+
+    /// What the agent does not offer is named with what it offers; what it has or offers is not.
+    #[test]
+    fn what_the_agent_does_not_offer_is_named() {
+        let reported = reported_config(&answer());
+        let fine = state(Some("plan"), Some("large"), &[("effort", "high")]);
+        assert_eq!(not_offered(&fine, &reported), Vec::<String>::new());
+        let calls = set_back(&fine, &reported);
+        let mut expected = fine.clone();
+        expected.config_options.push(ConfigOptionValue {
+            id: "web".into(),
+            value: "false".into(),
+        });
+        assert_eq!(configured(&reported, &calls), expected);
+        let wrong = state(
+            Some("turbo"),
+            Some("huge"),
+            &[("effort", "max"), ("color", "red")],
+        );
+        assert_eq!(
+            not_offered(&wrong, &reported),
+            [
+                r#"mode "turbo" (offered: default, plan)"#,
+                r#"model "huge" (offered: small, large)"#,
+                r#"option effort "max" (offered: low, high)"#,
+                r#"option color "red" (the agent offers no such select option)"#,
+            ]
+        );
+        let bare = reported_config(&json!({"sessionId": "s"}));
+        assert_eq!(
+            not_offered(&state(Some("plan"), None, &[]), &bare),
+            [r#"mode "plan" (the agent offers no modes)"#]
         );
     }
 }

@@ -136,7 +136,8 @@ struct Pending {
     session_id: Option<String>,
     /// Set for a launch-tagged request: its answer is kept for repeats.
     launch: Option<LaunchKey>,
-    /// The saved configuration a `session/load|resume` carried ([`SESSION_CONFIG_META`]).
+    /// The configuration a `session/new|load|resume` carried ([`SESSION_CONFIG_META`]), to set
+    /// once the agent answers.
     saved_config: Option<SessionConfigState>,
     /// `agentctl.forward`: open from the request to the agent until its answer.
     span: tracing::Span,
@@ -738,7 +739,11 @@ impl Hub {
                     .and_then(Value::as_str)
                 {
                     out.push(self.session_created(session_id, &pending.method));
-                    out.extend(self.session_answered(session_id, result, None));
+                    out.extend(self.session_answered(
+                        session_id,
+                        result,
+                        pending.saved_config.as_ref(),
+                    ));
                     // A fresh agent session: the next prompt carries the recorded history.
                     self.inject_next_prompt_of =
                         self.config.history_injection.then(|| session_id.to_owned());

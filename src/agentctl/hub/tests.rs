@@ -661,14 +661,32 @@ fn a_restore_sets_the_saved_configuration_back_before_answering() {
     );
 }
 
+/// A new session records its configuration, and gets what its `session/new` asks for
+/// (spec.sessionConfig) where the agent offers it, before the client gets the answer; without
+/// such a request nothing is set.
 #[test]
-fn a_new_session_records_its_configuration_and_sets_nothing() {
+fn a_new_session_records_its_configuration_and_gets_what_it_asks_for() {
     let mut hub = ready_hub(HubConfig::default());
     hub.attach(1, false).ok();
-    hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[],"_meta":{SESSION_CONFIG_META: config("plan", "high")}}})));
-    let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":"n",
+    hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}})));
+    let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":2,"result":{"sessionId":"m",
         "modes":{"currentModeId":"default","availableModes":[{"id":"default","name":"D"},{"id":"plan","name":"P"}]}}})));
-    assert!(to_agent(&out).is_empty());
+    assert!(to_agent(&out).is_empty(), "nothing asked, nothing set");
+    hub.client_line(1, &line(json!({"jsonrpc":"2.0","id":3,"method":"session/new","params":{"cwd":"/","mcpServers":[],"_meta":{SESSION_CONFIG_META: config("plan", "high")}}})));
+    let out = hub.agent_line(&line(json!({"jsonrpc":"2.0","id":3,"result":{"sessionId":"n",
+        "modes":{"currentModeId":"default","availableModes":[{"id":"default","name":"D"},{"id":"plan","name":"P"}]}}})));
+    let sent = to_agent(&out);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["method"], "session/set_mode");
+    assert_eq!(
+        sent[0]["params"],
+        json!({"sessionId": "n", "modeId": "plan"})
+    );
+    assert!(
+        out.iter().position(|o| matches!(o, Output::ToAgent(_)))
+            < out.iter().position(|o| matches!(o, Output::ToClient(..))),
+        "set before the client gets the answer: {out:?}"
+    );
     assert!(events(&out).contains(&Event::SessionConfig {
         session_id: "n".into(),
         config: SessionConfigState {

@@ -12,15 +12,18 @@ use kube::api::Api;
 use super::{ExecError, Session};
 use crate::acp::budget;
 use crate::acp::{AcpTimeouts, PodConnection, RestoreOutcome};
-use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, cap};
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, BRANCH_MAX, MESSAGE_MAX, cap};
 use crate::api::names;
 use crate::api::pod_contract::{self, WORKTREE_META, Worktree};
-use crate::api::{NegotiatedCapabilities, PROMPTED_ANNOTATION, SessionState, WorktreeStatus};
+use crate::api::{
+    NegotiatedCapabilities, PROMPTED_ANNOTATION, SessionConfigState, SessionState, WorktreeStatus,
+};
 use crate::controller::error::Error;
 use crate::controller::metrics;
 use crate::resume::{
-    AfterRestore, InitialPrompt, LaunchEnd, LaunchRecord, Requeue, RestoreFacts, launch_ended,
-    launched, restore_end,
+    AfterRestore, Configured, InitialPrompt, LaunchEnd, LaunchRecord, ReportedConfig, Requeue,
+    RestoreFacts, configured, launch_ended, launched, not_offered, restore_end, set_back,
+    wanted_config,
 };
 
 impl<'a> Session<'a> {
@@ -68,6 +71,7 @@ impl<'a> Session<'a> {
         let capabilities = client.negotiated_capabilities();
         let client_unanswered = client.initialize_response().is_none();
         let worktree = reported_worktree(client);
+        let config = self.session_configured(&outcome, client.reported_config());
         // The task description, due with a fresh session, is sent once (never again).
         let mut task = None;
         if let RestoreOutcome::Fresh { session_id, .. } = &outcome
@@ -101,8 +105,15 @@ impl<'a> Session<'a> {
         if let LaunchEnd::Running { .. } = &end {
             let prompt_started = matches!(task, Some(Ok(())));
             let session_id = outcome.session_id();
-            self.record_executor(pod, session_id, capabilities, worktree, prompt_started)
-                .await?;
+            self.record_executor(
+                pod,
+                session_id,
+                capabilities,
+                worktree,
+                prompt_started,
+                config,
+            )
+            .await?;
         }
         self.end_launch(end).await
     }
@@ -129,8 +140,11 @@ impl<'a> Session<'a> {
         // Repeated setup requests and the initial prompt of the same launch are answered by
         // agentctl from what it did the first time, without reaching the agent again.
         client.set_launch(self.launch_id());
-        // The saved mode, model and config options: agentctl sets them back after a restore.
-        client.set_saved_config(self.objects.executor_status().session_config.clone());
+        // The mode, model and config options wanted (the saved ones, spec.sessionConfig over
+        // them): agentctl sets them after the restore, or after a new session.
+        let (restored, new) = self.wanted_configs();
+        client.set_saved_config(restored);
+        client.set_new_config(new);
         client.set_limits(settings.acp_limits);
         client.set_memory(memory);
         Ok(connection)
@@ -158,6 +172,7 @@ impl<'a> Session<'a> {
         capabilities: Option<NegotiatedCapabilities>,
         worktree: Option<Worktree>,
         prompt_started: bool,
+        config: Option<Configured>,
     ) -> Result<(), Error> {
         // The checkout agentctl reported (sessions with a repository only); the path is where
         // the agent sees it, the PVC what holds it.
@@ -179,6 +194,7 @@ impl<'a> Session<'a> {
                 nudge: self.objects.annotation(PROMPTED_ANNOTATION),
                 capabilities,
                 worktree,
+                session_config: config,
                 now: Timestamp::now(),
             },
         );
@@ -194,6 +210,63 @@ impl<'a> Session<'a> {
         // Boxed: the reconcile's future embeds this one at every end of a launch; inline, the
         // debug build's poll frames overflowed a worker thread's stack.
         Box::pin(self.apply_transition(transition)).await
+    }
+}
+
+impl Session<'_> {
+    /// The configurations a launch asks agentctl to set: after a restore (the saved one with
+    /// spec.sessionConfig laid over it) and after a new session (spec.sessionConfig alone).
+    fn wanted_configs(&self) -> (Option<SessionConfigState>, Option<SessionConfigState>) {
+        let spec = self.ts.spec.session_config.as_ref();
+        let saved = self.objects.executor_status().session_config;
+        (
+            wanted_config(saved.as_ref(), spec),
+            wanted_config(None, spec),
+        )
+    }
+
+    /// After a restore that left a running agent: the session's configuration once agentctl's
+    /// set calls are accepted, and what of the wanted one the agent does not offer (said in a
+    /// Warning Event). `None` when the agent's answer said nothing about it.
+    fn session_configured(
+        &self,
+        outcome: &RestoreOutcome,
+        reported: Option<ReportedConfig>,
+    ) -> Option<Configured> {
+        let reported = reported?;
+        let (restored, new) = self.wanted_configs();
+        let wanted = match outcome {
+            RestoreOutcome::Fresh { .. } => new,
+            _ => restored,
+        };
+        let Some(wanted) = wanted else {
+            return Some(Configured {
+                state: reported.state,
+                problem: None,
+            });
+        };
+        let state = configured(&reported, &set_back(&wanted, &reported));
+        let missing = not_offered(&wanted, &reported);
+        let problem = (!missing.is_empty()).then(|| {
+            cap(
+                &format!(
+                    "the agent does not offer {}; the session runs with what it has",
+                    missing.join(", ")
+                ),
+                MESSAGE_MAX,
+            )
+            .into_owned()
+        });
+        if let Some(problem) = &problem {
+            tracing::warn!(%problem, "session configuration not applied in full");
+            self.event(
+                kube::runtime::events::EventType::Warning,
+                "SessionConfigNotOffered",
+                "Launch",
+                problem,
+            );
+        }
+        Some(Configured { state, problem })
     }
 }
 
