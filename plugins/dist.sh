@@ -117,8 +117,9 @@ spec:
     coding-agent sessions (Claude Code, Codex, Gemini and others speaking ACP) alive across
     pod loss. It shows whether a session needs a resume and why (status), asks the operator to
     resume it and waits for the outcome (resume --wait), sends a prompt and streams the
-    agent's answer (prompt), prints the recorded conversation (history), and ends sessions
-    (complete, cancel). Objects print with -o json, yaml or jsonpath=; kubectl's --namespace,
+    agent's answer (prompt), prints the recorded conversation (history), lists and answers
+    the agent's permission requests that wait for a person (permissions, approve, deny), and
+    ends sessions (complete, cancel). Objects print with -o json, yaml or jsonpath=; kubectl's --namespace,
     --context, --as, --as-group, --token and --request-timeout work as in kubectl.
   caveats: |
     The kandev operator and its CRDs must be installed in the cluster.

@@ -558,7 +558,12 @@ fn permission_requests_follow_the_policy_and_wait_for_an_answer() {
             break event;
         }
     };
-    assert_eq!(requested["request"]["id"], "p2", "{requested}");
+    // Ids are unique across the session's pods: `<when serve started, base 36>-<n>`.
+    let id = requested["request"]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    assert!(id.ends_with("-2"), "{requested}");
     assert_eq!(requested["request"]["toolKind"], "execute");
     assert_eq!(requested["request"]["title"], "Run make test");
     let log = serve.wait_agent_log("the edit allowed", |l| {
@@ -571,8 +576,12 @@ fn permission_requests_follow_the_policy_and_wait_for_an_answer() {
     );
     let late = serve.events();
     let snapshot = late.next();
-    assert_eq!(snapshot["pendingPermissions"][0]["id"], "p2", "{snapshot}");
-    let (code, refused) = answer(&serve, "p2", "reject_always");
+    assert_eq!(
+        snapshot["pendingPermissions"][0]["id"],
+        id.as_str(),
+        "{snapshot}"
+    );
+    let (code, refused) = answer(&serve, &id, "reject_always");
     assert_eq!(code, 0, "reject_always is offered: {refused}");
     assert_eq!(refused["outcome"], "rejected");
     let log = serve.wait_agent_log("the execute answered", |l| {
@@ -581,12 +590,12 @@ fn permission_requests_follow_the_policy_and_wait_for_an_answer() {
     assert_logged(&log, "permission execute selected opt-reject_always");
     let finished = client.response(&json!(3));
     assert_eq!(finished["result"]["stopReason"], "end_turn", "{finished}");
-    let (code, again) = answer(&serve, "p2", "allow_once");
+    let (code, again) = answer(&serve, &id, "allow_once");
     assert_eq!(code, 3, "{again}");
     assert!(
         again["refused"]
             .as_str()
-            .is_some_and(|r| r.contains("no permission request p2 waits")),
+            .is_some_and(|r| r.contains(&format!("no permission request {id} waits"))),
         "{again}"
     );
 }

@@ -1400,3 +1400,303 @@ async fn output_formats_and_kubectl_identity_flags() {
     };
     sessions.run(body).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Approvals (issue 45).
+
+/// A Role in the session's namespace over tasksessions with `verbs`, bound to `group`.
+async fn grant_on_sessions(sessions: &Sessions, group: &str, role: &str, verbs: &[&str]) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let ns = &sessions.namespace;
+    let role_object: Role = serde_json::from_value(json!({
+        "metadata": {"name": role},
+        "rules": [
+            {"apiGroups": ["kandev.dev"], "resources": ["tasksessions"], "verbs": verbs},
+            {"apiGroups": ["kandev.dev"], "resources": ["executorrunnings"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["get", "list", "watch"]}
+        ]
+    }))
+    .expect("Role");
+    Api::<Role>::namespaced(sessions.client.clone(), ns)
+        .create(&PostParams::default(), &role_object)
+        .await
+        .expect("create Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]
+    }))
+    .expect("RoleBinding");
+    Api::<RoleBinding>::namespaced(sessions.client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create RoleBinding");
+}
+
+/// The `permission …` lines of the test agent's log in the session's pod.
+async fn permission_answers(sessions: &Sessions, name: &str) -> Vec<String> {
+    let pod = sessions.the_pod(name).await;
+    agentctl_exec(&sessions.namespace, &pod.name_any(), &["cat", "calls.log"])
+        .lines()
+        .filter(|l| l.starts_with("permission "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The ids of the session's pending permission requests once `holds` is true for them.
+async fn wait_pending(
+    sessions: &Sessions,
+    name: &str,
+    what: &str,
+    holds: impl Fn(&[String]) -> bool,
+) -> kandev_operator::api::TaskSessionStatus {
+    let ts = sessions
+        .wait(
+            name,
+            what,
+            status_where(move |s| {
+                holds(
+                    &s.pending_permissions
+                        .iter()
+                        .map(|p| p.id.clone())
+                        .collect::<Vec<_>>(),
+                )
+            }),
+        )
+        .await;
+    ts.status.expect("status")
+}
+
+/// The agent asks for an `edit` and then an `execute` permission in its first task: the edit is
+/// allowed by the default rules with no human; the execute waits, shown in status, in the
+/// AwaitingApproval condition, in an Event and in `kubectl kandev permissions`; a user who may
+/// read but not update the session is refused by the API server; one bound to a Role that may
+/// update tasksessions approves it with `kubectl kandev approve`; the agent finishes its turn
+/// having received exactly those two answers. A stale answer is refused with an Event and
+/// remembered as handled.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn a_held_permission_is_approved_by_a_user_who_may_update_the_session() {
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
+    let name = unique("asks");
+    let readers = format!("kandev-readers-{ns}");
+    let approvers = format!("kandev-approvers-{ns}");
+    let body = async {
+        sessions
+            .create_with_task(&name, "plugin-asks", Some("Fix the build."))
+            .await;
+        let status = wait_pending(&sessions, &name, "the execute request waits", |ids| {
+            ids.len() == 1
+        })
+        .await;
+        let request = &status.pending_permissions[0];
+        let id = request.id.clone();
+        assert_eq!(
+            (request.tool_kind.as_str(), request.title.as_str()),
+            ("execute", "Run make test"),
+            "{request:#?}"
+        );
+        assert!(
+            request.options.iter().any(|o| o.kind == "allow_once"),
+            "{request:#?}"
+        );
+        assert_condition(
+            &status,
+            conditions::AWAITING_APPROVAL,
+            ("True", "PermissionRequested"),
+        );
+        // Both from one read of the journal: their order among the Events is not the agent's.
+        let reasons = sessions
+            .event_reasons_with(&name, &["PermissionAllowed", "PermissionRequested"])
+            .await;
+        for reason in ["PermissionAllowed", "PermissionRequested"] {
+            assert!(
+                reasons.iter().any(|r| r == reason),
+                "{reason} in {reasons:?}"
+            );
+        }
+        assert_eq!(
+            permission_answers(&sessions, &name).await,
+            ["permission edit selected opt-allow_once"],
+            "the edit was allowed by a rule; the execute waits"
+        );
+        let run = plugin(&["permissions", &name, "-n", &ns])
+            .await
+            .expect_code(0);
+        assert_prints(&run.stdout, &[id.as_str(), "execute", "Run make test"]);
+
+        // Who may only read the session cannot answer: the API server refuses the patch.
+        grant_on_sessions(
+            &sessions,
+            &readers,
+            "kandev-e2e-readers",
+            &["get", "list", "watch"],
+        )
+        .await;
+        let run = plugin(&[
+            "approve",
+            &name,
+            &id,
+            "-n",
+            &ns,
+            "--as",
+            "kandev-e2e-carol",
+            "--as-group",
+            &readers,
+        ])
+        .await;
+        assert_ne!(run.code(), 0, "{run:#?}");
+        assert!(run.stderr.contains("forbidden"), "{run:#?}");
+        assert_eq!(
+            sessions.status(&name).await.pending_permissions.len(),
+            1,
+            "still waiting"
+        );
+
+        // Who may update it can.
+        grant_on_sessions(
+            &sessions,
+            &approvers,
+            "kandev-e2e-approvers",
+            &["get", "list", "watch", "patch", "update"],
+        )
+        .await;
+        plugin(&[
+            "approve",
+            &name,
+            "-n",
+            &ns,
+            "--wait",
+            "--as",
+            "kandev-e2e-dave",
+            "--as-group",
+            &approvers,
+        ])
+        .await
+        .expect_code(0);
+        let ts = sessions.wait_waiting_for_input(&name).await;
+        let status = ts.status.expect("status");
+        assert!(status.pending_permissions.is_empty(), "{status:#?}");
+        assert_condition(
+            &status,
+            conditions::AWAITING_APPROVAL,
+            ("False", "NoneWaiting"),
+        );
+        assert_eq!(
+            permission_answers(&sessions, &name).await,
+            [
+                "permission edit selected opt-allow_once",
+                "permission execute selected opt-allow_once"
+            ],
+            "exactly those answers"
+        );
+        sessions.assert_event(&name, "PermissionApproved").await;
+        let executor = sessions.executor(&name).await;
+        assert_eq!(
+            executor
+                .status
+                .and_then(|s| s.handled_permission_answer)
+                .as_deref(),
+            Some(format!("{id}=allow_once").as_str())
+        );
+
+        // A stale answer (the request is gone) is refused with an Event, and handled once.
+        sessions
+            .annotate_as_user(
+                &name,
+                json!({"kandev.dev/permission-answer": format!("{id}=reject_once")}),
+            )
+            .await;
+        sessions
+            .assert_event(&name, "PermissionAnswerRefused")
+            .await;
+        sessions
+            .wait_executor(
+                &name,
+                "the stale answer remembered",
+                executor_status_where(|s| {
+                    s.handled_permission_answer.as_deref()
+                        == Some(format!("{id}=reject_once").as_str())
+                }),
+            )
+            .await;
+        assert_eq!(permission_answers(&sessions, &name).await.len(), 2);
+    };
+    sessions.run(body).await;
+    drop(operator);
+}
+
+/// Edges: the askTimeout passes while the operator is down (the restarted operator learns it
+/// from the journal: the request is cleared, a Warning Event says so, nothing is answered
+/// twice), and a pod lost while a request waits clears it with an Event.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn held_permissions_time_out_across_a_restart_and_go_with_a_lost_pod() {
+    let sessions = setup().await;
+    let operator = start_operator();
+    let timed = unique("asks-timeout");
+    let lost = unique("asks-lost");
+    let body = async {
+        let mut ts = sessions.new_session_with_task(
+            &timed,
+            "plugin-asks",
+            Some("Fix the build."),
+            template_workspace(),
+        );
+        ts.spec.permissions =
+            Some(serde_json::from_value(json!({"askTimeout": "10s"})).expect("permissions"));
+        sessions.create_session(&ts).await;
+        sessions
+            .create_with_task(&lost, "plugin-asks", Some("Fix the build."))
+            .await;
+        wait_pending(&sessions, &timed, "the execute request waits", |ids| {
+            ids.len() == 1
+        })
+        .await;
+        wait_pending(&sessions, &lost, "the execute request waits", |ids| {
+            ids.len() == 1
+        })
+        .await;
+
+        // The operator goes away; the timeout passes meanwhile; a new operator catches up.
+        drop(operator);
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let operator = start_operator();
+        let status = wait_pending(&sessions, &timed, "the timed-out request cleared", |ids| {
+            ids.is_empty()
+        })
+        .await;
+        assert_condition(
+            &status,
+            conditions::AWAITING_APPROVAL,
+            ("False", "NoneWaiting"),
+        );
+        sessions.assert_event(&timed, "PermissionTimedOut").await;
+        sessions.wait_waiting_for_input(&timed).await;
+        assert_eq!(
+            permission_answers(&sessions, &timed).await,
+            [
+                "permission edit selected opt-allow_once",
+                "permission execute selected opt-reject_once"
+            ],
+            "rejected once, at the timeout"
+        );
+        // The other one still waits (the default askTimeout is 15m) after the restart.
+        assert_eq!(sessions.status(&lost).await.pending_permissions.len(), 1);
+
+        // Its pod is lost: what waited goes with it, said in an Event.
+        lose_pod(&sessions, &lost).await;
+        let status = sessions
+            .wait_needs_resume(&lost)
+            .await
+            .status
+            .expect("status");
+        assert!(status.pending_permissions.is_empty(), "{status:#?}");
+        sessions.assert_event(&lost, "PermissionGone").await;
+        drop(operator);
+    };
+    sessions.run_with_operator(plugin_operator(), body).await;
+}

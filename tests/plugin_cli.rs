@@ -132,3 +132,112 @@ fn the_completion_executable_answers_without_a_cluster() {
     assert_eq!(output.status.code(), Some(0), "{}", output.stderr);
     assert_eq!(output.stdout, ":4\n");
 }
+
+#[test]
+fn the_permission_verbs_are_documented_and_completed() {
+    for (verb, says) in [
+        ("permissions", "status.pendingPermissions"),
+        ("approve", "kandev.dev/permission-answer"),
+        ("deny", "kandev.dev/permission-answer"),
+    ] {
+        let output = run(&[verb, "--help"]);
+        assert_eq!(output.status.code(), Some(0), "{verb}: {}", output.stderr);
+        let help = &output.stdout;
+        assert!(help.contains(says), "{verb}: {help}");
+        assert!(help.contains("Exit codes:"), "{verb}: {help}");
+        assert!(help.contains("--namespace"), "{verb}: {help}");
+    }
+    let output = run(&["approve", "--help"]);
+    for words in [
+        "allow_once",
+        "allow_always",
+        "kandev-plugin",
+        "--always",
+        "--wait",
+    ] {
+        assert!(output.stdout.contains(words), "{words}: {}", output.stdout);
+    }
+    let output = run(&["deny", "--help"]);
+    for words in ["reject_once", "reject_always"] {
+        assert!(output.stdout.contains(words), "{words}: {}", output.stdout);
+    }
+
+    let output = run(&["__complete", "perm"]);
+    assert_eq!(
+        output.stdout,
+        "permissions\tList the agent's permission requests that wait for a person's answer\n:4\n"
+    );
+    let output = run(&["__complete", "de"]);
+    assert_eq!(
+        output.stdout,
+        "deny\tReject a permission request the agent waits on (reject_once; --always: reject_always)\n:4\n"
+    );
+    let output = run(&["__complete", "permissions", "demo", "-o", "n"]);
+    assert_eq!(output.stdout, "name\tthe request ids, one a line\n:6\n");
+    let output = run(&["__complete", "approve", "demo", "--a"]);
+    assert!(
+        output.stdout.starts_with("--always\t") && output.stdout.contains("--as\t"),
+        "{}",
+        output.stdout
+    );
+    // The pending ids come from the cluster: none to ask, nothing, and no error.
+    let (_listener, kubeconfig) = silent_server();
+    let path = kubeconfig.path().to_str().expect("utf-8 path");
+    for verb in ["approve", "deny"] {
+        let output = run(&[
+            "__complete",
+            "--kubeconfig",
+            path,
+            "--request-timeout",
+            "1s",
+            verb,
+            "demo",
+            "",
+        ]);
+        assert_eq!(output.status.code(), Some(0), "{}", output.stderr);
+        assert_eq!(output.stdout, ":4\n", "{verb}");
+    }
+}
+
+#[test]
+fn permission_verb_usage_errors() {
+    for (args, says) in [
+        (
+            &["permissions", "demo", "-o", "wide"][..],
+            "name (the request ids)",
+        ),
+        (&["approve", "demo", "p1", "p2"], "unexpected argument"),
+        (&["deny"], "<SESSION>"),
+        (
+            &["approve", "demo", "--timeout", "soon"],
+            "invalid duration",
+        ),
+        (
+            &["deny", "demo", "-o", "jsonpath={.x"],
+            "bad jsonpath template",
+        ),
+    ] {
+        let output = run(args);
+        let stderr = &output.stderr;
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn approve_reads_the_session_first_and_says_so_when_the_server_never_answers() {
+    let (_listener, kubeconfig) = silent_server();
+    let path = kubeconfig.path().to_str().expect("utf-8 path");
+    let output = run(&[
+        "--kubeconfig",
+        path,
+        "approve",
+        "demo",
+        "p3",
+        "--request-timeout",
+        "1s",
+    ]);
+    let stderr = &output.stderr;
+    assert_eq!(output.status.code(), Some(6), "{stderr}");
+    assert!(stderr.contains("reading tasksession \"demo\""), "{stderr}");
+}

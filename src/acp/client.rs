@@ -190,11 +190,31 @@ impl AcpClient {
         self.reported.lock().ok().and_then(|r| r.clone())
     }
 
-    fn report<T: Serialize>(&self, answer: &T) {
-        if let (Ok(value), Ok(mut reported)) = (serde_json::to_value(answer), self.reported.lock())
-        {
-            *reported = Some(reported_config(&value));
+    /// A session setup `request` whose answer's mode, model and config options are kept
+    /// ([`Self::reported_config`]) when it succeeds. Read from the answer as the agent sent it:
+    /// the protocol's types leave out what is unstable in ACP (`models`).
+    async fn setup_request<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        request: &Req,
+        limit: Option<Duration>,
+    ) -> Result<Resp, AcpError> {
+        let params = self.params(method, request)?;
+        let answer = self.rpc.call(method, params, limit).await;
+        self.decode_setup(method, answer)
+    }
+
+    fn decode_setup<Resp: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        answer: Result<serde_json::Value, CallFailure>,
+    ) -> Result<Resp, AcpError> {
+        let reported = answer.as_ref().ok().map(reported_config);
+        let response = decode(method, answer)?;
+        if let Ok(mut kept) = self.reported.lock() {
+            *kept = reported;
         }
+        Ok(response)
     }
 
     /// `params` of `method`, with the launch and the trace context in `_meta` for the methods
@@ -316,7 +336,7 @@ impl AcpClient {
         limit: Duration,
     ) -> Result<String, AcpError> {
         let response: NewSessionResponse = self
-            .request(
+            .setup_request(
                 method::SESSION_NEW,
                 &NewSessionRequest::new(cwd),
                 Some(limit),
@@ -329,7 +349,6 @@ impl AcpClient {
                 failure: CallFailure::MalformedResponse(problem),
             });
         }
-        self.report(&response);
         Ok(id)
     }
 
@@ -360,8 +379,7 @@ impl AcpClient {
             .rpc
             .call_replaying(method, params, Some(limit), session_id)
             .await;
-        let response: LoadSessionResponse = decode(method, answer)?;
-        self.report(&response);
+        let _: LoadSessionResponse = self.decode_setup(method, answer)?;
         Ok(replayed)
     }
 
@@ -378,10 +396,9 @@ impl AcpClient {
         limit: Duration,
     ) -> Result<(), AcpError> {
         let request = ResumeSessionRequest::new(session_id.to_owned(), cwd);
-        let response: ResumeSessionResponse = self
-            .request(method::SESSION_RESUME, &request, Some(limit))
+        let _: ResumeSessionResponse = self
+            .setup_request(method::SESSION_RESUME, &request, Some(limit))
             .await?;
-        self.report(&response);
         Ok(())
     }
 

@@ -18,23 +18,8 @@ pub struct PodConnection {
 impl PodConnection {
     /// Execs `agentctl connect` in `container` of `pod` and wraps its stdio in an [`AcpClient`].
     pub async fn open(pods: &Api<Pod>, pod: &str, container: &str) -> Result<Self, AcpError> {
-        let params = AttachParams::default()
-            .container(container)
-            .stdin(true)
-            .stdout(true)
-            .stderr(false);
-        let mut process = pods
-            .exec(pod, ["agentctl", "connect"], &params)
-            .await
-            .map_err(|source| AcpError::Exec {
-                pod: pod.to_string(),
-                source,
-            })?;
-        let (Some(stdout), Some(stdin)) = (process.stdout(), process.stdin()) else {
-            return Err(AcpError::ExecStreams {
-                pod: pod.to_string(),
-            });
-        };
+        let (process, stdout, stdin) =
+            exec_stdio(pods, pod, container, &["agentctl", "connect"]).await?;
         Ok(Self {
             client: AcpClient::new(stdout, stdin),
             process,
@@ -52,4 +37,38 @@ impl PodConnection {
             tracing::debug!("agentctl connect did not exit in time; dropping the exec stream");
         }
     }
+}
+
+/// Execs `command` in `container` of `pod` with its stdin and stdout attached (no stderr).
+pub async fn exec_stdio(
+    pods: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    command: &[&str],
+) -> Result<
+    (
+        AttachedProcess,
+        impl tokio::io::AsyncRead + Unpin + Send + 'static,
+        impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+    ),
+    AcpError,
+> {
+    let params = AttachParams::default()
+        .container(container)
+        .stdin(true)
+        .stdout(true)
+        .stderr(false);
+    let mut process = pods
+        .exec(pod, command.iter().copied(), &params)
+        .await
+        .map_err(|source| AcpError::Exec {
+            pod: pod.to_string(),
+            source,
+        })?;
+    let (Some(stdout), Some(stdin)) = (process.stdout(), process.stdin()) else {
+        return Err(AcpError::ExecStreams {
+            pod: pod.to_string(),
+        });
+    };
+    Ok((process, stdout, stdin))
 }

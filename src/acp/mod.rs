@@ -26,7 +26,7 @@ pub use client::{
     AcpClient, AcpLimits, AcpTimeouts, DEFAULT_REPLAY_BUDGET, negotiated_capabilities,
     restore_capabilities,
 };
-pub use exec::PodConnection;
+pub use exec::{PodConnection, exec_stdio};
 pub use local::{AgentStderr, LocalAgent, RestoreOptions, SpawnOptions, restore_with_local_agent};
 pub use outcome::{OutcomeKind, RestoreOutcome, RestoreReport};
 pub use rpc::{Replayed, default_answer_to_agent_request};

@@ -593,6 +593,7 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
                 .is_some_and(|p| p.history_context_injection),
             worktree: worktree.and_then(|w| serde_json::to_value(w).ok()),
             permissions,
+            permission_prefix: Some(permission_prefix(std::time::SystemTime::now())),
         },
         initialize_timeout: Duration::from_secs(args.initialize_timeout),
         replay_line_limit: args.limits.replay_line_limit(),
@@ -601,6 +602,24 @@ async fn run_serve(args: ServeArgs) -> Result<(), AgentctlError> {
         termination_log: args.termination_log.clone(),
     };
     serve(options).await
+}
+
+/// The prefix of permission request ids of a serve started at `now`: the second it started, in
+/// base 36 (six letters and digits), so that the ids of a pod's requests differ from those of
+/// the session's earlier pods (an answer meant for one of them never reaches a later one).
+fn permission_prefix(now: std::time::SystemTime) -> String {
+    let mut seconds = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut digits = Vec::new();
+    loop {
+        digits.push(char::from_digit((seconds % 36) as u32, 36).unwrap_or('0'));
+        seconds /= 36;
+        if seconds == 0 {
+            break;
+        }
+    }
+    digits.iter().rev().collect()
 }
 
 /// `agentctl checkout`: prepares the workspace, as serve would, and ends.
@@ -705,6 +724,20 @@ async fn restore(args: &RestoreArgs, token: Option<&str>) -> Result<RestoreRepor
 
 #[cfg(test)]
 mod tests {
+
+    /// Permission request ids start with when serve started, in base 36: short, and different
+    /// in a pod started a second later.
+    #[test]
+    fn permission_ids_differ_between_pods() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at = |secs: u64| permission_prefix(UNIX_EPOCH + Duration::from_secs(secs));
+        assert_eq!(at(0), "0");
+        assert_eq!(at(35), "z");
+        assert_eq!(at(36), "10");
+        assert_eq!(at(1_796_000_000).len(), 6);
+        assert_ne!(at(1_796_000_000), at(1_796_000_001));
+    }
+
     use super::*;
     use clap::CommandFactory;
 

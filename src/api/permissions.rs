@@ -261,6 +261,63 @@ impl PendingPermission {
     }
 }
 
+/// What an agent's `session/request_permission` asks, read leniently from its `params` (ACP
+/// `RequestPermissionRequest`): agentctl holds it for the policy, `kubectl kandev prompt` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermissionAsk {
+    pub session_id: String,
+    pub kind: ToolKind,
+    /// The tool call's title (else its id), at most [`PERMISSION_TITLE_MAX`] bytes.
+    pub title: String,
+    /// The tool's input (else its content) as JSON, at most `summary_max` bytes.
+    pub summary: String,
+    /// The options offered, `(optionId, kind)`, at most 16.
+    pub offered: Vec<(String, String)>,
+}
+
+impl PermissionAsk {
+    pub fn read(params: Option<&serde_json::Value>, summary_max: usize) -> Self {
+        use serde_json::Value;
+        let text = |value: Option<&Value>| value.and_then(Value::as_str).unwrap_or("").to_owned();
+        let tool = params.and_then(|p| p.get("toolCall"));
+        let title = Some(text(tool.and_then(|t| t.get("title"))))
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| text(tool.and_then(|t| t.get("toolCallId"))));
+        let summary = tool
+            .and_then(|t| t.get("rawInput").or_else(|| t.get("content")))
+            .filter(|v| !v.is_null())
+            .map(|v| cap(&v.to_string(), summary_max).into_owned())
+            .unwrap_or_default();
+        let offered = params
+            .and_then(|p| p.get("options"))
+            .and_then(Value::as_array)
+            .map(|options| {
+                options
+                    .iter()
+                    .filter_map(|o| {
+                        Some((
+                            o.get("optionId")?.as_str()?.to_owned(),
+                            o.get("kind")?.as_str()?.to_owned(),
+                        ))
+                    })
+                    .take(16)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            session_id: text(params.and_then(|p| p.get("sessionId"))),
+            kind: ToolKind::of(tool.and_then(|t| t.get("kind")).and_then(Value::as_str)),
+            title: if title.is_empty() {
+                "(untitled tool call)".to_owned()
+            } else {
+                cap(&title, PERMISSION_TITLE_MAX).into_owned()
+            },
+            summary,
+            offered,
+        }
+    }
+}
+
 /// How a permission request ended.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]

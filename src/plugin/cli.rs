@@ -14,7 +14,8 @@ use super::output::OutputFormat;
 /// relaunches nothing until someone asks. This plugin asks: `resume` sets the resume-request
 /// annotation (a new token each time) and can wait until the operator has handled it;
 /// `prompt` makes sure the agent runs (resuming it when needed) and streams its answer;
-/// `status` and `history` show where a session stands and what was said.
+/// `status` and `history` show where a session stands and what was said; `permissions` lists
+/// the agent's permission requests that wait for a person, `approve` and `deny` answer them.
 ///
 /// Install: `kubectl krew install --manifest=kandev.yaml --archive=…` (see docs/install.md), or
 /// put the `kubectl-kandev` binary on your PATH; kubectl finds it as `kubectl kandev`. Shell
@@ -127,6 +128,12 @@ pub enum Command {
     /// prompt sent once more. Leaving (also with Ctrl-C) disconnects without stopping the
     /// agent.
     ///
+    /// Permission requests: when stdin and stderr are a terminal, the agent's requests to run a
+    /// tool are asked here (its kind, title and what it would do, then `allow once / always /
+    /// reject? [y/a/N]`) and answered with the chosen option. Otherwise they go to the session's
+    /// policy (spec.permissions): allowed, denied, or held for a person, shown by `kubectl kandev
+    /// permissions SESSION` and answered with `kubectl kandev approve|deny SESSION ID`.
+    ///
     /// Exit code 0 when the turn ended normally (end_turn, max_tokens, max_turn_requests), 1
     /// when the agent refused, the turn was cancelled, or the prompt failed.
     #[command(after_help = EXIT_CODES_HELP)]
@@ -154,6 +161,45 @@ pub enum Command {
     /// --wait, waits until the session is CANCELLED.
     #[command(after_help = EXIT_CODES_HELP)]
     Cancel(EndArgs),
+    /// List the agent's permission requests that wait for a person's answer.
+    ///
+    /// When the agent asks to run a tool and the session's policy (spec.permissions) says
+    /// "ask", agentctl holds the request until someone answers it or its askTimeout passes; the
+    /// operator shows it in status.pendingPermissions (and the AwaitingApproval condition). This
+    /// lists them: ID, tool KIND, TITLE, the OPTIONS the agent offers, and AGE. -o yaml shows
+    /// each request's summary (what the tool would do). Answer one with
+    /// `kubectl kandev approve|deny SESSION ID`. Prints "no permission requests wait" when none
+    /// does (exit 0).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Permissions(PermissionsArgs),
+    /// Allow a permission request the agent waits on (allow_once; --always: allow_always).
+    ///
+    /// Sets the annotation kandev.dev/permission-answer to `<ID>=allow_once` (or
+    /// `<ID>=allow_always`) with a merge patch (field manager "kandev-plugin"); the operator
+    /// relays the answer to the agent through agentctl. Anyone who may patch the TaskSession may
+    /// answer; a GitOps tool can set the same annotation. Each value is handled once.
+    ///
+    /// Without ID, answers the only request that waits; when none or several wait it refuses
+    /// (exit code 2) and lists them. A request that does not offer the option is refused before
+    /// anything is set (exit code 2), naming what it offers. With --wait, waits until the
+    /// request no longer waits and prints how it ended; an answer the operator refused (a
+    /// PermissionAnswerRefused Event) exits 1.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Approve(AnswerArgs),
+    /// Reject a permission request the agent waits on (reject_once; --always: reject_always).
+    ///
+    /// Sets the annotation kandev.dev/permission-answer to `<ID>=reject_once` (or
+    /// `<ID>=reject_always`) with a merge patch (field manager "kandev-plugin"); the operator
+    /// relays the answer to the agent through agentctl. Anyone who may patch the TaskSession may
+    /// answer; a GitOps tool can set the same annotation. Each value is handled once.
+    ///
+    /// Without ID, answers the only request that waits; when none or several wait it refuses
+    /// (exit code 2) and lists them. A request that does not offer the option is refused before
+    /// anything is set (exit code 2), naming what it offers. With --wait, waits until the
+    /// request no longer waits and prints how it ended; an answer the operator refused (a
+    /// PermissionAnswerRefused Event) exits 1.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Deny(AnswerArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -234,6 +280,59 @@ pub struct EndArgs {
 
 fn parse_output(text: &str) -> Result<OutputFormat, super::output::FormatError> {
     text.parse()
+}
+
+/// `-o` of `permissions`: the usual formats, or `name` (the request ids, one a line).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListOutput {
+    Name,
+    Format(OutputFormat),
+}
+
+fn parse_list_output(text: &str) -> Result<ListOutput, UsageError> {
+    if text == "name" {
+        return Ok(ListOutput::Name);
+    }
+    match text.parse() {
+        Ok(format) => Ok(ListOutput::Format(format)),
+        Err(super::output::FormatError::Unknown(text)) => Err(UsageError::UnknownListOutput(text)),
+        Err(error) => Err(UsageError::Output(error)),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct PermissionsArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// Output format: text (a table), json, yaml, name (the request ids, one a line) or
+    /// jsonpath=TEMPLATE (e.g. -o jsonpath='{.pendingPermissions[*].id}').
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "text", value_parser = parse_list_output)]
+    pub output: ListOutput,
+}
+
+#[derive(Args, Debug)]
+pub struct AnswerArgs {
+    /// Name of the TaskSession.
+    pub session: String,
+    /// The permission request's id (e.g. p3, as `kubectl kandev permissions` lists it)
+    /// [default: the only request that waits].
+    #[arg(value_name = "ID")]
+    pub id: Option<String>,
+    /// Answer with the request's "always" option (allow_always, reject_always) instead of the
+    /// "once" one (allow_once, reject_once): the agent may remember the choice for tool calls
+    /// like this one.
+    #[arg(long)]
+    pub always: bool,
+    /// Wait until the request no longer waits, then print how it ended; exit 1 if the operator
+    /// refused the answer or the request ended otherwise (timed out, went with the agent).
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits (90s, 2m, 1m30s, PT2M or a bare number of seconds).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Output format: text, json, yaml or jsonpath=TEMPLATE (e.g. -o jsonpath='{.outcome}').
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "text", value_parser = parse_output)]
+    pub output: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -443,13 +542,112 @@ mod tests {
     }
 
     #[test]
+    fn permission_verbs() {
+        match parse(&["approve", "demo"]).expect("parse").command {
+            Command::Approve(args) => {
+                assert_eq!((args.session.as_str(), args.id), ("demo", None));
+                assert!(!args.always && !args.wait);
+                assert_eq!(args.timeout, Duration::from_secs(120));
+                assert_eq!(args.output, OutputFormat::Text);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&[
+            "deny",
+            "demo",
+            "p3",
+            "--always",
+            "--wait",
+            "--timeout",
+            "30s",
+            "-o",
+            "json",
+        ])
+        .expect("parse")
+        .command
+        {
+            Command::Deny(args) => {
+                assert_eq!(args.id.as_deref(), Some("p3"));
+                assert!(args.always && args.wait);
+                assert_eq!(args.timeout, Duration::from_secs(30));
+                assert_eq!(args.output, OutputFormat::Json);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(parse(&["approve"]).expect_err("no session").exit_code(), 2);
+        assert_eq!(
+            parse(&["approve", "demo", "p3", "p4"])
+                .expect_err("one id")
+                .exit_code(),
+            2
+        );
+        for (flag, expected) in [
+            ("text", ListOutput::Format(OutputFormat::Text)),
+            ("json", ListOutput::Format(OutputFormat::Json)),
+            ("yaml", ListOutput::Format(OutputFormat::Yaml)),
+            ("name", ListOutput::Name),
+        ] {
+            match parse(&["permissions", "demo", "-o", flag])
+                .expect("parse")
+                .command
+            {
+                Command::Permissions(args) => assert_eq!(args.output, expected, "{flag}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let err = parse(&["permissions", "demo", "-o", "wide"]).expect_err("wide");
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("name (the request ids)"), "{err}");
+        let err = parse(&["permissions", "demo", "-o", "jsonpath={.x"]).expect_err("bad");
+        assert!(err.to_string().contains("unclosed"), "{err}");
+    }
+
+    #[test]
+    fn answer_help_names_the_annotation_and_its_values() {
+        let mut cmd = Cli::command();
+        for (sub, kinds) in [
+            ("approve", ["allow_once", "allow_always"]),
+            ("deny", ["reject_once", "reject_always"]),
+        ] {
+            let help = cmd
+                .find_subcommand_mut(sub)
+                .expect("subcommand")
+                .render_long_help()
+                .to_string();
+            assert!(help.contains("kandev.dev/permission-answer"), "{help}");
+            assert!(help.contains("kandev-plugin"), "{help}");
+            for kind in kinds {
+                assert!(help.contains(kind), "{sub}: {kind}: {help}");
+            }
+            for flag in ["--always", "--wait", "--timeout", "--output"] {
+                assert!(help.contains(flag), "{sub}: {flag}");
+            }
+        }
+        let help = cmd
+            .find_subcommand_mut("prompt")
+            .expect("prompt")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("[y/a/N]"), "{help}");
+        assert!(help.contains("kubectl kandev approve|deny"), "{help}");
+    }
+
+    #[test]
     fn help_documents_exit_codes_and_reads_as_kubectl_kandev() {
         let mut cmd = Cli::command();
         let help = cmd.render_long_help().to_string();
         assert!(help.contains("Exit codes:"), "{help}");
         assert!(help.contains("kubectl kandev"), "{help}");
         for sub in [
-            "status", "resume", "prompt", "history", "complete", "cancel",
+            "status",
+            "resume",
+            "prompt",
+            "history",
+            "complete",
+            "cancel",
+            "permissions",
+            "approve",
+            "deny",
         ] {
             let sub_help = cmd
                 .find_subcommand_mut(sub)

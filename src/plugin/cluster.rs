@@ -1,6 +1,7 @@
 //! Talking to the API server: loading the kubeconfig (with kubectl's `--as`, `--as-group`,
 //! `--token` and `--request-timeout`), reading a session with its executor and pods, setting the
-//! resume-request annotation. Waiting until something happened is `watch.rs`'s.
+//! resume-request and permission-answer annotations. Waiting until something happened is
+//! `watch.rs`'s.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,8 +18,8 @@ use super::error::PluginError;
 use super::status::Snapshot;
 use crate::api::names;
 use crate::api::{
-    ExecutorRunning, MANAGED_LABEL, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL,
-    TaskSession,
+    ExecutorRunning, MANAGED_LABEL, PERMISSION_ANSWER_ANNOTATION, RESUME_ANNOTATION,
+    RESUME_FRESH_ANNOTATION, SESSION_LABEL, TaskSession,
 };
 
 /// The field manager of every write the plugin makes. It must not start with `kubectl`: Flux
@@ -257,6 +258,30 @@ impl Cluster {
             Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(&name)),
             Err(e) => Err(self.kube_error(
                 format!("setting {RESUME_ANNOTATION} on tasksession {name:?}"),
+                e,
+            )),
+        }
+    }
+}
+
+impl Cluster {
+    /// Sets [`PERMISSION_ANSWER_ANNOTATION`] to `value` (`<id>=<option kind>`) in one merge
+    /// patch, field manager [`FIELD_MANAGER`]: the operator relays it to agentctl once.
+    pub async fn set_permission_answer(&self, name: &str, value: &str) -> Result<(), PluginError> {
+        let patch = json!({"metadata": {"annotations": {PERMISSION_ANSWER_ANNOTATION: value}}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        };
+        match self
+            .sessions()
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(name)),
+            Err(e) => Err(self.kube_error(
+                format!("setting {PERMISSION_ANSWER_ANNOTATION} on tasksession {name:?}"),
                 e,
             )),
         }

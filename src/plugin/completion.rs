@@ -6,8 +6,8 @@
 //!
 //! `kubectl_complete-kandev` is `kubectl-kandev` under another name (a link), or
 //! `kubectl-kandev __complete ARGS… WORD`. Verbs and flags come from the clap definition
-//! ([`plan`], pure); TaskSession names, namespaces and contexts from the cluster and the
-//! kubeconfig.
+//! ([`plan`], pure); TaskSession names, the ids of a session's pending permission requests
+//! (`approve`, `deny`), namespaces and contexts from the cluster and the kubeconfig.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -43,6 +43,8 @@ pub mod directive {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fetch {
     Sessions,
+    /// The ids of the permission requests that wait in this session (`approve`, `deny`).
+    PendingRequests(String),
     Namespaces,
     Contexts,
 }
@@ -77,6 +79,7 @@ pub fn plan(words: &[String]) -> Plan {
         global_args,
         only_positionals,
     } = scan(&root, before);
+    let positional_count = positionals.len();
     let mut plan = Plan {
         candidates: Vec::new(),
         fetch: None,
@@ -100,7 +103,7 @@ pub fn plan(words: &[String]) -> Plan {
         None => None,
     };
     if let Some(arg) = value_of {
-        complete_value(&arg, &mut plan);
+        complete_value(&arg, sub.as_ref(), &mut plan);
         return plan;
     }
     if current.starts_with('-') && !only_positionals {
@@ -116,7 +119,10 @@ pub fn plan(words: &[String]) -> Plan {
                 .map(|c| (c.get_name().to_string(), first_line(c.get_about())))
                 .collect();
         }
-        Some(_) if positionals == 0 => plan.fetch = Some(Fetch::Sessions),
+        Some(_) if positional_count == 0 => plan.fetch = Some(Fetch::Sessions),
+        Some(sub) if positional_count == 1 && ANSWER_VERBS.contains(&sub.get_name()) => {
+            plan.fetch = positionals.first().cloned().map(Fetch::PendingRequests);
+        }
         Some(_) => {}
     }
     plan
@@ -127,7 +133,7 @@ struct Scanned {
     /// The subcommand, once named.
     sub: Option<ClapCommand>,
     /// Positional words after the subcommand.
-    positionals: usize,
+    positionals: Vec<String>,
     /// A flag whose value is the next word.
     pending: Option<Arg>,
     /// The global flags given, with their values (for the fetch of the session names).
@@ -139,7 +145,7 @@ struct Scanned {
 fn scan(root: &ClapCommand, before: &[String]) -> Scanned {
     let mut scanned = Scanned {
         sub: None,
-        positionals: 0,
+        positionals: Vec::new(),
         pending: None,
         global_args: Vec::new(),
         only_positionals: false,
@@ -154,7 +160,7 @@ fn scan(root: &ClapCommand, before: &[String]) -> Scanned {
         if scanned.only_positionals || !word.starts_with('-') || word == "-" {
             match &scanned.sub {
                 None => scanned.sub = root.find_subcommand(word).cloned(),
-                Some(_) => scanned.positionals += 1,
+                Some(_) => scanned.positionals.push(word.clone()),
             }
             continue;
         }
@@ -183,7 +189,10 @@ fn scan(root: &ClapCommand, before: &[String]) -> Scanned {
     scanned
 }
 
-fn complete_value(arg: &Arg, plan: &mut Plan) {
+/// The verbs whose second positional is a pending permission request's id.
+const ANSWER_VERBS: [&str; 2] = ["approve", "deny"];
+
+fn complete_value(arg: &Arg, sub: Option<&ClapCommand>, plan: &mut Plan) {
     match arg.get_id().as_str() {
         "namespace" => plan.fetch = Some(Fetch::Namespaces),
         "context" => plan.fetch = Some(Fetch::Contexts),
@@ -202,6 +211,10 @@ fn complete_value(arg: &Arg, plan: &mut Plan) {
             } else {
                 history
             };
+            if sub.is_some_and(|s| s.get_name() == "permissions") {
+                plan.candidates
+                    .push(("name".into(), "the request ids, one a line".into()));
+            }
             if plan.candidates.iter().any(|(v, _)| v.ends_with('=')) {
                 plan.directive |= directive::NO_SPACE;
             }
@@ -349,6 +362,20 @@ async fn fetch_candidates(fetch: &Fetch, global: &GlobalArgs) -> Vec<(String, St
                     .collect()
             })
             .unwrap_or_default(),
+        Fetch::PendingRequests(name) => cluster
+            .sessions()
+            .get(name)
+            .await
+            .map(|session| {
+                session
+                    .status
+                    .map(|s| s.pending_permissions)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|p| (p.id.clone(), format!("{}: {}", p.tool_kind, p.title)))
+                    .collect()
+            })
+            .unwrap_or_default(),
         Fetch::Namespaces => Api::<Namespace>::all(cluster.client.clone())
             .list_metadata(&ListParams::default())
             .await
@@ -399,7 +426,15 @@ mod tests {
         assert_eq!(
             values(&plan),
             [
-                "status", "resume", "prompt", "history", "complete", "cancel"
+                "status",
+                "resume",
+                "prompt",
+                "history",
+                "complete",
+                "cancel",
+                "permissions",
+                "approve",
+                "deny"
             ]
         );
         assert_eq!(plan.directive, directive::NO_FILE_COMP);
@@ -501,6 +536,50 @@ mod tests {
         );
         let plan = super::plan(&words("resume demo --timeout "));
         assert_eq!((plan.fetch.clone(), plan.candidates.len()), (None, 0));
+    }
+
+    #[test]
+    fn permission_verbs_complete_sessions_then_pending_ids() {
+        for line in [
+            "permissions ",
+            "approve ",
+            "deny de",
+            "-n team approve --always ",
+        ] {
+            assert_eq!(plan(&words(line)).fetch, Some(Fetch::Sessions), "{line}");
+        }
+        for line in [
+            "approve demo ",
+            "deny demo p",
+            "approve --always demo ",
+            "-n team deny demo --wait ",
+            "approve demo --timeout 30s ",
+        ] {
+            assert_eq!(
+                plan(&words(line)).fetch,
+                Some(Fetch::PendingRequests("demo".into())),
+                "{line}"
+            );
+        }
+        let plan = super::plan(&words("-n team approve demo p"));
+        assert_eq!(plan.prefix, "p");
+        assert_eq!(plan.global_args, ["-n", "team"]);
+        // Only one id; `permissions` takes none.
+        for line in ["approve demo p3 ", "permissions demo ", "status demo "] {
+            assert_eq!(super::plan(&words(line)).fetch, None, "{line}");
+        }
+        let got = super::plan(&words("approve demo --"));
+        for flag in ["--always", "--wait", "--timeout", "--output", "--namespace"] {
+            assert!(values(&got).contains(&flag), "{flag}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn permissions_lists_also_by_name() {
+        let plan = plan(&words("permissions demo -o "));
+        assert_eq!(values(&plan), ["text", "json", "yaml", "jsonpath=", "name"]);
+        let plan = super::plan(&words("approve demo -o "));
+        assert_eq!(values(&plan), ["text", "json", "yaml", "jsonpath="]);
     }
 
     #[test]

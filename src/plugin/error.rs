@@ -7,11 +7,13 @@ use std::time::Duration;
 pub enum ExitCode {
     /// Done: the command did what was asked (a session already running counts as done).
     Ok = 0,
-    /// The resume or the prompt failed (the operator or the agent reported a failure).
+    /// The resume, the prompt or the permission answer failed (the operator or the agent
+    /// reported a failure).
     Failed = 1,
     /// Bad command line (clap's own code).
     Usage = 2,
-    /// The TaskSession does not exist.
+    /// The TaskSession does not exist, or (`approve`, `deny`) the named permission request does
+    /// not wait.
     NotFound = 3,
     /// The session cannot be resumed (terminal state), or the command needs a running agent pod
     /// and there is none (`history`).
@@ -34,14 +36,17 @@ impl ExitCode {
 /// The `--help` text listing the exit codes.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
-  0  ok (for resume/prompt: the session was restored or started; already running counts)
-  1  the resume or the prompt failed
-  2  usage error
-  3  the TaskSession was not found
+  0  ok (for resume/prompt: the session was restored or started; already running counts; for
+     approve/deny --wait: the agent got the answer)
+  1  the resume or the prompt failed; approve/deny --wait: the answer was refused, or the
+     request ended otherwise (timed out, went with the agent)
+  2  usage error; approve/deny: no request or several wait and no ID was given, or the request
+     does not offer the option asked for
+  3  the TaskSession was not found; approve/deny: the permission request ID does not wait
   4  not resumable: a terminal session (COMPLETED, CANCELLED, FAILED without a resumable
      executor), or no running agent pod where one is needed (history)
   5  timed out (--timeout) waiting for the operator or the agent
-  6  cluster unreachable, kubeconfig unusable, or an API error
+  6  cluster unreachable, kubeconfig unusable, or an API error (e.g. forbidden by RBAC)
   7  prompt: the agent's pod was lost after the prompt was sent and the agent may have received
      it; the session was resumed and the prompt not sent again (see kubectl kandev history)";
 
@@ -102,6 +107,25 @@ pub enum PluginError {
     },
     #[error("interrupted; {0}")]
     Interrupted(String),
+    /// `approve`/`deny` without an id, and not exactly one request waits; or an answer the
+    /// request does not offer.
+    #[error("tasksession {name:?}: {why}")]
+    PermissionChoice { name: String, why: String },
+    #[error(
+        "tasksession {name:?} has no permission request {id} waiting (waiting: {waiting}); it was answered already, timed out, or went with the agent: kubectl kandev permissions {name} -n {namespace}"
+    )]
+    PermissionNotPending {
+        name: String,
+        namespace: String,
+        id: String,
+        waiting: String,
+    },
+    #[error("permission answer {answer} to tasksession {name:?} {verdict}")]
+    AnswerFailed {
+        name: String,
+        answer: String,
+        verdict: String,
+    },
     #[error(
         "prompt to tasksession {name:?}: the agent's pod {pod} was lost before the turn ended, and {what}; the prompt was not sent again (at most once). The session was resumed: see how far the agent got with kubectl kandev history {name} -n {namespace}"
     )]
@@ -133,7 +157,8 @@ impl PluginError {
     /// The exit code a script sees for this error.
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            Self::NotFound { .. } => ExitCode::NotFound,
+            Self::NotFound { .. } | Self::PermissionNotPending { .. } => ExitCode::NotFound,
+            Self::PermissionChoice { .. } => ExitCode::Usage,
             Self::NotResumable { .. } | Self::NoRunningPod { .. } => ExitCode::NotResumable,
             Self::Timeout { .. } => ExitCode::Timeout,
             Self::NotResent { .. } => ExitCode::NotResent,
@@ -142,6 +167,7 @@ impl PluginError {
             }
             Self::ResumeFailed { .. }
             | Self::PromptFailed { .. }
+            | Self::AnswerFailed { .. }
             | Self::Exec { .. }
             | Self::Io { .. }
             | Self::Interrupted(_) => ExitCode::Failed,
@@ -192,6 +218,12 @@ pub enum UsageError {
     PromptStdin(#[source] std::io::Error),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error(
+        "unknown output format {0:?}; allowed: text, json, yaml, name (the request ids), jsonpath=TEMPLATE"
+    )]
+    UnknownListOutput(String),
+    #[error(transparent)]
+    Output(#[from] super::output::FormatError),
 }
 
 /// Parses `--timeout` with jiff's duration syntax: its "friendly" format (`90s`, `2m`, `1m30s`,
@@ -366,6 +398,30 @@ mod tests {
                 1,
             ),
             (PluginError::Interrupted("i".into()), 1),
+            (
+                PluginError::PermissionChoice {
+                    name: "x".into(),
+                    why: "w".into(),
+                },
+                2,
+            ),
+            (
+                PluginError::PermissionNotPending {
+                    name: "x".into(),
+                    namespace: "y".into(),
+                    id: "p9".into(),
+                    waiting: "p3".into(),
+                },
+                3,
+            ),
+            (
+                PluginError::AnswerFailed {
+                    name: "x".into(),
+                    answer: "p3=allow_once".into(),
+                    verdict: "was refused".into(),
+                },
+                1,
+            ),
             (
                 PluginError::NotResent {
                     name: "x".into(),

@@ -1,4 +1,5 @@
-//! `kubectl-kandev`, the kubectl plugin (DESIGN §4): `status`, `resume`, `prompt`, `history`, `complete`, `cancel`.
+//! `kubectl-kandev`, the kubectl plugin (DESIGN §4): `status`, `resume`, `prompt`, `history`,
+//! `complete`, `cancel`, `permissions`, `approve`, `deny`.
 //!
 //! - [`cli`]: the command line and its `--help` text;
 //! - [`status`]: the status snapshot (the operator's loaded objects, evaluated by its rules) and
@@ -13,10 +14,14 @@
 //! - `end`: the `complete` and `cancel` commands (`spec.end`, then a wait for the terminal state);
 //! - `prompt` and `history`: exec into the agentctl pod (`agentctl connect` for ACP, `agentctl
 //!   history` for the history file); `prompt` starts with its pure rules (when a prompt may be
-//!   sent or retried), `history` prints with the renderer of [`crate::history`].
+//!   sent or retried), `history` prints with the renderer of [`crate::history`];
+//! - `ask`: `prompt` on a terminal answers the agent's permission requests itself (`agentctl
+//!   connect --permissions`): the question, the answer letter and the option it picks;
+//! - [`permissions`]: the `permissions`, `approve` and `deny` commands (the requests in
+//!   `status.pendingPermissions` and the answer annotation `kandev.dev/permission-answer`).
 //!
 //! Exit codes ([`ExitCode`]): 0 ok, 1 failed, 2 usage, 3 not found, 4 not resumable, 5 timeout,
-//! 6 cluster/API error.
+//! 6 cluster/API error, 7 prompt not resent.
 //!
 //! Everything it prints goes through [`escape_controls`]: status fields, history and the
 //! agent's own words come from the cluster and the agent, and a terminal must not run their
@@ -29,6 +34,7 @@ macro_rules! say {
     };
 }
 
+mod ask;
 pub mod cli;
 pub mod cluster;
 pub mod completion;
@@ -36,6 +42,7 @@ mod end;
 mod error;
 mod history;
 pub mod output;
+pub mod permissions;
 mod prompt;
 pub mod resume;
 pub mod status;
@@ -155,11 +162,25 @@ async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginEr
         Command::Resume(args) => resume::resume(&cluster, args).await,
         Command::Prompt(args) => {
             let text = prompt_text.unwrap_or_else(|| args.text.clone());
-            prompt::prompt(&cluster, &args.session, &text, args.timeout).await
+            prompt::prompt(
+                &cluster,
+                &args.session,
+                &text,
+                args.timeout,
+                ask::asks_here(),
+            )
+            .await
         }
         Command::History(args) => history::history(&cluster, args).await,
         Command::Complete(args) => end::end(&cluster, args, SessionEnd::Completed).await,
         Command::Cancel(args) => end::end(&cluster, args, SessionEnd::Cancelled).await,
+        Command::Permissions(args) => permissions::permissions(&cluster, args).await,
+        Command::Approve(args) => {
+            permissions::answer(&cluster, args, permissions::Verdict::Approve).await
+        }
+        Command::Deny(args) => {
+            permissions::answer(&cluster, args, permissions::Verdict::Deny).await
+        }
     }
 }
 

@@ -10,11 +10,16 @@
 //! ([`crate::acp::PROMPT_ID_META`]), which agentctl journals with `prompt_started` on the
 //! workspace volume before the agent gets the prompt. After a pod lost mid-turn, the session is
 //! resumed and the new pod's journal read: only a prompt whose id is not there is sent again.
+//!
+//! On a terminal, the agent's permission requests during the turn are asked there (`ask.rs`:
+//! `agentctl connect --permissions`); otherwise the session's policy decides them, and `prompt`
+//! says once where the held ones are answered.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::ask::{AgentLink, Asker, next_ask, policy_hint};
 use super::cluster::{Cluster, Deadline, new_token};
 use super::error::{ExitCode, PluginError};
 use super::history::{ReadError, exec_read};
@@ -23,7 +28,7 @@ use super::resume::{ResumePlan, interpret_outcome, plan_resume};
 use super::status::{Snapshot, liveness_name};
 use super::watch::{Progress, SessionWatch};
 use super::write_stdout;
-use crate::acp::{AcpError, AcpTimeouts, PodConnection, SessionUpdateEvent};
+use crate::acp::{AcpError, AcpTimeouts, SessionUpdateEvent};
 use crate::api::pod_contract::CONTAINER;
 use crate::api::pod_contract::events::{Event, EventLine};
 use crate::api::{ResumeReason, SessionState, TaskSessionStatus};
@@ -173,12 +178,17 @@ struct Failure {
     reason: String,
 }
 
+/// `kubectl kandev prompt`. `asks`: the agent's permission requests are asked here (a
+/// terminal), not left to the session's policy.
 pub async fn prompt(
     cluster: &Cluster,
     name: &str,
     text: &str,
     timeout: Duration,
+    asks: bool,
 ) -> Result<ExitCode, PluginError> {
+    // Said once, when the prompt is about to go: without a terminal nobody is asked.
+    let mut hint = !asks;
     let prompt_id = new_token();
     let mut retried = false;
     // The pod a sent prompt was lost with, and the journal cursor before it was sent.
@@ -189,7 +199,10 @@ pub async fn prompt(
         if let Some((pod, cursor)) = lost_with.take() {
             never_received(cluster, name, &ready.pod, &prompt_id, (pod, cursor)).await?;
         }
-        let attempted = attempt(cluster, name, &ready, text, &prompt_id, &mut printer).await;
+        if std::mem::take(&mut hint) {
+            say!("{}", policy_hint(name, &cluster.namespace));
+        }
+        let attempted = attempt(cluster, name, &ready, text, &prompt_id, asks, &mut printer).await;
         printer.finish();
         let failure = match attempted {
             Attempt::Done { stop_reason } => return turn_done(name, &stop_reason),
@@ -509,10 +522,11 @@ async fn attempt(
     ready: &Ready,
     text: &str,
     prompt_id: &str,
+    asks: bool,
     printer: &mut Printer,
 ) -> Attempt {
     let mut connection =
-        match PodConnection::open(&cluster.exec_pods(), &ready.pod, CONTAINER).await {
+        match AgentLink::open(&cluster.exec_pods(), &ready.pod, CONTAINER, asks).await {
             Ok(connection) => connection,
             Err(error) => {
                 return Attempt::Failed(Failure {
@@ -538,6 +552,10 @@ async fn attempt(
     }
     let mut updates = connection.client.subscribe_updates();
     let mut noted = false;
+    // The agent's permission requests, when this terminal answers them.
+    let mut requests = connection.asks.take();
+    let answers = connection.answers.clone();
+    let mut asker = Asker::default();
     let result = {
         let prompt = connection.client.prompt(&ready.session_id, text);
         tokio::pin!(prompt);
@@ -547,6 +565,16 @@ async fn attempt(
             tokio::select! {
                 result = &mut prompt => break Some(result),
                 Some(event) = updates.recv() => printer.update(&event, &ready.session_id),
+                Some(ask) = next_ask(&mut requests) => {
+                    printer.finish();
+                    asker.push(ask);
+                }
+                input = asker.reply(), if asker.is_asking() => {
+                    if let (Some(line), Some(answers)) = (asker.answered(input), &answers) {
+                        // A closed pump means the connection is going; the prompt says how.
+                        let _ = answers.send(line).await;
+                    }
+                }
                 () = &mut note, if !noted => {
                     noted = true;
                     cluster.note_prompt(name).await;
@@ -555,6 +583,9 @@ async fn attempt(
             }
         }
     };
+    asker.abandon();
+    // The pump must not wait on a request nobody will read while the connection closes.
+    drop(requests);
     if !noted {
         cluster.note_prompt(name).await;
     }

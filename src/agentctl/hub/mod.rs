@@ -112,6 +112,10 @@ pub struct HubConfig {
     pub worktree: Option<Value>,
     /// What the agent's permission requests get when no client that decides is connected.
     pub permissions: crate::api::EffectivePolicy,
+    /// What the ids of permission requests start with (`<prefix>-<n>`), different in each
+    /// pod, so that an id names a request of one pod only (an answer for an earlier pod's
+    /// request never reaches a later one); `None`: `p<n>`.
+    pub permission_prefix: Option<String>,
 }
 
 enum InitState {

@@ -1,7 +1,7 @@
 //! The agent's `session/request_permission` when no client that decides is connected: the
 //! session's policy ([`EffectivePolicy`]) allows it, denies it, or holds it for a person's answer
 //! ([`Hub::answer_permission`]) until `askTimeout` ([`Hub::permission_timed_out`]). Every request
-//! gets an id of agentctl's (`p<n>`), and what became of it goes into the journal
+//! gets an id of agentctl's (`<when serve started>-<n>`, unique across the session's pods), and what became of it goes into the journal
 //! ([`Event::PermissionResolved`]) and the history.
 
 use std::time::Duration;
@@ -13,13 +13,10 @@ use crate::agentctl::events::Event;
 use crate::api::bounds::cap;
 use crate::api::{
     PENDING_PERMISSIONS_MAX, PERMISSION_SUMMARY_MAX, PendingPermission, PermissionAction,
-    PermissionOption, PermissionOutcome, ToolKind,
+    PermissionAsk, PermissionOption, PermissionOutcome, ToolKind,
 };
 use crate::history::HistoryEntry;
 use crate::jsonrpc;
-
-/// Options remembered of one request (the agent offers a handful).
-const OFFERED_MAX: usize = 16;
 
 /// A request held for a person's answer.
 pub(super) struct Held {
@@ -46,56 +43,6 @@ pub enum AnswerRefusal {
     },
 }
 
-/// What the agent asked, read from its request.
-struct Asked {
-    session_id: String,
-    kind: ToolKind,
-    title: String,
-    summary: String,
-    offered: Vec<(String, String)>,
-}
-
-fn asked(raw: &Map<String, Value>) -> Asked {
-    let params = raw.get("params");
-    let text = |value: Option<&Value>| value.and_then(Value::as_str).unwrap_or("").to_owned();
-    let tool = params.and_then(|p| p.get("toolCall"));
-    let title = Some(text(tool.and_then(|t| t.get("title"))))
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| text(tool.and_then(|t| t.get("toolCallId"))));
-    let summary = tool
-        .and_then(|t| t.get("rawInput").or_else(|| t.get("content")))
-        .filter(|v| !v.is_null())
-        .map(|v| cap(&v.to_string(), PERMISSION_SUMMARY_MAX).into_owned())
-        .unwrap_or_default();
-    let offered = params
-        .and_then(|p| p.get("options"))
-        .and_then(Value::as_array)
-        .map(|options| {
-            options
-                .iter()
-                .filter_map(|o| {
-                    Some((
-                        o.get("optionId")?.as_str()?.to_owned(),
-                        o.get("kind")?.as_str()?.to_owned(),
-                    ))
-                })
-                .take(OFFERED_MAX)
-                .collect()
-        })
-        .unwrap_or_default();
-    Asked {
-        session_id: text(params.and_then(|p| p.get("sessionId"))),
-        kind: ToolKind::of(tool.and_then(|t| t.get("kind")).and_then(Value::as_str)),
-        title: if title.is_empty() {
-            "(untitled tool call)".to_owned()
-        } else {
-            title
-        },
-        summary,
-        offered,
-    }
-}
-
 /// The answer selecting `option`, or cancelling the request.
 fn answer(id: Value, option: Option<&str>) -> Value {
     let outcome = match option {
@@ -119,9 +66,12 @@ impl Hub {
         id: Value,
         raw: &Map<String, Value>,
     ) -> Vec<Output> {
-        let asked = asked(raw);
+        let asked = PermissionAsk::read(raw.get("params"), PERMISSION_SUMMARY_MAX);
         self.next_permission += 1;
-        let request_id = format!("p{}", self.next_permission);
+        let request_id = match &self.config.permission_prefix {
+            Some(prefix) => format!("{prefix}-{}", self.next_permission),
+            None => format!("p{}", self.next_permission),
+        };
         let (action, rule) = self.config.permissions.decide(asked.kind);
         let by = match rule {
             Some(i) => format!("rule {} ({} → {})", i + 1, asked.kind, action_word(action)),
@@ -163,7 +113,7 @@ impl Hub {
     }
 
     /// Holds the request for a person's answer; the oldest held goes when too many wait.
-    fn hold(&mut self, agent_id: Value, asked: Asked, request_id: String) -> Vec<Output> {
+    fn hold(&mut self, agent_id: Value, asked: PermissionAsk, request_id: String) -> Vec<Output> {
         let mut out = Vec::new();
         if self.held.len() >= PENDING_PERMISSIONS_MAX {
             let oldest = self.held.remove(0);
