@@ -151,6 +151,11 @@ impl Followers {
     }
 
     /// The news of pod `pod_uid` that no reconcile has written yet.
+    /// The pace of execs into agentctl pods, shared with the relay of permission answers.
+    pub fn gate(&self) -> Arc<ExecGate> {
+        self.gate.clone()
+    }
+
     pub fn news(&self, pod_uid: &str) -> Option<Posted> {
         self.board.news.lock().ok()?.get(pod_uid).cloned()
     }

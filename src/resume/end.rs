@@ -147,6 +147,8 @@ pub fn session_finished(
     status.is_resumable = false;
     status.resume_reason = Some(ResumeReason::TerminalState);
     status.error_message = None;
+    // What waited for a person went with the agent.
+    status.pending_permissions.clear();
     finish_request(&mut status);
     let wanted = [
         Want::new(conditions::READY, false, word, &message),
@@ -155,6 +157,10 @@ pub fn session_finished(
         Want::new(conditions::RECONCILING, false, word, ""),
         Want::new(conditions::STALLED, false, word, ""),
     ];
+    let wanted: Vec<Want> = wanted
+        .into_iter()
+        .chain(super::observe::none_awaiting_approval(current))
+        .collect();
     settle(&mut status, &wanted, generation, now);
     Transition {
         write: true,

@@ -252,10 +252,15 @@ fn awaiting_approval(
                 oldest.id
             ),
         )),
-        None => conditions::find(&loaded.conditions, conditions::AWAITING_APPROVAL)
-            .filter(|c| c.status == "True")
-            .map(|_| Want::new(conditions::AWAITING_APPROVAL, false, "NoneWaiting", "")),
+        None => none_awaiting_approval(loaded),
     }
+}
+
+/// `AwaitingApproval=False` where `loaded` says one waits: nothing waits any more.
+pub(super) fn none_awaiting_approval(loaded: &TaskSessionStatus) -> Option<Want> {
+    conditions::find(&loaded.conditions, conditions::AWAITING_APPROVAL)
+        .filter(|c| c.status == "True")
+        .map(|_| Want::new(conditions::AWAITING_APPROVAL, false, "NoneWaiting", ""))
 }
 
 /// `SessionConfigured` of a session with `spec.sessionConfig` whose agent runs: what its last
@@ -776,5 +781,75 @@ mod tests {
         let t = observe(&bumped, None, at(20));
         assert!(t.write);
         assert_eq!(t.status.observed_generation, Some(2));
+    }
+
+    /// What waits for a person is the running agent's: mirrored with AwaitingApproval while the
+    /// pod runs, gone (the condition False) once it does not; the configuration condition only
+    /// on a session that asks for one.
+    #[test]
+    fn pending_permissions_and_the_configuration_follow_the_running_agent() {
+        use crate::api::{PendingPermission, SessionConfigSpec, ToolKind};
+        let given = |pod| Given {
+            state: SessionState::Running,
+            needs_resume: false,
+            token: Some("t"),
+            activity: Some(AgentActivity::Working),
+            pod,
+        };
+        let waiting = |pod| {
+            let mut objects = objects(&given(pod));
+            if let Some(status) = objects.executor.as_mut().and_then(|er| er.status.as_mut()) {
+                status.pending_permissions = vec![PendingPermission {
+                    id: "k1-2".into(),
+                    tool_kind: ToolKind::Execute,
+                    title: "make".into(),
+                    summary: String::new(),
+                    options: vec![],
+                    requested_at: "T".into(),
+                }];
+                status.session_config_problem = Some("mode \"x\" (offered: a)".into());
+            }
+            objects
+        };
+        let running = observe(&waiting(P::Running), None, at(10));
+        assert_eq!(running.status.pending_permissions.len(), 1);
+        let condition = conditions::find(&running.status.conditions, conditions::AWAITING_APPROVAL)
+            .expect("AwaitingApproval");
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "PermissionRequested")
+        );
+        assert!(
+            condition.message.contains("kubectl kandev approve s k1-2"),
+            "{}",
+            condition.message
+        );
+        assert!(
+            conditions::find(&running.status.conditions, conditions::SESSION_CONFIGURED).is_none(),
+            "no sessionConfig asked, no condition"
+        );
+        let mut lost = waiting(P::None);
+        lost.session.status = Some(running.status.clone());
+        lost.session.spec.session_config = Some(SessionConfigSpec {
+            mode: Some("x".into()),
+            ..Default::default()
+        });
+        let gone = observe(&lost, None, at(20));
+        assert!(gone.status.pending_permissions.is_empty());
+        let condition = conditions::find(&gone.status.conditions, conditions::AWAITING_APPROVAL)
+            .expect("AwaitingApproval");
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "NoneWaiting")
+        );
+        let mut configured = waiting(P::Running);
+        configured.session.spec.session_config = lost.session.spec.session_config.clone();
+        let t = observe(&configured, None, at(30));
+        let condition = conditions::find(&t.status.conditions, conditions::SESSION_CONFIGURED)
+            .expect("SessionConfigured");
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "NotOffered")
+        );
     }
 }

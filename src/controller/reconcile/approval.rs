@@ -1,6 +1,6 @@
 //! Approvals in the reconcile: the journal's permission news as Events and metrics, the requests
 //! that went with a lost agent, and the answer annotation relayed to agentctl (one exec of
-//! `agentctl answer`). The rules are [`crate::resume::answer_step`] and its siblings.
+//! `agentctl answer`, paced with the followers' execs). The rules are [`crate::resume::answer_step`] and its siblings.
 
 use std::time::Duration;
 
@@ -132,6 +132,8 @@ impl<'a> Session<'a> {
             .stdout(true)
             .stderr(false);
         let run = async {
+            // Within the execs' pace, ahead of idle sessions' catch-ups: a person waits.
+            self.ctx.followers.gate().enter(true).await;
             let mut process = pods
                 .exec(pod, ["agentctl", "answer", id, option_kind], &params)
                 .await
