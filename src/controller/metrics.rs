@@ -692,6 +692,9 @@ mod tests {
         metrics.resume_handled(ResumeOutcome::Restored);
         metrics.resume_handled(ResumeOutcome::Refused);
         metrics.agent_lost();
+        metrics.permission_resolved(ToolKind::Execute, PermissionOutcome::Approved);
+        metrics.permission_resolved(ToolKind::Execute, PermissionOutcome::Approved);
+        metrics.permission_resolved(ToolKind::Edit, PermissionOutcome::AllowedByPolicy);
         metrics.restore_took(Duration::from_millis(300));
         metrics.restore_took(Duration::from_secs(500));
         metrics.set_leader(true);
@@ -704,6 +707,9 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             ),
             "kandev_leader 1",
+            "# TYPE kandev_permission_requests counter",
+            "kandev_permission_requests_total{kind=\"execute\",outcome=\"approved\"} 2",
+            "kandev_permission_requests_total{kind=\"edit\",outcome=\"allowedByPolicy\"} 1",
             "# TYPE kandev_reconciles counter",
             "kandev_reconciles_total{result=\"ok\"} 2",
             "kandev_reconciles_total{result=\"error\"} 1",
@@ -771,6 +777,34 @@ mod tests {
             }))
             .expect("session"),
         )
+    }
+
+    /// `kandev_permissions_pending` counts what waits over all sessions.
+    #[test]
+    fn pending_permissions_are_summed_over_the_sessions() {
+        let pending = |ids: &[&str]| -> Vec<serde_json::Value> {
+            ids.iter()
+                .map(|id| {
+                    serde_json::json!({"id": id, "toolKind": "execute", "title": "make",
+                    "options": [], "requestedAt": "T"})
+                })
+                .collect()
+        };
+        let sessions: Vec<Arc<TaskSession>> = [vec!["a-1", "a-2"], vec![], vec!["c-1"]]
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| {
+                let mut ts = (*session_with(&format!("s{i}"), "RUNNING", false, &[])).clone();
+                if let Some(status) = ts.status.as_mut() {
+                    status.pending_permissions =
+                        serde_json::from_value(serde_json::Value::Array(pending(ids)))
+                            .expect("pending");
+                }
+                Arc::new(ts)
+            })
+            .collect();
+        let now: jiff::Timestamp = "2026-01-01T12:00:00Z".parse().expect("time");
+        assert_eq!(summarize(&sessions, now).pending_permissions, 3);
     }
 
     #[test]
