@@ -70,6 +70,10 @@ const IMAGE_EMPTY: &str = "image must not be empty: omit it to use the operator'
 const IMAGE_WHITESPACE: &str = "image must not have leading or trailing whitespace";
 const TASK_ID_EMPTY: &str = "taskId must not be empty";
 const IDLE: &str = "idle.suspendAfter must be off or a duration of at least 10s, e.g. 30m or 1h30m";
+const ASK_TIMEOUT: &str =
+    "permissions.askTimeout must be off or a duration of at least 10s, e.g. 15m";
+const CONFIG_OPTIONS: &str =
+    "sessionConfig.options holds at most 16 options, ids and values of at most 128 characters";
 const AGENT_NAME: &str = "agent must be a profile name: lowercase letters, digits and '-'";
 const REPOSITORY_URL: &str = "repository.url must be https://host/path, ssh://host/path, git://host/path or git@host:path (file:// and local paths are not allowed)";
 const BRANCH: &str = "repository.branch and repository.baseBranch must be Git branch names: not empty, not starting with '-', without '..', whitespace or any of ~ ^ : ? * [ \\";
@@ -245,6 +249,10 @@ fn refused_cases() -> Vec<Refused> {
         // idle
         case("suspendAfter under 10s", json!({"spec": {"idle": {"suspendAfter": "9s"}}}), "spec.idle.suspendAfter", Rule(IDLE)),
         case("suspendAfter 0m0s", json!({"spec": {"idle": {"suspendAfter": "0m0s"}}}), "spec.idle.suspendAfter", Rule(IDLE)),
+        // permissions and sessionConfig
+        case("askTimeout under 10s", json!({"spec": {"permissions": {"askTimeout": "5s"}}}), "spec.permissions.askTimeout", Rule(ASK_TIMEOUT)),
+        case("17 config options", json!({"spec": {"sessionConfig": {"options": (0..17).map(|i| (format!("o{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}}}), "spec.sessionConfig.options", Rule(CONFIG_OPTIONS)),
+        case("a config value too long", json!({"spec": {"sessionConfig": {"options": {"effort": long(129)}}}}), "spec.sessionConfig.options", Rule(CONFIG_OPTIONS)),
         // the whole object
         case("name too long for <name>-workspace", json!({"metadata": {"name": long(244)}}), "", Rule(NAME_FOR_PVC)),
     ]
@@ -276,6 +284,10 @@ fn accepted_cases() -> Vec<(&'static str, Value)> {
         ("suspendAfter off", json!({"spec": {"idle": {"suspendAfter": "off"}}})),
         ("suspendAfter 10s", json!({"spec": {"idle": {"suspendAfter": "10s"}}})),
         ("suspendAfter 1h30m", json!({"spec": {"idle": {"suspendAfter": "1h30m"}}})),
+        ("a permission policy", json!({"spec": {"permissions": {"default": "deny", "askTimeout": "off",
+            "rules": [{"kinds": ["read", "switch_mode", "other"], "action": "allow"}, {"kinds": ["execute"], "action": "ask"}]}}})),
+        ("a session configuration", json!({"spec": {"sessionConfig": {"mode": "acceptEdits", "model": long(128),
+            "options": (0..16).map(|i| (format!("o{i}"), json!(long(128)))).collect::<serde_json::Map<_, _>>()}}})),
         ("mountPath beside /tmp", mount_path("/tmpfs")),
         ("mountPath beside /run/kandev", mount_path("/run/kandevx")),
         ("mountPath /run", mount_path("/run")),
