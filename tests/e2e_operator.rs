@@ -559,6 +559,37 @@ async fn refusals_and_bad_input() {
             "no pod on a lost workspace"
         );
 
+        // The same when a PVC of the same name was created again, empty (issue 44): the
+        // workspace is known by its UID; the token is kept, and nothing is cloned or started.
+        let name = unique("pvcnew");
+        let claim = format!("{name}-ws");
+        sessions.create_claim(&claim).await;
+        let ts = sessions.new_session(&name, "claude-code", json!({"claimName": claim}));
+        sessions.create_session(&ts).await;
+        let token = {
+            started_and_waiting(&sessions, &name).await;
+            sessions.token_of(&name).await.expect("a token")
+        };
+        let status = resumed_on_another_workspace(&sessions, &name, &claim, true).await;
+        assert_eq!(status.state, SessionState::Failed, "{status:#?}");
+        let ready = condition(&status, conditions::READY);
+        assert_eq!(ready.reason, "WorkspaceLost", "{ready:?}");
+        assert!(
+            status
+                .error_message
+                .as_deref()
+                .is_some_and(|m| m.contains("deleted and created again")),
+            "{status:#?}"
+        );
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
+        assert!(
+            sessions.live_pods(&name).await.is_empty(),
+            "no pod on another workspace"
+        );
+
         // The same for a workspace from a template: it is not recreated empty.
         let name = unique("tplgone");
         let claim = format!("{name}-workspace");
@@ -599,6 +630,17 @@ async fn resumed_without_workspace(
     name: &str,
     claim: &str,
 ) -> TaskSessionStatus {
+    resumed_on_another_workspace(sessions, name, claim, false).await
+}
+
+/// [`resumed_without_workspace`], and with `recreate` a new, empty PVC of the same name is
+/// created before the resume (a GitOps sync after someone deleted it).
+async fn resumed_on_another_workspace(
+    sessions: &Sessions,
+    name: &str,
+    claim: &str,
+    recreate: bool,
+) -> TaskSessionStatus {
     started_and_waiting(sessions, name).await;
     sessions.lose(name).await;
     let claims = sessions.claims();
@@ -608,6 +650,9 @@ async fn resumed_without_workspace(
         .unwrap_or_else(|e| panic!("delete the workspace PVC {claim}: {e}"));
     let gone = |pvc: Option<&PersistentVolumeClaim>| pvc.is_none();
     wait_for(&claims, claim, "deleted", gone).await;
+    if recreate {
+        sessions.create_claim(claim).await;
+    }
     let ts = sessions.resume(name, "p1").await;
     ts.status.expect("status")
 }

@@ -155,6 +155,12 @@ pub struct ExecutorRunningStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = super::PENDING_PERMISSIONS_MAX))]
     pub pending_permissions: Vec<super::PendingPermission>,
+    /// The UID of the workspace PVC the session's agent ran on (written by each launch): a PVC
+    /// of the same name with another UID is another volume, and the session is not resumed on
+    /// it (`WorkspaceLost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub workspace_uid: Option<String>,
     /// What of the wanted session configuration (the saved one and spec.sessionConfig) the
     /// agent did not offer at the last launch; empty when everything was applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]

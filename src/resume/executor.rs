@@ -120,6 +120,8 @@ pub struct LaunchRecord<'a> {
     /// The session's configuration after agentctl's set calls, and what of the wanted one the
     /// agent does not offer; `None` when the restore's answer said nothing about it.
     pub session_config: Option<super::Configured>,
+    /// The UID of the workspace PVC the pod runs on (`None`: not known; the one recorded stays).
+    pub workspace_uid: Option<&'a str>,
     pub now: Timestamp,
 }
 
@@ -155,6 +157,9 @@ pub fn launched(current: &ExecutorRunningStatus, record: LaunchRecord) -> Execut
     next.capabilities = record.capabilities;
     if record.worktree.is_some() {
         next.worktree = record.worktree;
+    }
+    if let Some(uid) = record.workspace_uid {
+        next.workspace_uid = Some(uid.to_string());
     }
     if let Some(nudge) = record
         .nudge
@@ -348,10 +353,12 @@ mod tests {
                 capabilities: None,
                 worktree: None,
                 session_config: None,
+                workspace_uid: Some("pvc-1"),
                 now: now(),
             };
             let next = launched(&running(), record);
             assert_eq!(next.activity, Some(activity), "{name}");
+            assert_eq!(next.workspace_uid.as_deref(), Some("pvc-1"), "{name}");
             assert_eq!(next.resumable, resumable, "{name}");
             assert_eq!(next.resume_token.as_deref(), token, "{name}");
             assert_eq!(

@@ -103,6 +103,11 @@ pub struct WorkspaceFacts<'a> {
     pub seen: ClaimSeen,
     /// The session ran on this workspace before (its ExecutorRunning recorded a pod).
     pub ran_before: bool,
+    /// The UID of the PVC the session ran on, as its ExecutorRunning recorded it (sessions
+    /// that ran before this was recorded have none).
+    pub recorded_uid: Option<&'a str>,
+    /// The UID of the PVC there now.
+    pub uid: Option<&'a str>,
     /// The session names a template for its PVC (the operator creates it).
     pub from_template: bool,
 }
@@ -125,7 +130,14 @@ pub enum WorkspaceStep {
 pub fn workspace_step(facts: &WorkspaceFacts) -> WorkspaceStep {
     let claim = facts.claim;
     match facts.seen {
-        ClaimSeen::Present => WorkspaceStep::Ready,
+        ClaimSeen::Present => match (facts.recorded_uid, facts.uid) {
+            (Some(recorded), Some(uid)) if facts.ran_before && recorded != uid => {
+                WorkspaceStep::Lost(format!(
+                    "workspace PVC {claim:?} was deleted and created again (UID {uid}; the session ran on {recorded}): the session's files are not on it, so it is not resumed on an empty one"
+                ))
+            }
+            _ => WorkspaceStep::Ready,
+        },
         seen if facts.ran_before => {
             let gone = if seen == ClaimSeen::Deleting {
                 "is being deleted"
@@ -366,9 +378,39 @@ mod tests {
                 namespace: "ns",
                 seen,
                 ran_before,
+                recorded_uid: None,
+                uid: Some("u1"),
                 from_template,
             };
             assert_eq!(workspace_step(&facts), want, "{name}");
         }
+    }
+
+    /// A PVC of the same name is not the same workspace: one created again after the session ran
+    /// is lost; the one it ran on, or one of a session that ran before UIDs were recorded, is
+    /// ready; before the first launch nothing is compared.
+    #[test]
+    fn a_workspace_is_known_by_its_uid() {
+        let step = |ran_before, recorded_uid, uid| {
+            workspace_step(&WorkspaceFacts {
+                claim: "w",
+                namespace: "ns",
+                seen: ClaimSeen::Present,
+                ran_before,
+                recorded_uid,
+                uid,
+                from_template: false,
+            })
+        };
+        assert_eq!(step(true, Some("u1"), Some("u1")), WorkspaceStep::Ready);
+        assert_eq!(step(true, None, Some("u2")), WorkspaceStep::Ready);
+        assert_eq!(step(false, Some("u1"), Some("u2")), WorkspaceStep::Ready);
+        assert_eq!(step(true, Some("u1"), None), WorkspaceStep::Ready);
+        assert_eq!(
+            step(true, Some("u1"), Some("u2")),
+            WorkspaceStep::Lost(
+                "workspace PVC \"w\" was deleted and created again (UID u2; the session ran on u1): the session's files are not on it, so it is not resumed on an empty one".into()
+            )
+        );
     }
 }

@@ -253,28 +253,34 @@ impl<'a> Session<'a> {
     async fn ensure_workspace(&self) -> Result<Workspace, Error> {
         let claim = names::workspace_claim_name(&self.ts);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let seen = |meta: &kube::api::ObjectMeta| match meta.deletion_timestamp {
-            Some(_) => ClaimSeen::Deleting,
-            None => ClaimSeen::Present,
+        let seen = |meta: &kube::api::ObjectMeta| {
+            let seen = match meta.deletion_timestamp {
+                Some(_) => ClaimSeen::Deleting,
+                None => ClaimSeen::Present,
+            };
+            (seen, meta.uid.clone())
         };
         let cached = self
             .ctx
             .claims
             .get(&ObjectRef::new(&claim).within(&self.ns));
-        let seen = match cached {
+        let (seen, uid) = match cached {
             Some(pvc) => seen(&pvc.metadata),
             None => pvcs
                 .get_metadata_opt(&claim)
                 .await
                 .map_err(kube_err("reading the workspace PVC"))?
-                .map_or(ClaimSeen::Absent, |pvc| seen(&pvc.metadata)),
+                .map_or((ClaimSeen::Absent, None), |pvc| seen(&pvc.metadata)),
         };
         let template = pods::build_workspace_claim(&self.ts);
+        let executor = self.objects.executor_status();
         let facts = WorkspaceFacts {
             claim: &claim,
             namespace: &self.ns,
             seen,
-            ran_before: self.objects.executor_status().pod_uid.is_some(),
+            ran_before: executor.pod_uid.is_some(),
+            recorded_uid: executor.workspace_uid.as_deref(),
+            uid: uid.as_deref(),
             from_template: template.is_some(),
         };
         let pvc = match (workspace_step(&facts), template) {

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 
 use super::{ExecError, Session};
 use crate::acp::budget;
@@ -184,6 +185,12 @@ impl<'a> Session<'a> {
             commit: w.commit,
         });
         let pod_name = pod.name_any();
+        // The workspace's identity, from the claim cache (the pod needed the PVC to start).
+        let claim = self
+            .ctx
+            .claims
+            .get(&ObjectRef::new(&names::workspace_claim_name(&self.ts)).within(&self.ns));
+        let workspace_uid = claim.as_ref().and_then(|pvc| pvc.metadata.uid.as_deref());
         let desired = launched(
             &self.objects.executor_status(),
             LaunchRecord {
@@ -195,6 +202,7 @@ impl<'a> Session<'a> {
                 capabilities,
                 worktree,
                 session_config: config,
+                workspace_uid,
                 now: Timestamp::now(),
             },
         );
