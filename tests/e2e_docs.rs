@@ -16,7 +16,7 @@ use e2e_support::support::process::{Output, run_async};
 use e2e_support::{client, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
-const PAGES: [&str; 12] = [
+const PAGES: [&str; 13] = [
     "install.md",
     "spec.md",
     "resume.md",
@@ -27,6 +27,7 @@ const PAGES: [&str; 12] = [
     "observability.md",
     "gitops.md",
     "ending.md",
+    "approvals.md",
     "performance.md",
     "uninstall.md",
 ];
