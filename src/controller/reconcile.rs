@@ -435,12 +435,7 @@ impl<'a> Session<'a> {
             None => {}
         }
         if let Some(note) = &transition.event {
-            let type_ = if note.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            self.event(type_, note.reason, note.action, &note.message);
+            self.note(note);
         }
         Ok(())
     }
@@ -484,7 +479,11 @@ impl<'a> Session<'a> {
         let current = self.objects.executor_status();
         let desired = ended(&current, phase, resumable);
         self.write_executor(&desired, doing).await?;
-        self.publish_permissions_gone(&current.pending_permissions, doing);
+        let why = match phase {
+            ExecutorPhase::Lost => "its pod was lost",
+            _ => "the session ended",
+        };
+        self.publish_permissions_gone(&current.pending_permissions, why);
         Ok(())
     }
 

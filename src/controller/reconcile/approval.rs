@@ -1,6 +1,7 @@
 //! Approvals in the reconcile: the journal's permission news as Events and metrics, the requests
 //! that went with a lost agent, and the answer annotation relayed to agentctl (one exec of
-//! `agentctl answer`, paced with the followers' execs). The rules are [`crate::resume::answer_step`] and its siblings.
+//! `agentctl answer`, paced with the followers' execs). The rules are
+//! [`crate::resume::answer_step`] and its siblings.
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(20);
 const ANSWER_OUTPUT_MAX: u64 = 8 * 1024;
 
 impl<'a> Session<'a> {
+    /// Publishes `note` as an Event on the session.
     pub(super) fn note(&self, note: &Note) {
         let type_ = if note.warning {
             EventType::Warning
