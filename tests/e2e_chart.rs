@@ -1299,7 +1299,20 @@ async fn chart_upgrade_from_the_previous_chart_upgrades_the_crds_and_keeps_sessi
                 "{crd}: the schema of this chart"
             );
         }
-        assert_eq!(live_printer_columns(), columns_before);
+        // The columns of this chart's CRD, and none of the previous chart's lost.
+        let expected_columns: Vec<String> =
+            read_crd(&format!("crds/{}.yaml", CRDS[0])).spec.versions[0]
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.clone())
+                .collect();
+        let live_columns = live_printer_columns();
+        assert_eq!(live_columns, expected_columns);
+        assert!(
+            columns_before.iter().all(|c| live_columns.contains(c)),
+            "{columns_before:?} within {live_columns:?}"
+        );
         assert_eq!(
             sessions.token_of(name).await.as_deref(),
             Some(token.as_str())
