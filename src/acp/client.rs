@@ -199,8 +199,7 @@ impl AcpClient {
         request: &Req,
         limit: Option<Duration>,
     ) -> Result<Resp, AcpError> {
-        let params = self.params(method, request)?;
-        let answer = self.rpc.call(method, params, limit).await;
+        let answer = self.call(method, request, limit).await?;
         self.decode_setup(method, answer)
     }
 
@@ -488,8 +487,18 @@ impl AcpClient {
         request: &Req,
         limit: Option<Duration>,
     ) -> Result<Resp, AcpError> {
+        decode(method, self.call(method, request, limit).await?)
+    }
+
+    /// The agent's answer to `request`, undecoded.
+    async fn call<Req: Serialize>(
+        &self,
+        method: &'static str,
+        request: &Req,
+        limit: Option<Duration>,
+    ) -> Result<Result<serde_json::Value, CallFailure>, AcpError> {
         let params = self.params(method, request)?;
-        decode(method, self.rpc.call(method, params, limit).await)
+        Ok(self.rpc.call(method, params, limit).await)
     }
 }
 

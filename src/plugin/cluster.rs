@@ -184,7 +184,22 @@ impl Cluster {
         name: &str,
         end: crate::api::SessionEnd,
     ) -> Result<TaskSession, PluginError> {
-        let patch = json!({"spec": {"end": end}});
+        self.merge_session(
+            name,
+            json!({"spec": {"end": end}}),
+            format!("setting spec.end of tasksession {name:?}"),
+        )
+        .await
+    }
+
+    /// `patch` merged into tasksession `name` (field manager [`FIELD_MANAGER`]); `doing` names
+    /// the change in an error.
+    async fn merge_session(
+        &self,
+        name: &str,
+        patch: serde_json::Value,
+        doing: String,
+    ) -> Result<TaskSession, PluginError> {
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..Default::default()
@@ -196,9 +211,7 @@ impl Cluster {
         {
             Ok(session) => Ok(session),
             Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(name)),
-            Err(source) => {
-                Err(self.kube_error(format!("setting spec.end of tasksession {name:?}"), source))
-            }
+            Err(source) => Err(self.kube_error(doing, source)),
         }
     }
 
@@ -268,23 +281,13 @@ impl Cluster {
     /// Sets [`PERMISSION_ANSWER_ANNOTATION`] to `value` (`<id>=<option kind>`) in one merge
     /// patch, field manager [`FIELD_MANAGER`]: the operator relays it to agentctl once.
     pub async fn set_permission_answer(&self, name: &str, value: &str) -> Result<(), PluginError> {
-        let patch = json!({"metadata": {"annotations": {PERMISSION_ANSWER_ANNOTATION: value}}});
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..Default::default()
-        };
-        match self
-            .sessions()
-            .patch(name, &params, &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(name)),
-            Err(e) => Err(self.kube_error(
-                format!("setting {PERMISSION_ANSWER_ANNOTATION} on tasksession {name:?}"),
-                e,
-            )),
-        }
+        self.merge_session(
+            name,
+            json!({"metadata": {"annotations": {PERMISSION_ANSWER_ANNOTATION: value}}}),
+            format!("setting {PERMISSION_ANSWER_ANNOTATION} on tasksession {name:?}"),
+        )
+        .await
+        .map(|_| ())
     }
 }
 

@@ -88,33 +88,16 @@ impl<'a> Session<'a> {
                         message,
                     })?;
                 match result.get("refused").and_then(Value::as_str) {
-                    Some(why) => {
-                        let message = format!(
-                            "permission answer {id}={option_kind} refused by agentctl: {}",
-                            cap(why, AGENT_TEXT_MAX)
-                        );
-                        warn!(%message, "permission answer refused");
-                        self.event(
-                            EventType::Warning,
-                            "PermissionAnswerRefused",
-                            "Approve",
-                            &message,
-                        );
-                    }
+                    Some(why) => self.answer_refused(&format!(
+                        "permission answer {id}={option_kind} refused by agentctl: {}",
+                        cap(why, AGENT_TEXT_MAX)
+                    )),
                     None => {
                         info!(request = %id, %option_kind, "permission answer relayed to agentctl")
                     }
                 }
             }
-            AnswerStep::Refuse { message } => {
-                warn!(%message, "permission answer refused");
-                self.event(
-                    EventType::Warning,
-                    "PermissionAnswerRefused",
-                    "Approve",
-                    &message,
-                );
-            }
+            AnswerStep::Refuse { message } => self.answer_refused(&message),
         }
         if self.objects.executor.is_some() {
             let mut desired = self.objects.executor_status();
@@ -123,6 +106,16 @@ impl<'a> Session<'a> {
                 .await?;
         }
         Ok(())
+    }
+
+    fn answer_refused(&self, message: &str) {
+        warn!(%message, "permission answer refused");
+        self.event(
+            EventType::Warning,
+            "PermissionAnswerRefused",
+            "Approve",
+            message,
+        );
     }
 
     /// Execs `agentctl answer ID KIND` in the pod; its one result line, parsed.
