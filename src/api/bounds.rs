@@ -67,6 +67,12 @@ fn floor_char_boundary(text: &str, at: usize) -> usize {
     at
 }
 
+/// Drops the oldest of `items` (the front) until at most `max` are left.
+pub fn keep_newest<T>(items: &mut Vec<T>, max: usize) {
+    let excess = items.len().saturating_sub(max);
+    items.drain(..excess);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,5 +125,16 @@ mod tests {
                 prop_assert!(capped.len() <= max);
             }
         }
+    }
+
+    #[test]
+    fn keep_newest_drops_the_oldest() {
+        let mut items = vec![1, 2, 3, 4];
+        keep_newest(&mut items, 2);
+        assert_eq!(items, [3, 4]);
+        keep_newest(&mut items, 5);
+        assert_eq!(items, [3, 4]);
+        keep_newest(&mut items, 0);
+        assert!(items.is_empty());
     }
 }

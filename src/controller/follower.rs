@@ -41,7 +41,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 pub use crate::api::PROMPTED_ANNOTATION;
-use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, SESSION_ID_MAX, cap};
+use crate::api::bounds::{AGENT_NAME_MAX, AGENT_TEXT_MAX, SESSION_ID_MAX, cap, keep_newest};
 use crate::api::pod_contract::events::{Event, EventLine};
 use crate::api::{AgentActivity, ExecutorRunningStatus, TaskSession};
 use crate::controller::gate::{DEFAULT_EXECS_PER_SECOND, ExecGate};
@@ -110,8 +110,7 @@ impl Board {
                 // Permission requests that ended and are not published yet stay.
                 let mut resolutions = before.view.resolutions;
                 resolutions.append(&mut news.view.resolutions);
-                let excess = resolutions.len().saturating_sub(RESOLUTIONS_KEPT);
-                resolutions.drain(..excess);
+                keep_newest(&mut resolutions, RESOLUTIONS_KEPT);
                 news.view.resolutions = resolutions;
             }
             let serial = self.posts.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::api::bounds::keep_newest;
 use crate::api::conditions::{self, Want};
 use crate::api::{RESUME_ANNOTATION, ResumeReason, SessionState, TaskSessionStatus};
 
@@ -54,8 +55,7 @@ pub fn handled_key(token: &str) -> String {
 pub fn remember_handled(recently_handled: &mut Vec<String>, token: &str) {
     recently_handled.retain(|t| t != token);
     recently_handled.push(token.to_string());
-    let excess = recently_handled.len().saturating_sub(HANDLED_TOKENS_KEPT);
-    recently_handled.drain(..excess);
+    keep_newest(recently_handled, HANDLED_TOKENS_KEPT);
 }
 
 /// What the operator does with a new resume request token (DESIGN §3 handshake).

@@ -11,7 +11,7 @@ use crate::api::bounds::session_id_problem;
 use crate::api::pod_contract::events::{Event, EventLine};
 
 use super::{AgentView, PermissionResolution, RESOLUTIONS_KEPT};
-use crate::api::bounds::{AGENT_TEXT_MAX, cap};
+use crate::api::bounds::{AGENT_TEXT_MAX, cap, keep_newest};
 use crate::api::{PENDING_PERMISSIONS_MAX, PERMISSION_ID_MAX};
 
 fn keeps(id: &str) -> bool {
@@ -111,10 +111,8 @@ fn apply_event(event: &Event, next: AgentView) -> Option<AgentView> {
                 return None;
             }
             let mut next = next;
-            if next.pending_permissions.len() >= PENDING_PERMISSIONS_MAX {
-                next.pending_permissions.remove(0);
-            }
             next.pending_permissions.push(request);
+            keep_newest(&mut next.pending_permissions, PENDING_PERMISSIONS_MAX);
             Some(next)
         }
         Event::PermissionResolved {
@@ -126,15 +124,13 @@ fn apply_event(event: &Event, next: AgentView) -> Option<AgentView> {
         } => {
             let mut next = next;
             next.pending_permissions.retain(|p| &p.id != request_id);
-            if next.resolutions.len() >= RESOLUTIONS_KEPT {
-                next.resolutions.remove(0);
-            }
             next.resolutions.push(PermissionResolution {
                 request_id: cap(request_id, PERMISSION_ID_MAX).into_owned(),
                 tool_kind: *tool_kind,
                 outcome: *outcome,
                 reason: cap(reason, AGENT_TEXT_MAX).into_owned(),
             });
+            keep_newest(&mut next.resolutions, RESOLUTIONS_KEPT);
             Some(next)
         }
         Event::ConfigSetBackFailed { .. }
