@@ -23,11 +23,11 @@ use crate::api::EffectivePolicy;
 use crate::api::bounds::cap;
 use crate::api::pod_contract;
 use crate::history::{NO_HISTORY_EXIT_CODE, validate_session_id};
+use crate::telemetry::{self, LogSettings};
 
 /// `agentctl answer`'s exit code when serve refused the answer (no such request waits, or no
 /// option of that kind).
 pub const ANSWER_REFUSED_EXIT_CODE: i32 = 3;
-use crate::telemetry::{self, LogSettings};
 
 /// agentctl — the in-pod supervisor of one AI coding agent (kandev-operator).
 ///
@@ -62,9 +62,13 @@ pub enum Command {
     /// agent (one client at a time; a second one gets error -32001 "agentctl busy" and is
     /// closed; `initialize` is answered from the cached response; the client leaves with
     /// {"jsonrpc":"2.0","method":"_kandev/disconnect"} or by closing the socket, and the agent
-    /// keeps running), or {"mode":"events"} for a stream of event lines (a snapshot of the current
+    /// keeps running), {"mode":"events"} for a stream of event lines (a snapshot of the current
     /// state, then session_created, session_config, prompt_started, prompt_finished,
-    /// agent_exited). After a session/new, session/load or session/resume whose params carry
+    /// permission_requested, permission_resolved, agent_exited), or {"mode":"answer"} for one
+    /// answer to a held permission request (`agentctl answer`). The agent's permission requests
+    /// go to an acp client only if its hello says "permissions":true (`connect --permissions`);
+    /// otherwise the policy of --permissions answers them or holds them for `agentctl answer`.
+    /// After a session/new, session/load or session/resume whose params carry
     /// "_meta":{"kandev.dev/session-config":{mode,model,configOptions}} (the wanted
     /// configuration), agentctl itself sends session/set_mode, session/set_model and
     /// session/set_config_option for the values the session reports differently and offers,
@@ -108,10 +112,15 @@ pub enum Command {
     /// value}]}} (the mode, model and config options the agent reports, on every change),
     /// {"event":"config_set_back_failed","sessionId":…,"method":…,"error":{code,message}},
     /// {"event":"prompt_started","sessionId":…}, {"event":"prompt_finished","sessionId":…,
-    /// "stopReason":…} (or "error":{code,message}), {"event":"agent_exited","code":…}. Each
+    /// "stopReason":…} (or "error":{code,message}),
+    /// {"event":"permission_requested","sessionId":…,"request":{id,toolKind,title,summary,
+    /// options,requestedAt}} (held for a person),
+    /// {"event":"permission_resolved","sessionId":…,"requestId":…,"toolKind":…,"outcome":…,
+    /// "optionId":…,"reason":…}, {"event":"agent_exited","code":…}. Each
     /// event has a "timestamp", its "seq", the operator's "launch" it happened in and the "pod";
     /// prompt_finished and the snapshot also carry "lastMessageId", the ACP messageId of the
-    /// session's last message, when the agent sends message ids. While following live, serve
+    /// session's last message, when the agent sends message ids; the snapshot lists the
+    /// permission requests held ("pendingPermissions"). While following live, serve
     /// also sends {"event":"heartbeat","timestamp":…} every 10 s (not journaled, no "seq");
     /// events exits 1 when serve sends nothing for 30 s (a serve that does not answer).
     Events(EventsArgs),
@@ -354,7 +363,7 @@ pub struct ConnectArgs {
 pub struct AnswerArgs {
     #[command(flatten)]
     pub socket: SocketArgs,
-    /// The held request's id (`p<n>`, as in the events and status.pendingPermissions).
+    /// The held request's id (as in the events and status.pendingPermissions, e.g. `t3b9qk-2`).
     #[arg(value_name = "REQUEST")]
     pub request: String,
     /// The kind of option to choose.
@@ -724,6 +733,8 @@ async fn restore(args: &RestoreArgs, token: Option<&str>) -> Result<RestoreRepor
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use clap::CommandFactory;
 
     /// Permission request ids start with when serve started, in base 36: short, and different
     /// in a pod started a second later.
@@ -737,9 +748,6 @@ mod tests {
         assert_eq!(at(1_796_000_000).len(), 6);
         assert_ne!(at(1_796_000_000), at(1_796_000_001));
     }
-
-    use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent() {

@@ -5,7 +5,8 @@
 //! (`agentctl connect`) can drop and come back, the operator itself can restart, and the agent
 //! keeps its in-memory session. Clients reach the agent through a unix socket:
 //!
-//! * every connection starts with one hello line, `{"mode":"acp"}` or `{"mode":"events"}`;
+//! * every connection starts with one hello line, `{"mode":"acp"}`, `{"mode":"events"}` or
+//!   `{"mode":"answer",…}`;
 //! * **acp** connections are a JSON-RPC 2.0 bridge to the agent, **one client at a time**
 //!   (a second one gets a `-32001` "busy" error line and is closed); `initialize` is answered
 //!   from the response cached when serve started, request ids are rewritten so they never
@@ -13,7 +14,9 @@
 //!   the socket) ends the connection while the agent keeps running;
 //! * **events** connections receive one JSON object per line ([`events::Event`]): first a `snapshot` of the
 //!   current state, then `session_created`, `prompt_started`, `prompt_finished`,
-//!   `agent_exited` as they happen, each with a `timestamp`.
+//!   `agent_exited` (and the permission events) as they happen, each with a `timestamp`;
+//! * **answer** connections carry one person's answer to a permission request the session's
+//!   policy holds (`agentctl answer`), get one result line and are closed.
 //!
 //! serve also records the session history for resume-context injection (DESIGN §3) and exits
 //! non-zero when the agent exits, so the pod dies and the operator sees a lost pod.
@@ -21,7 +24,7 @@
 //! Layout (JSON-RPC framing and messages are [`crate::jsonrpc`]'s): [`hub`] (the synchronous bridge state
 //! machine: id rewriting, caching, events, what to record), [`events`] (the events format, shared
 //! with the operator's follower), [`journal`] (the event journal), [`serve`] (processes, sockets,
-//! history I/O around the hub), [`client`] (`connect` and `events`), [`launch`] (which argv
+//! history I/O around the hub), [`client`] (`connect`, `events` and `answer`), [`launch`] (which argv
 //! to start), [`socket`] (socket paths and the hello line), [`seal`] (the repository credentials kept from the
 //! agent), [`time`] (timestamps), [`history`]
 //! (`agentctl history`: the recorded history file, printed), [`cli`] (the command line).

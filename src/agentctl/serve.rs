@@ -589,7 +589,7 @@ impl Driver {
                     let error = jsonrpc::error_message(
                         Value::Null,
                         jsonrpc::code::INVALID_REQUEST,
-                        r#"agentctl: the first line must be {"mode":"acp"} or {"mode":"events"}"#,
+                        r#"agentctl: the first line must be {"mode":"acp"}, {"mode":"events"} or {"mode":"answer",…}"#,
                     );
                     let _ = write_line(&mut writer, &error.to_string()).await;
                     let _ = writer.shutdown().await;

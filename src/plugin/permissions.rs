@@ -91,7 +91,7 @@ pub fn offered(request: &PendingPermission) -> Vec<&str> {
     request.options.iter().map(|o| o.kind.as_str()).collect()
 }
 
-/// `p3=allow_once`: the annotation's value for an answer (the operator handles each value once;
+/// `t3b9qk-2=allow_once`: the annotation's value for an answer (the operator handles each value once;
 /// agentctl's request ids are unique per pod, so an earlier value never names a new request).
 pub fn answer_value(id: &str, kind: &str) -> String {
     format!("{id}={kind}")

@@ -12,8 +12,11 @@
 //!   new client reusing id 1 cannot collide with an old client's request still in flight, and
 //!   the late answer to a departed client is recognised and dropped;
 //! * requests from the agent go to the connected client; with none connected agentctl answers
-//!   them itself with a safe default (permission → cancelled, anything else → -32601), also for
-//!   requests still open when a client leaves, so the agent never waits forever;
+//!   them itself with a safe default (-32601), also for requests still open when a client
+//!   leaves, so the agent never waits forever;
+//! * a permission request (`session/request_permission`) goes to the connected client only if
+//!   its hello said it decides; otherwise, and when such a client leaves it open, the session's
+//!   policy answers it or holds it for a person (`permission.rs`);
 //! * events and history are derived from the agent stream, whether or not a client is there;
 //! * a session setup or prompt tagged with a launch ([`LAUNCH_META`] in `_meta`) reaches the agent
 //!   once per launch: a repeat with the same method and session is answered with the first one's
@@ -25,7 +28,8 @@
 //! context. What the routing derives lives beside it: `record.rs` (the history), `inject.rs`
 //! (the resume context in the first prompt after a fresh start), `emit.rs` (the events
 //! subscribers get, in the format of [`super::events`]), `config.rs` (the session's
-//! configuration and its set-back after a restore). The tests are in `tests.rs`.
+//! configuration and what is set after a session setup), `permission.rs` (the permission policy
+//! and the requests held for a person). The tests are in `tests.rs`.
 
 mod config;
 mod emit;
@@ -114,7 +118,7 @@ pub struct HubConfig {
     pub permissions: crate::api::EffectivePolicy,
     /// What the ids of permission requests start with (`<prefix>-<n>`), different in each
     /// pod, so that an id names a request of one pod only (an answer for an earlier pod's
-    /// request never reaches a later one); `None`: `p<n>`.
+    /// request never reaches a later one); `None`: `p<n>` (tests).
     pub permission_prefix: Option<String>,
 }
 
@@ -205,7 +209,7 @@ pub struct Hub {
     client_decides: bool,
     /// Permission requests held for a person's answer, oldest first.
     held: Vec<permission::Held>,
-    /// The last permission request id given (`p<n>`).
+    /// The number of the last permission request id given.
     next_permission: u64,
     /// The time a held request was asked at (RFC 3339); a fixed one in tests.
     clock: fn() -> String,
