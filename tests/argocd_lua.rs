@@ -56,6 +56,15 @@ fn actions() -> (String, Vec<(String, String)>) {
     (discovery, definitions)
 }
 
+/// The action.lua of the definition `name`.
+fn action_code<'a>(definitions: &'a [(String, String)], name: &str) -> &'a str {
+    definitions
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, code)| code.as_str())
+        .unwrap_or_else(|| panic!("action {name}"))
+}
+
 /// Runs `code` with the global `obj` set to `object`, as Argo CD does, and returns its result.
 fn run(code: &str, object: &Value) -> Value {
     let lua = Lua::new();
@@ -225,11 +234,7 @@ fn end_actions_set_spec_end_and_nothing_else() {
     let (_, definitions) = actions();
     let waiting = session(json!({"state": "WAITING_FOR_INPUT"}));
     for (name, end) in [("complete", "Completed"), ("cancel", "Cancelled")] {
-        let code = definitions
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, code)| code)
-            .unwrap_or_else(|| panic!("action {name}"));
+        let code = action_code(&definitions, name);
         let out = run(code, &waiting);
         let mut expected = waiting.clone();
         expected["spec"]["end"] = json!(end);
@@ -263,11 +268,7 @@ fn approval_actions_answer_the_oldest_request() {
         ("approve-oldest", "p2=allow_once"),
         ("deny-oldest", "p2=reject_once"),
     ] {
-        let code = definitions
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, code)| code)
-            .unwrap_or_else(|| panic!("action {name}"));
+        let code = action_code(&definitions, name);
         let out = run(code, &waiting);
         let mut expected = waiting.clone();
         expected["metadata"]["annotations"] = json!({"kandev.dev/permission-answer": answer});

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::bounds::{AGENT_NAME_MAX, cap};
 
 /// Annotation that answers one pending permission request: `<request id>=<option kind>`, e.g.
-/// `p3=allow_once`. Whoever may update the TaskSession may answer; each value is handled once.
+/// `t3b9qk-2=allow_once`. Whoever may update the TaskSession may answer; each value is handled once.
 pub const PERMISSION_ANSWER_ANNOTATION: &str = "kandev.dev/permission-answer";
 
 /// Requests that wait for an answer at once, at most, per session; past that the oldest is
@@ -25,7 +25,7 @@ pub const PERMISSION_TITLE_MAX: usize = 256;
 pub const PERMISSION_SUMMARY_MAX: usize = 1024;
 /// Options of one request kept.
 pub const PERMISSION_OPTIONS_MAX: usize = 8;
-/// The longest request id (agentctl's own, `p<n>`).
+/// The longest request id (agentctl's own, `<when serve started>-<n>`).
 pub const PERMISSION_ID_MAX: usize = 32;
 /// The default `askTimeout`.
 pub const DEFAULT_ASK_TIMEOUT_SECONDS: u64 = 15 * 60;
@@ -40,6 +40,16 @@ pub enum PermissionAction {
     Ask,
     /// Answered with the request's reject-once option at once.
     Deny,
+}
+
+impl PermissionAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Ask => "ask",
+            Self::Deny => "deny",
+        }
+    }
 }
 
 /// ACP's tool kinds (`ToolKind`). A request without a kind, or with one this version does not

@@ -74,8 +74,8 @@ impl Hub {
         };
         let (action, rule) = self.config.permissions.decide(asked.kind);
         let by = match rule {
-            Some(i) => format!("rule {} ({} → {})", i + 1, asked.kind, action_word(action)),
-            None => format!("the default ({})", action_word(action)),
+            Some(i) => format!("rule {} ({} → {})", i + 1, asked.kind, action.as_str()),
+            None => format!("the default ({})", action.as_str()),
         };
         let resolve = |hub: &mut Hub, wanted: &str, outcome: PermissionOutcome| {
             let option = option_of(&asked.offered, wanted).map(str::to_owned);
@@ -321,13 +321,5 @@ impl Hub {
                 timestamp: None,
             },
         }
-    }
-}
-
-fn action_word(action: PermissionAction) -> &'static str {
-    match action {
-        PermissionAction::Allow => "allow",
-        PermissionAction::Ask => "ask",
-        PermissionAction::Deny => "deny",
     }
 }
