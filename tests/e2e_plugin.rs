@@ -139,6 +139,42 @@ async fn lose_pod(sessions: &Sessions, name: &str) {
     sessions.delete_pod(&pod).await;
 }
 
+/// `history` of a session whose agent pod does not run: read through the operator's history
+/// reader pod (an Event says so), which is gone afterwards; no agent started (state, handled
+/// resume request and token as before). Returns what it printed.
+async fn history_without_agent(sessions: &Sessions, name: &str, args: &[&str]) -> String {
+    let before = sessions.status(name).await;
+    let token = sessions.token_of(name).await;
+    let mut argv = vec!["history", name, "-n", sessions.namespace.as_str()];
+    argv.extend(args);
+    let run = plugin(&argv).await.expect_code(0);
+    sessions.assert_event(name, "HistoryReaderStarted").await;
+    poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        "the history reader pod is not gone",
+        async || sessions.live_pods(name).await.is_empty(),
+    )
+    .await;
+    let after = sessions.status(name).await;
+    assert_eq!(
+        (
+            after.state,
+            after.needs_resume,
+            &after.last_handled_resume_request
+        ),
+        (
+            before.state,
+            before.needs_resume,
+            &before.last_handled_resume_request
+        ),
+        "a read starts no agent"
+    );
+    assert!(after.active_resume_request.is_none(), "{after:#?}");
+    assert_eq!(sessions.token_of(name).await, token);
+    run.stdout
+}
+
 /// Asserts that `text` (what a run printed) contains each of `expected`.
 fn assert_prints<S: AsRef<str>>(text: &str, expected: &[S]) {
     for expected in expected {
@@ -352,8 +388,9 @@ fn kubeconfig_with_namespace(ns: &str) -> tempfile::NamedTempFile {
 }
 
 /// `prompt` on a lost session resumes it (same token), streams the test agent's answer and
-/// prints the stop reason; `history` needs a running pod (exit 4 while lost) and shows both
-/// turns, `-o jsonl` the raw lines; a prompt can come from stdin.
+/// prints the stop reason; `history` shows both turns, `-o jsonl` the raw lines, also while the
+/// session is lost (through a reader pod, which an interrupted read removes too); a prompt can
+/// come from stdin.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
 async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
@@ -376,8 +413,38 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
 
         lose_pod(&sessions, &name).await;
         sessions.wait_needs_resume(&name).await;
-        let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(4);
-        assert!(run.stderr.contains("resume it first"), "{}", run.stderr);
+        // Lost: read through a reader pod, without starting the agent.
+        let read = history_without_agent(&sessions, &name, &[]).await;
+        assert_eq!(read, "[USER]: Say hello.\n[ASSISTANT]: echo: Say hello.\n");
+        let read = history_without_agent(&sessions, &name, &["-o", "jsonl"]).await;
+        assert_eq!(read.lines().count(), 2, "{read}");
+
+        // Interrupted while it waits for (or reads through) the reader: the pod goes too.
+        let child = plugin_command(&["history", &name, "-n", &ns])
+            .spawn()
+            .expect("start kubectl-kandev");
+        poll_until(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            "no history reader pod",
+            async || !sessions.live_pods(&name).await.is_empty(),
+        )
+        .await;
+        let pid = child.id().expect("pid");
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .expect("kill -INT");
+        assert!(sent.success());
+        let run = finish_plugin(child, "kubectl-kandev history (interrupted)").await;
+        assert!(matches!(run.code(), 0 | 1), "{run:#?}");
+        poll_until(
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            "the interrupted read's reader pod is not gone",
+            async || sessions.live_pods(&name).await.is_empty(),
+        )
+        .await;
 
         let run = plugin(&["prompt", &name, "hello plugin", "-n", &ns])
             .await
@@ -507,6 +574,13 @@ async fn an_idle_session_is_suspended_and_a_prompt_brings_it_back() {
         assert_eq!(
             sessions.token_of(&name).await.as_deref(),
             Some(token.as_str())
+        );
+
+        // Suspended: read without waking the agent.
+        let read = history_without_agent(&sessions, &name, &[]).await;
+        assert!(
+            read.ends_with("[USER]: take your time\n[ASSISTANT]: echo: take your time\n"),
+            "{read}"
         );
 
         let run = plugin(&["prompt", &name, "welcome back", "-n", &ns])
@@ -1078,6 +1152,16 @@ async fn sessions_end_completed_or_cancelled() {
             pvc.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
         };
         wait_for(&claims, &claim, "the workspace deleted", gone).await;
+        // Its transcript went with the workspace: exit 4, said, and no reader pod left.
+        let run = plugin(&["history", &done, "-n", &ns]).await.expect_code(4);
+        assert!(
+            run.stderr
+                .contains("has no workspace to read the history from"),
+            "{}",
+            run.stderr
+        );
+        sessions.assert_event(&done, "HistoryUnavailable").await;
+        assert!(sessions.live_pods(&done).await.is_empty());
 
         // A resume is refused; the end cannot change.
         let patch = json!({"metadata": {"annotations": {RESUME_ANNOTATION: "after-end"}}});
@@ -1124,6 +1208,9 @@ async fn sessions_end_completed_or_cancelled() {
                 .is_some(),
             "retention Retain (the default) keeps the workspace"
         );
+        // ... and its transcript, read without an agent.
+        let read = history_without_agent(&sessions, &busy, &[]).await;
+        assert!(read.starts_with("[USER]: Work forever.\n"), "{read}");
     };
     sessions.run(body).await;
     drop(operator);

@@ -585,6 +585,27 @@ async fn a_real_agent_in_a_real_container_is_lost_and_resumed_and_the_operator_s
             "cloned",
             "cloned again from the real URL, with the password"
         );
+
+        // Completed (its workspace kept): the transcript is read through a reader pod that
+        // the kubelet runs from the same image, with no agent started.
+        let out = plugin(&["complete", name, "-n", &sessions.namespace, "--wait"]).await;
+        assert_eq!(out.code(), 0, "{out:#?}");
+        let out = plugin(&["history", name, "-n", &sessions.namespace]).await;
+        assert_eq!(out.code(), 0, "{out:#?}");
+        assert!(
+            out.stdout.contains(&format!("[USER]: {FIRST_PROMPT}")),
+            "{}",
+            out.stdout
+        );
+        sessions.assert_event(name, "HistoryReaderStarted").await;
+        poll(START, Duration::from_millis(500), || async {
+            let left = sessions.live_pod_names(name).await;
+            left.is_empty()
+                .then_some(())
+                .ok_or(format!("pods left after the read: {left:?}"))
+        })
+        .await;
+        assert_eq!(sessions.status(name).await.state, SessionState::Completed);
     };
     let cleanup = async {
         sessions.teardown().await;

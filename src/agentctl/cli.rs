@@ -159,6 +159,17 @@ pub enum Command {
     /// RepositoryUnreachable, RepositoryCheckoutFailed), which the operator turns into the
     /// launch's Stalled reason.
     Checkout(CheckoutArgs),
+    /// Do nothing for SECONDS, or until SIGTERM, then exit 0 (the main process of a history
+    /// reader pod, which the operator keeps so that `kubectl kandev history` can exec
+    /// `agentctl history` in it while no agent pod runs; the image needs no shell).
+    Sleep(SleepArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SleepArgs {
+    /// How long to wait.
+    #[arg(value_name = "SECONDS")]
+    pub seconds: u64,
 }
 
 /// Where the serve socket is.
@@ -492,6 +503,7 @@ async fn run(command: Command) -> i32 {
         },
         Command::Restore(args) => return run_restore(args).await,
         Command::Checkout(args) => run_checkout(&args).await,
+        Command::Sleep(args) => sleep(args.seconds).await,
         Command::History(args) => {
             let workspace = args.workspace.unwrap_or_else(|| PathBuf::from("."));
             let source = match &args.file {
@@ -515,6 +527,17 @@ async fn run(command: Command) -> i32 {
             }
         }
     }
+}
+
+/// `agentctl sleep`: the time passes, or SIGTERM comes (a pod deletion), whichever is first.
+async fn sleep(seconds: u64) -> Result<(), AgentctlError> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(AgentctlError::io("cannot wait for SIGTERM"))?;
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_secs(seconds)) => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
 }
 
 fn load_profile(

@@ -34,6 +34,12 @@ pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
 /// periodic catch-up. `kubectl kandev prompt` sets it.
 pub const PROMPTED_ANNOTATION: &str = "kandev.dev/prompted-at";
 
+/// Annotation `kubectl kandev history` sets (a new token each time) to read the transcript of a
+/// session whose agent pod does not run: while its token is not handled and no agent pod runs,
+/// the operator keeps a history reader pod, which mounts the workspace read-only and starts no
+/// agent. Removing the annotation (the plugin does once it has read) removes the pod.
+pub const HISTORY_ANNOTATION: &str = "kandev.dev/history-requested-at";
+
 /// The reason of an idle session's suspension: agentctl, idle for `spec.idle.suspendAfter`,
 /// stops its agent and exits 0 with the termination message `Suspended: …`; the operator's
 /// `Suspended` condition and Normal Event carry the same word.

@@ -16,6 +16,29 @@ pub const SESSION_LABEL: &str = "kandev.dev/session";
 /// operator adopts that pod instead of creating a second one (DESIGN §3 step 3).
 pub const REQUEST_LABEL: &str = "kandev.dev/request";
 
+/// Label on a session's history reader pod (value `history`): a pod that only mounts the
+/// workspace read-only so `kubectl kandev history` can read the transcript while no agent pod
+/// runs. It is never an agent pod: the resume rules do not see it.
+pub const ROLE_LABEL: &str = "kandev.dev/role";
+/// [`ROLE_LABEL`]'s value on a history reader pod.
+pub const READER_ROLE: &str = "history";
+
+/// Whether `labels` mark a history reader pod ([`ROLE_LABEL`]).
+pub fn is_reader(labels: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(ROLE_LABEL)).map(String::as_str) == Some(READER_ROLE)
+}
+
+/// The name of a session's history reader pod (at most one at a time).
+pub fn reader_pod_name(session: &str) -> String {
+    const SUFFIX: &str = "-history";
+    let prefix = if session.len() > 253 - SUFFIX.len() {
+        session[..253 - SUFFIX.len()].trim_end_matches(['.', '-'])
+    } else {
+        session
+    };
+    format!("{prefix}{SUFFIX}")
+}
+
 /// A stable, short, label-safe hash (FNV-1a 64, hex) — names must not depend on process state.
 pub fn short_hash(text: &str) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

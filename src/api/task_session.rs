@@ -625,11 +625,52 @@ pub struct TaskSessionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = super::PENDING_PERMISSIONS_MAX))]
     pub pending_permissions: Vec<super::PendingPermission>,
+    /// The last history request (annotation kandev.dev/history-requested-at) that the operator
+    /// answered without a read: no reader pod is kept for this token any more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_request: Option<HistoryRequestStatus>,
     /// kstatus-compatible conditions: Ready, Reconciling, Stalled, AgentRunning, NeedsResume,
     /// Resumed, AwaitingApproval, SessionConfigured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// How the operator answered a history request ([`super::HISTORY_ANNOTATION`]) without a read
+/// through its reader pod.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryRequestStatus {
+    /// The annotation's token.
+    pub token: String,
+    /// `AgentRunning`: an agent pod runs or starts, read through it; `WorkspaceGone`: the
+    /// session's workspace PVC is gone (deleted, or re-created as another volume); `Expired`: the
+    /// reader pod ended (after 5 minutes) while the annotation was still set; `Refused`: the
+    /// API server refused the reader pod (an admission check, a quota).
+    pub outcome: HistoryOutcome,
+    /// What the operator found, for a person.
+    #[schemars(length(max = super::bounds::MESSAGE_MAX))]
+    pub message: String,
+}
+
+/// See [`HistoryRequestStatus::outcome`].
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HistoryOutcome {
+    AgentRunning,
+    WorkspaceGone,
+    Expired,
+    Refused,
+}
+
+impl HistoryOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AgentRunning => "AgentRunning",
+            Self::WorkspaceGone => "WorkspaceGone",
+            Self::Expired => "Expired",
+            Self::Refused => "Refused",
+        }
+    }
 }
 
 #[cfg(test)]

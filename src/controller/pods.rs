@@ -26,15 +26,16 @@ use kube::{Resource, ResourceExt};
 
 use crate::agents::AgentProfile;
 use crate::api::names::{
-    MANAGED_LABEL, REQUEST_LABEL, SESSION_LABEL, executor_name, network_policy_name, pod_name,
-    session_label_value, short_hash, workspace_claim_name,
+    MANAGED_LABEL, READER_ROLE, REQUEST_LABEL, ROLE_LABEL, SESSION_LABEL, executor_name,
+    network_policy_name, pod_name, reader_pod_name, session_label_value, short_hash,
+    workspace_claim_name,
 };
 use crate::api::pod_contract::{
     CHECKOUT_CONTAINER, CONTAINER, ENV_AGENT_PROFILE_DEFINITION, ENV_AGENTCTL_SOCKET,
     ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME,
     ENV_PERMISSIONS, ENV_POD_NAME, ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH,
     ENV_REPOSITORY_BRANCH, ENV_REPOSITORY_URL, ENV_SESSION_NAME, ENV_SUSPEND_IDLE_AFTER,
-    SOCKET_DIR, TERMINATION_LOG,
+    ENV_WORKSPACE, SOCKET_DIR, TERMINATION_LOG,
 };
 use crate::api::{
     EffectivePolicy, ExecutorRunning, ExecutorRunningSpec, RepositorySpec, TaskSession,
@@ -358,6 +359,90 @@ pub fn build_agentctl_pod(
             node_selector: (!settings.node_selector.is_empty())
                 .then(|| settings.node_selector.clone()),
             volumes: Some(pod_volumes(ts, settings)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// How long a history reader pod lives at most: `agentctl sleep` ends then, and the operator
+/// deletes the ended pod. `kubectl kandev history` reads within seconds and withdraws its
+/// request, which deletes the pod at once; this bounds a reader whose client went away.
+pub const READER_LIFETIME: Duration = Duration::from_secs(300);
+
+/// The session's history reader pod: the agent's image, user, confinement, placement and
+/// network (the session's NetworkPolicy selects it), the workspace mounted read-only, and no
+/// agent, credentials, environment from Secrets or init container. Its process only sleeps;
+/// `kubectl kandev history` execs `agentctl history` in it, as into an agent pod.
+pub fn build_reader_pod(ts: &TaskSession, settings: &PodSettings) -> Pod {
+    let session = ts.name_any();
+    let mut labels = session_labels(ts);
+    labels.insert(ROLE_LABEL.to_string(), READER_ROLE.to_string());
+    let mount_path = ts.spec.workspace.mount_path.clone();
+    let quantity = |cpu: &str, memory: &str| {
+        BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.to_string())),
+            ("memory".to_string(), Quantity(memory.to_string())),
+        ])
+    };
+    let container = Container {
+        name: CONTAINER.to_string(),
+        image: Some(agent_image(ts, settings)),
+        command: Some(vec!["agentctl".to_string()]),
+        args: Some(vec![
+            "sleep".to_string(),
+            READER_LIFETIME.as_secs().to_string(),
+        ]),
+        working_dir: Some(mount_path.clone()),
+        env: Some(vec![
+            env_value(ENV_SESSION_NAME, &session),
+            env_value(ENV_WORKSPACE, &mount_path),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantity("10m", "32Mi")),
+            limits: Some(quantity("500m", "128Mi")),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                read_only: Some(true),
+                ..mount("workspace", &mount_path)
+            },
+            mount("tmp", "/tmp"),
+        ]),
+        security_context: Some(container_security_context()),
+        ..Default::default()
+    };
+    let volumes = pod_volumes(ts, settings)
+        .into_iter()
+        .filter(|v| v.name != "run")
+        .map(|mut v| {
+            if let Some(claim) = v.persistent_volume_claim.as_mut() {
+                claim.read_only = Some(true);
+            }
+            v
+        })
+        .collect();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(reader_pod_name(&session)),
+            namespace: ts.namespace(),
+            labels: Some(labels),
+            owner_references: ts.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            runtime_class_name: settings.runtime_class_name.clone(),
+            host_users: settings.user_namespace.then_some(false),
+            security_context: Some(pod_security_context(settings.run_as_user)),
+            tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
+            node_selector: (!settings.node_selector.is_empty())
+                .then(|| settings.node_selector.clone()),
+            volumes: Some(volumes),
             ..Default::default()
         }),
         ..Default::default()
@@ -1120,6 +1205,88 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
                 .collect(),
         )
+    }
+
+    /// The reader mounts the workspace read-only, holds nothing from Secrets, starts no agent,
+    /// and is confined and placed like the agent pod it stands in for.
+    #[test]
+    fn reader_pod_reads_the_workspace_and_nothing_more() {
+        let mut ts = session(claim("ws"));
+        ts.spec.repository = Some(RepositorySpec {
+            url: "https://example.com/r.git".into(),
+            credentials: Some(
+                serde_json::from_value(
+                    serde_json::json!({"secretName": "git", "passwordKey": "p"}),
+                )
+                .expect("credentials"),
+            ),
+            ..Default::default()
+        });
+        let settings = PodSettings {
+            default_image: "img:1".into(),
+            run_as_user: 1234,
+            node_selector: BTreeMap::from([("pool".to_string(), "agents".to_string())]),
+            ..Default::default()
+        };
+        let agent = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        let reader = build_reader_pod(&ts, &settings);
+        assert_eq!(reader.metadata.name.as_deref(), Some("demo-history"));
+        let labels = reader.metadata.labels.clone().unwrap_or_default();
+        assert!(crate::api::names::is_reader(Some(&labels)));
+        assert_eq!(
+            labels.get(SESSION_LABEL),
+            agent
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SESSION_LABEL))
+        );
+        assert_eq!(
+            reader.metadata.owner_references,
+            agent.metadata.owner_references
+        );
+        let (spec, agent_spec) = (reader.spec.expect("spec"), agent.spec.expect("spec"));
+        assert!(
+            spec.init_containers.is_none(),
+            "no checkout, no credentials"
+        );
+        assert_eq!(spec.security_context, agent_spec.security_context);
+        assert_eq!(spec.node_selector, agent_spec.node_selector);
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let c = &spec.containers[0];
+        assert_eq!(c.name, CONTAINER);
+        assert_eq!(c.image.as_deref(), Some("img:1"));
+        assert_eq!(c.args.clone().unwrap_or_default(), ["sleep", "300"]);
+        assert_eq!(
+            c.security_context,
+            agent_spec.containers[0].security_context
+        );
+        assert!(c.env.iter().flatten().all(|e| e.value_from.is_none()));
+        assert!(
+            c.resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .is_some()
+        );
+        let workspace = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "workspace")
+            .expect("workspace");
+        assert_eq!(workspace.read_only, Some(true));
+        for v in spec.volumes.iter().flatten() {
+            assert!(
+                v.persistent_volume_claim.is_some() || v.empty_dir.is_some(),
+                "{v:?}"
+            );
+            if let Some(claim) = &v.persistent_volume_claim {
+                assert_eq!(
+                    (claim.claim_name.as_str(), claim.read_only),
+                    ("ws", Some(true))
+                );
+            }
+        }
     }
 
     #[test]

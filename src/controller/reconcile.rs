@@ -47,6 +47,7 @@ pub use crate::api::RESUME_FRESH_ANNOTATION;
 mod approval;
 mod end;
 mod launch;
+mod reader;
 mod restore;
 
 /// Why an exec into agentctl got no answer.
@@ -232,6 +233,8 @@ impl<'a> Session<'a> {
         self.report_decoys();
         self.write_journal_news().await?;
         self.relay_permission_answer().await?;
+        // Boxed: its future is large and rarely needed, and a reconcile's stack is not.
+        Box::pin(self.serve_history_request()).await?;
         if let Some(end) = ending(self.ts.spec.end, &self.status) {
             return self.end_session(end).await;
         }

@@ -143,8 +143,11 @@ pub enum Command {
     /// agentctl records the conversation on the workspace volume
     /// (<workspace>/.kandev/sessions/<session>.jsonl); it is read through the running agentctl
     /// pod with `kubectl exec … agentctl history` (nothing else is needed in the container).
-    /// Without a running pod (the session needs a resume), exit code 4: resume the session
-    /// first.
+    /// Without a running agent pod (lost, suspended, failed, completed or cancelled with its
+    /// workspace kept), the operator starts a history reader pod on request (annotation
+    /// kandev.dev/history-requested-at): the workspace mounted read-only, no agent, no
+    /// credentials. It is read the same way and removed afterwards, also when the command is
+    /// interrupted (at the latest 5 minutes later). Exit code 4 when the workspace PVC is gone.
     #[command(after_help = EXIT_CODES_HELP)]
     History(HistoryArgs),
     /// End a session as done: sets spec.end to Completed (once; it cannot be undone).
@@ -345,6 +348,10 @@ pub struct HistoryArgs {
     /// Prefix each entry with its timestamp (text output).
     #[arg(long)]
     pub timestamps: bool,
+    /// How long to wait for the history reader pod when no agent pod runs (same formats as
+    /// resume's --timeout).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -18,8 +18,8 @@ use super::error::PluginError;
 use super::status::Snapshot;
 use crate::api::names;
 use crate::api::{
-    ExecutorRunning, MANAGED_LABEL, PERMISSION_ANSWER_ANNOTATION, RESUME_ANNOTATION,
-    RESUME_FRESH_ANNOTATION, SESSION_LABEL, TaskSession,
+    ExecutorRunning, HISTORY_ANNOTATION, MANAGED_LABEL, PERMISSION_ANSWER_ANNOTATION,
+    RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL, TaskSession,
 };
 
 /// The field manager of every write the plugin makes. It must not start with `kubectl`: Flux
@@ -278,6 +278,65 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// Sets [`HISTORY_ANNOTATION`] to a new token (merge patch, field manager
+    /// [`FIELD_MANAGER`]): the operator keeps a history reader pod while it is set and no agent
+    /// pod runs. Returns the token.
+    pub async fn request_history(&self, name: &str) -> Result<String, PluginError> {
+        let token = new_token();
+        self.merge_session(
+            name,
+            json!({"metadata": {"annotations": {HISTORY_ANNOTATION: token}}}),
+            format!("setting {HISTORY_ANNOTATION} on tasksession {name:?}"),
+        )
+        .await?;
+        Ok(token)
+    }
+
+    /// Removes [`HISTORY_ANNOTATION`] if it still holds `token` (a merge patch on the
+    /// resourceVersion it was read at, so a newer request of another client stays), which has
+    /// the operator delete the reader pod. Best effort: the pod ends by itself within its
+    /// lifetime anyway.
+    pub async fn withdraw_history(&self, name: &str, token: &str) {
+        for _ in 0..3 {
+            let session = match self.sessions().get_opt(name).await {
+                Ok(Some(session)) => session,
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::debug!(%error, "could not read the session to withdraw the history request");
+                    return;
+                }
+            };
+            if session
+                .annotations()
+                .get(HISTORY_ANNOTATION)
+                .map(String::as_str)
+                != Some(token)
+            {
+                return;
+            }
+            let patch = json!({"metadata": {
+                "resourceVersion": session.metadata.resource_version,
+                "annotations": {HISTORY_ANNOTATION: null},
+            }});
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_string()),
+                ..Default::default()
+            };
+            match self
+                .sessions()
+                .patch(name, &params, &Patch::Merge(&patch))
+                .await
+            {
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(error) => {
+                    tracing::debug!(%error, "could not withdraw the history request");
+                    return;
+                }
+                Ok(_) => return,
+            }
+        }
+    }
+
     /// Sets [`PERMISSION_ANSWER_ANNOTATION`] to `value` (`<id>=<option kind>`) in one merge
     /// patch, field manager [`FIELD_MANAGER`]: the operator relays it to agentctl once.
     pub async fn set_permission_answer(&self, name: &str, value: &str) -> Result<(), PluginError> {

@@ -504,7 +504,7 @@ mod tests {
         }
         assert!(!got.contains(&"--timestamps"), "{got:?}");
         let plan = super::plan(&words("history demo --t"));
-        assert_eq!(values(&plan), ["--timestamps", "--token"]);
+        assert_eq!(values(&plan), ["--timestamps", "--timeout", "--token"]);
     }
 
     #[test]

@@ -15,8 +15,8 @@ pub enum ExitCode {
     /// The TaskSession does not exist, or (`approve`, `deny`) the named permission request does
     /// not wait.
     NotFound = 3,
-    /// The session cannot be resumed (terminal state), or the command needs a running agent pod
-    /// and there is none (`history`).
+    /// The session cannot be resumed (terminal state), or there is nothing to read the history
+    /// from: its workspace PVC is gone (`history`).
     NotResumable = 4,
     /// `--timeout` passed before what was waited for happened.
     Timeout = 5,
@@ -44,7 +44,7 @@ Exit codes:
      does not offer the option asked for
   3  the TaskSession was not found; approve/deny: the permission request ID does not wait
   4  not resumable: a terminal session (COMPLETED, CANCELLED, FAILED without a resumable
-     executor), or no running agent pod where one is needed (history)
+     executor), or history: the workspace PVC is gone, nothing to read the transcript from
   5  timed out (--timeout) waiting for the operator or the agent
   6  cluster unreachable, kubeconfig unusable, or an API error (e.g. forbidden by RBAC)
   7  prompt: the agent's pod was lost after the prompt was sent and the agent may have received
@@ -68,13 +68,12 @@ pub enum PluginError {
         why: String,
     },
     #[error(
-        "tasksession {name:?} has no running agent pod ({pod}): {what}; resume it first: kubectl kandev resume {name} -n {namespace} --wait"
+        "tasksession {name:?} in namespace {namespace:?} has no workspace to read the history from: {why}"
     )]
-    NoRunningPod {
+    NoWorkspace {
         name: String,
         namespace: String,
-        pod: String,
-        what: &'static str,
+        why: String,
     },
     #[error("timed out after {} waiting for {what}; last seen: {last_seen}", format_duration(*waited))]
     Timeout {
@@ -159,7 +158,7 @@ impl PluginError {
         match self {
             Self::NotFound { .. } | Self::PermissionNotPending { .. } => ExitCode::NotFound,
             Self::PermissionChoice { .. } => ExitCode::Usage,
-            Self::NotResumable { .. } | Self::NoRunningPod { .. } => ExitCode::NotResumable,
+            Self::NotResumable { .. } | Self::NoWorkspace { .. } => ExitCode::NotResumable,
             Self::Timeout { .. } => ExitCode::Timeout,
             Self::NotResent { .. } => ExitCode::NotResent,
             Self::Kubeconfig { .. } | Self::Kube { .. } | Self::CrdMissing { .. } => {
@@ -339,11 +338,10 @@ mod tests {
                 4,
             ),
             (
-                PluginError::NoRunningPod {
+                PluginError::NoWorkspace {
                     name: "x".into(),
                     namespace: "y".into(),
-                    pod: "none".into(),
-                    what: "w",
+                    why: "w".into(),
                 },
                 4,
             ),

@@ -1,19 +1,26 @@
 //! `kubectl kandev history`: the conversation agentctl recorded on the workspace volume, read
-//! through the running agentctl pod with `agentctl history` (the container needs nothing else:
-//! no shell, no `cat`).
+//! with `agentctl history` (the container needs nothing else: no shell, no `cat`) through the
+//! running agentctl pod, or, when none runs, through the history reader pod the operator keeps
+//! while the request annotation is set (`crate::resume::reader_step`).
 
 use std::time::Duration;
 
 use kube::api::AttachParams;
 use tokio::io::AsyncReadExt;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use super::cli::{HistoryArgs, HistoryOutput};
-use super::cluster::Cluster;
+use super::cluster::{Cluster, Deadline};
 use super::error::{ExitCode, PluginError};
-use super::status::liveness_name;
+use super::output::OutputFormat;
+use super::status::Snapshot;
+use super::watch::{Progress, wait_for};
 use super::write_stdout;
+use crate::api::HistoryOutcome;
 use crate::api::pod_contract::CONTAINER;
 use crate::history::{NO_HISTORY_EXIT_CODE, parse_history, render_transcript, validate_session_id};
+use crate::resume::{PodLiveness, pod_liveness};
 
 /// The whole read (exec, `agentctl history`, status) must finish within this.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -68,22 +75,97 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
         action: format!("locating the history of tasksession {name:?}"),
         reason: e.to_string(),
     })?;
-    let Some(pod) = snapshot.running_pod().and_then(|p| p.metadata.name.clone()) else {
-        let pod = match snapshot.current_pod().and_then(|p| p.metadata.name.clone()) {
-            Some(pod) => format!("pod {pod} is {}", liveness_name(snapshot.liveness())),
-            None => "none exists".to_string(),
-        };
-        return Err(PluginError::NoRunningPod {
-            name,
-            namespace: cluster.namespace.clone(),
-            pod,
-            what: "the history is on the workspace volume and is read through the agent's pod",
-        });
+    if let Some(pod) = snapshot.running_pod().and_then(|p| p.metadata.name.clone()) {
+        return read_through(cluster, &name, &pod, &args).await;
+    }
+    // No agent runs: the operator keeps a reader pod (workspace read-only, no agent) while
+    // the request is set; it is withdrawn however the read ends, which removes the pod.
+    let token = cluster.request_history(&name).await?;
+    let read = async {
+        let pod = await_reader(cluster, &name, &token, &args).await?;
+        read_through(cluster, &name, &pod, &args).await
     };
-    let action = format!("reading {} in pod {pod}", history_path(&name));
+    let result = tokio::select! {
+        result = read => result,
+        _ = tokio::signal::ctrl_c() => Err(PluginError::Interrupted(format!(
+            "interrupted: the history reader pod of tasksession {name:?} is removed"
+        ))),
+    };
+    cluster.withdraw_history(&name, &token).await;
+    result
+}
+
+/// What the wait for a reader found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReaderWait {
+    /// Exec into this pod: the reader, or an agent pod that started meanwhile.
+    Read(String),
+    /// The operator answered the request without a reader: its outcome and message.
+    Answered(HistoryOutcome, String),
+}
+
+/// Where a history request stands in `snapshot`: a running agent pod or reader pod to read
+/// through, the operator's answer to `token`, or nothing yet.
+pub fn reader_wait(snapshot: &Snapshot, token: &str) -> Option<ReaderWait> {
+    let running = |pod: Option<&Pod>| {
+        pod.filter(|p| pod_liveness(Some(p)) == PodLiveness::Running)
+            .and_then(|p| p.metadata.name.clone())
+    };
+    if let Some(pod) =
+        running(snapshot.current_pod()).or_else(|| running(snapshot.reader.as_deref()))
+    {
+        return Some(ReaderWait::Read(pod));
+    }
+    snapshot
+        .status()
+        .history_request
+        .filter(|h| h.token == token && h.outcome != HistoryOutcome::AgentRunning)
+        .map(|h| ReaderWait::Answered(h.outcome, h.message))
+}
+
+/// Waits (up to `--timeout`) until a pod to read through runs, or the operator answers.
+async fn await_reader(
+    cluster: &Cluster,
+    name: &str,
+    token: &str,
+    args: &HistoryArgs,
+) -> Result<String, PluginError> {
+    let progress = Progress::for_output(&OutputFormat::Text);
+    let what = "the history reader pod (workspace read-only, no agent)";
+    let found = wait_for(
+        cluster,
+        name,
+        what,
+        Deadline::after(args.timeout),
+        progress,
+        |s| Ok(reader_wait(s, token)),
+    )
+    .await?;
+    match found {
+        ReaderWait::Read(pod) => Ok(pod),
+        ReaderWait::Answered(HistoryOutcome::WorkspaceGone, why) => Err(PluginError::NoWorkspace {
+            name: name.to_string(),
+            namespace: cluster.namespace.clone(),
+            why,
+        }),
+        ReaderWait::Answered(outcome, why) => Err(PluginError::Exec {
+            action: format!("reading the history of tasksession {name:?} without its agent"),
+            reason: format!("{}: {why}", outcome.as_str()),
+        }),
+    }
+}
+
+/// Execs `agentctl history` in `pod` and prints what it read as `args` ask.
+async fn read_through(
+    cluster: &Cluster,
+    name: &str,
+    pod: &str,
+    args: &HistoryArgs,
+) -> Result<ExitCode, PluginError> {
+    let action = format!("reading {} in pod {pod}", history_path(name));
     let (stdout, stderr, success, exit_code) = match tokio::time::timeout(
         READ_TIMEOUT,
-        exec_read(cluster, &pod, &history_command(&name)),
+        exec_read(cluster, pod, &history_command(name)),
     )
     .await
     {
@@ -218,6 +300,57 @@ mod tests {
             history_command("demo"),
             ["agentctl", "history", "--session-name", "demo"]
         );
+    }
+
+    /// A running agent pod comes first, then a running reader, then the operator's answer to
+    /// this request (an answer to another token, or "an agent runs", keeps the wait going).
+    #[test]
+    fn where_a_history_request_stands() {
+        use crate::api::{HistoryRequestStatus, TaskSession, TaskSessionStatus};
+        let pod = |name: &str, phase: &str, reader: bool| -> Pod {
+            let mut labels = serde_json::Map::new();
+            if reader {
+                labels.insert("kandev.dev/role".into(), "history".into());
+            }
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "labels": labels, "ownerReferences": [{
+                    "apiVersion": "kandev.dev/v1alpha1", "kind": "TaskSession", "name": "s",
+                    "uid": "u", "controller": true}]},
+                "status": {"phase": phase, "containerStatuses": [{"name": "agentctl", "image": "i",
+                    "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}]}
+            }))
+            .expect("pod")
+        };
+        let answer = |token: &str, outcome| HistoryRequestStatus {
+            token: token.into(),
+            outcome,
+            message: "m".into(),
+        };
+        let snapshot = |pods: Vec<Pod>, answered: Option<HistoryRequestStatus>| {
+            let mut ts = TaskSession::new("s", Default::default());
+            ts.metadata.uid = Some("u".into());
+            ts.status = Some(TaskSessionStatus {
+                history_request: answered,
+                ..Default::default()
+            });
+            Snapshot::new("ns", ts, None, pods)
+        };
+        let read = |p: &str| Some(ReaderWait::Read(p.into()));
+        #[rustfmt::skip]
+        let rows = [
+            ("nothing yet", snapshot(vec![], None), None),
+            ("reader pending", snapshot(vec![pod("s-history", "Pending", true)], None), None),
+            ("reader runs", snapshot(vec![pod("s-history", "Running", true)], None), read("s-history")),
+            ("an agent runs", snapshot(vec![pod("s-agent-1", "Running", false), pod("s-history", "Running", true)], None), read("s-agent-1")),
+            ("a reader of another name", snapshot(vec![pod("x-history", "Running", true)], None), None),
+            ("workspace gone", snapshot(vec![], Some(answer("t", HistoryOutcome::WorkspaceGone))),
+                Some(ReaderWait::Answered(HistoryOutcome::WorkspaceGone, "m".into()))),
+            ("another request's answer", snapshot(vec![], Some(answer("old", HistoryOutcome::WorkspaceGone))), None),
+            ("an agent starts", snapshot(vec![], Some(answer("t", HistoryOutcome::AgentRunning))), None),
+        ];
+        for (what, snapshot, want) in rows {
+            assert_eq!(reader_wait(&snapshot, "t"), want, "{what}");
+        }
     }
 
     #[test]

@@ -341,6 +341,7 @@ mod tests {
             session: session(status),
             executor: er,
             pods,
+            reader: None,
         }
     }
 

@@ -182,16 +182,15 @@ impl SessionWatch {
             .state()
             .into_iter()
             .map(Arc::unwrap_or_clone)
-            .filter(|pod| crate::resume::is_controlled_by(pod, session.metadata.uid.as_deref()))
             .collect();
         // The store is a map: keep the order of a list (by name) for stable output.
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        Ok(Snapshot {
-            namespace: self.cluster.namespace.clone(),
+        Ok(Snapshot::new(
+            self.cluster.namespace.clone(),
             session,
             executor,
             pods,
-        })
+        ))
     }
 
     /// `Some` for an error that ends the wait; `None` for one the watcher recovers from by

@@ -5,6 +5,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::api::names;
 use crate::api::{ExecutorRunning, ExecutorRunningStatus, TaskSession, TaskSessionStatus};
 
 use super::{
@@ -18,9 +19,13 @@ pub struct SessionObjects {
     pub namespace: String,
     pub session: TaskSession,
     pub executor: Option<ExecutorRunning>,
-    /// The pods whose controller ownerReference is this session (by UID): labels select,
+    /// The agent pods whose controller ownerReference is this session (by UID): labels select,
     /// the controller reference decides.
     pub pods: Vec<Pod>,
+    /// The session's history reader pod ([`crate::api::names::ROLE_LABEL`]), controlled by it
+    /// too but never one of its agent pods. Boxed: a pod is large, and every step of a
+    /// reconcile carries this struct.
+    pub reader: Option<Box<Pod>>,
 }
 
 /// Whether `pod`'s controller ownerReference is the object with `uid`.
@@ -35,7 +40,7 @@ pub fn is_controlled_by(pod: &Pod, uid: Option<&str>) -> bool {
 }
 
 impl SessionObjects {
-    /// Keeps only the `candidates` that this session controls.
+    /// Keeps only the `candidates` that this session controls, its history reader apart.
     pub fn new(
         namespace: impl Into<String>,
         session: TaskSession,
@@ -43,15 +48,21 @@ impl SessionObjects {
         candidates: impl IntoIterator<Item = Pod>,
     ) -> Self {
         let uid = session.metadata.uid.clone();
-        let pods = candidates
+        let reader_name = names::reader_pod_name(session.metadata.name.as_deref().unwrap_or(""));
+        let (readers, pods): (Vec<Pod>, Vec<Pod>) = candidates
             .into_iter()
             .filter(|pod| is_controlled_by(pod, uid.as_deref()))
-            .collect();
+            .partition(|pod| names::is_reader(pod.metadata.labels.as_ref()));
+        let reader = readers
+            .into_iter()
+            .find(|pod| pod.metadata.name.as_deref() == Some(reader_name.as_str()))
+            .map(Box::new);
         Self {
             namespace: namespace.into(),
             session,
             executor,
             pods,
+            reader,
         }
     }
 
