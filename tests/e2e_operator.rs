@@ -502,6 +502,59 @@ async fn rejected_and_inconclusive_restores() {
     sessions.run(body).await;
 }
 
+/// A session whose agent profile the operator does not know yet (synced before the release
+/// that adds it) waits, `Stalled=True/UnknownProfile` and `CREATED`, not FAILED; an operator
+/// restarted with the profile starts it.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn an_unknown_profile_waits_until_the_operator_has_it() {
+    let sessions = setup().await;
+    let mut without = operator().start();
+    let name = unique("later");
+    let body = async {
+        sessions.create(&name, "later-agent").await;
+        let ts = sessions
+            .wait_within(
+                &name,
+                "Stalled=True/UnknownProfile",
+                Duration::from_secs(60),
+                condition_is(conditions::STALLED, "True", "UnknownProfile"),
+            )
+            .await;
+        let status = ts.status.expect("status");
+        assert_eq!(status.state, SessionState::Created, "{status:#?}");
+        assert_condition(&status, conditions::READY, ("False", "UnknownProfile"));
+        assert_condition(
+            &status,
+            conditions::RECONCILING,
+            ("False", "UnknownProfile"),
+        );
+        let message = &condition(&status, conditions::STALLED).message;
+        assert!(message.contains("\"later-agent\""), "{message}");
+        sessions.assert_event(&name, "UnknownProfile").await;
+        assert!(sessions.live_pods(&name).await.is_empty(), "no pod");
+
+        assert_eq!(without.terminate(Duration::from_secs(30)).await, Some(0));
+        let _with = operator()
+            .profiles(
+                "later-profiles.yaml",
+                "profiles:\n  later-agent:\n    launch: [\"kandev-test-agent\"]\n    nativeSessionResume: true\n    historyContextInjection: false\n",
+            )
+            .start();
+        sessions
+            .wait_state_within(
+                &name,
+                SessionState::WaitingForInput,
+                Duration::from_secs(90),
+            )
+            .await;
+        let status = sessions.status(&name).await;
+        assert_condition(&status, conditions::STALLED, ("False", "Started"));
+        assert!(sessions.token_of(&name).await.is_some());
+    };
+    sessions.run(body).await;
+}
+
 /// Terminal sessions refuse a resume; a missing PVC fails the session with the reason; an
 /// invalid TaskSession is refused by the API server and the operator keeps working.
 #[tokio::test]

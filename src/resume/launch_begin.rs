@@ -212,6 +212,43 @@ pub fn workspace_wait(
     }
 }
 
+/// A first launch whose agent profile the operator does not know waits for it (`known`: the
+/// profiles it has): `Stalled=True` and `Ready=False` with reason `UnknownProfile`, one Warning,
+/// and the session stays `CREATED`. The operator's profiles change with its restart (the chart
+/// rolls it when `agentProfiles` changes), whose first pass starts the session; until then it
+/// is looked at again at [`RECHECK`], which costs no request. Written once, not on every pass.
+pub fn profile_wait(
+    current: &TaskSessionStatus,
+    agent: &str,
+    known: &[&str],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Transition {
+    let mut status = current.clone();
+    let message = format!(
+        "unknown agent profile {agent:?} (known: {}): the session starts once the operator has it (chart value agentProfiles, --agent-profiles)",
+        known.join(", ")
+    );
+    let wanted = [
+        Want::new(conditions::RECONCILING, false, UNKNOWN_PROFILE, ""),
+        Want::new(conditions::STALLED, true, UNKNOWN_PROFILE, &message),
+        Want::new(conditions::READY, false, UNKNOWN_PROFILE, &message),
+    ];
+    settle(&mut status, &wanted, generation, now);
+    let write = status != *current;
+    Transition {
+        event: write.then(|| Note::warning(UNKNOWN_PROFILE, "Launch", message)),
+        write,
+        status,
+        action: None,
+        metric: None,
+        requeue: Requeue::After(RECHECK),
+    }
+}
+
+/// The reason of a launch whose agent profile the operator does not know.
+pub const UNKNOWN_PROFILE: &str = "UnknownProfile";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,6 +346,43 @@ mod tests {
             assert_eq!(again.event, None, "{age:?}");
             assert_eq!(again.requeue, Requeue::After(RECHECK));
         }
+    }
+
+    #[test]
+    fn an_unknown_profile_waits_and_stalls_once() {
+        let from = TaskSessionStatus::default();
+        let t = profile_wait(&from, "amp2", &["claude-code", "codex"], Some(1), at(10));
+        assert!(t.write);
+        assert_eq!(t.status.state, SessionState::Created, "not FAILED");
+        let (status, reason, message) = condition(&t, conditions::STALLED).expect("Stalled");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "UnknownProfile")
+        );
+        assert!(
+            message.contains("\"amp2\" (known: claude-code, codex)"),
+            "{message}"
+        );
+        let (status, reason, _) = condition(&t, conditions::READY).expect("Ready");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "UnknownProfile")
+        );
+        let (status, _, _) = condition(&t, conditions::RECONCILING).expect("Reconciling");
+        assert_eq!(status, "False", "kstatus: Failed, not InProgress");
+        assert_eq!(t.event.as_ref().map(|e| e.reason), Some("UnknownProfile"));
+        assert_eq!(t.requeue, Requeue::After(RECHECK));
+        let again = profile_wait(
+            &t.status,
+            "amp2",
+            &["claude-code", "codex"],
+            Some(1),
+            at(20),
+        );
+        assert!(
+            !again.write && again.event.is_none(),
+            "written and said once"
+        );
     }
 
     #[test]

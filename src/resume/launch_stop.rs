@@ -2,6 +2,7 @@
 //! objects means: the reconciler finds the cause, these functions turn it into the
 //! [`LaunchEnd`] that [`super::launch_ended`] applies.
 
+use super::launch_begin::UNKNOWN_PROFILE;
 use super::launch_end::{LaunchEnd, what_is_kept};
 use super::stall::LaunchStall;
 use super::status::PodLiveness;
@@ -58,8 +59,8 @@ pub enum LaunchStop<'a> {
     WorkspaceLost { reason: &'a str },
 }
 
-/// The end of a launch that stopped for `stop`. Nothing but an unknown profile or a lost
-/// workspace proves the session cannot go on: the others are "not done" (the token kept, a new
+/// The end of a launch that stopped for `stop`. Nothing but a lost workspace proves the session
+/// cannot go on (an unknown profile may be added to the operator): the others are "not done" (the token kept, a new
 /// resume token retries) and say what is kept. `has_token`: a resume token is saved.
 pub fn launch_stopped(stop: LaunchStop, has_token: bool) -> LaunchEnd {
     let kept = what_is_kept(true, has_token);
@@ -97,15 +98,13 @@ pub fn launch_stopped(stop: LaunchStop, has_token: bool) -> LaunchEnd {
             );
             not_done(None, "PodNameTaken", "PodNameTaken", true, message)
         }
-        LaunchStop::UnknownProfile { agent, known } => LaunchEnd::Failed {
-            pod: None,
-            code: "LaunchFailed",
-            event: "LaunchFailed",
-            reason: format!(
-                "unknown agent profile {agent:?} (known: {}); add it with --agent-profiles",
+        LaunchStop::UnknownProfile { agent, known } => {
+            let message = format!(
+                "unknown agent profile {agent:?} (known: {}): add it to the operator (chart value agentProfiles, --agent-profiles), then set a new {RESUME_ANNOTATION} token; {kept}",
                 known.join(", ")
-            ),
-        },
+            );
+            not_done(None, UNKNOWN_PROFILE, UNKNOWN_PROFILE, true, message)
+        }
         LaunchStop::WorkspaceLost { reason } => LaunchEnd::Failed {
             pod: None,
             code: "WorkspaceLost",
@@ -234,7 +233,7 @@ mod tests {
                     known: &known,
                 },
                 true,
-                "failed LaunchFailed LaunchFailed pod=None: unknown agent profile \"amp2\" (known: claude-code, codex); add it with --agent-profiles",
+                "not done UnknownProfile UnknownProfile stalled=true pod=None: unknown agent profile \"amp2\" (known: claude-code, codex): add it to the operator (chart value agentProfiles, --agent-profiles), then set a new kandev.dev/resume-requested-at token; the resume token is kept",
             ),
             (
                 "workspace lost",

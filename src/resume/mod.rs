@@ -47,8 +47,8 @@ pub mod defaults;
 pub use journal::view_after;
 pub use launch::{LaunchFacts, LaunchStep, launch_step, previous_pod_alive};
 pub use launch_begin::{
-    Begin, ClaimSeen, INITIAL_LAUNCH, WorkspaceFacts, WorkspaceStep, describe_launch, launch_begun,
-    workspace_step, workspace_wait,
+    Begin, ClaimSeen, INITIAL_LAUNCH, UNKNOWN_PROFILE, WorkspaceFacts, WorkspaceStep,
+    describe_launch, launch_begun, profile_wait, workspace_step, workspace_wait,
 };
 pub use launch_end::{
     AfterRestore, LaunchEnd, RestoreFacts, finish_request, launch_ended, restore_end, what_is_kept,

@@ -22,7 +22,8 @@ use crate::controller::pods;
 use crate::resume::{
     Begin, ClaimSeen, LaunchEnd, LaunchFacts, LaunchStall, LaunchStep, LaunchStop, RECHECK,
     Refusal, Requeue, WorkspaceFacts, WorkspaceStep, at_deadline, launch_begun, launch_stall,
-    launch_step, launch_stopped, previous_pod_alive, refusal, workspace_step, workspace_wait,
+    launch_step, launch_stopped, previous_pod_alive, profile_wait, refusal, workspace_step,
+    workspace_wait,
 };
 
 /// The workspace PVC once a launch has looked at it (and made it from the template).
@@ -187,6 +188,20 @@ impl<'a> Session<'a> {
     /// `STARTING` with the state to return to — before any pod exists.
     async fn start_launch(mut self) -> Result<Requeue, Error> {
         let Some(profile) = self.profile() else {
+            // A first launch waits for its profile; a resume request ends stalled.
+            if self.status.state == SessionState::Created
+                && self.status.active_resume_request.is_none()
+            {
+                let known: Vec<&str> = self.ctx.agents.names().collect();
+                let transition = profile_wait(
+                    &self.status,
+                    &self.ts.spec.agent,
+                    &known,
+                    self.ts.metadata.generation,
+                    Timestamp::now(),
+                );
+                return self.apply_transition(transition).await;
+            }
             let end = self.unknown_profile();
             return self.end_launch(end).await;
         };
