@@ -1171,6 +1171,85 @@ fn tracing_values_become_the_standard_otel_variables() {
     );
 }
 
+/// The operator started with the arguments a render gives it: it gets past every flag and
+/// setting check, as far as loading the cluster configuration (none here). Its ports are moved
+/// to ephemeral local ones so nothing on this machine is in the way.
+fn assert_operator_starts(args: &[String], what: &str) {
+    let args: Vec<String> = args
+        .iter()
+        .map(|arg| match arg.split_once('=') {
+            Some((flag @ ("--http-address" | "--metrics-address"), _)) => {
+                format!("{flag}=127.0.0.1:0")
+            }
+            _ => arg.clone(),
+        })
+        .collect();
+    let out = run(Command::new(env!("CARGO_BIN_EXE_kandev-operator"))
+        .args(&args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT"));
+    assert!(
+        out.stderr.contains("loading the cluster configuration"),
+        "{what}: the operator refused the rendered arguments {args:?}:\n{}",
+        out.stderr
+    );
+}
+
+/// The values schema holds each value to the operator's own limits: at each boundary, a value
+/// the schema accepts starts the operator, and one the operator would refuse at start is
+/// refused by `helm install|upgrade` (instead of new pods crash-looping after an upgrade).
+#[test]
+#[ignore = "chart: needs helm (make chart)"]
+fn boundary_values_the_schema_accepts_start_the_operator() {
+    #[rustfmt::skip]
+    let rows: &[(&str, bool)] = &[
+        ("controller.suspendIdleAfter=off", true),
+        ("controller.suspendIdleAfter=10s", true),
+        ("controller.suspendIdleAfter=0h0m10s", true),
+        ("controller.suspendIdleAfter=1m", true),
+        ("controller.suspendIdleAfter=1h", true),
+        ("controller.suspendIdleAfter=9s", false),
+        ("controller.suspendIdleAfter=0m9s", false),
+        ("controller.suspendIdleAfter=0h", false),
+        ("controller.suspendIdleAfter=30", false),
+        ("permissions.askTimeout=10s", true),
+        ("permissions.askTimeout=off", true),
+        ("permissions.askTimeout=9s", false),
+        ("controller.acpReplayLineLimitMiB=1", true),
+        ("controller.acpReplayLineLimitMiB=64,controller.acpMemoryBudgetMiB=192", true),
+        ("controller.acpReplayLineLimitMiB=65", false),
+        ("controller.acpReplayLineLimitMiB=0", false),
+        ("controller.maxConcurrentReconciles=1", true),
+        ("controller.maxConcurrentReconciles=65535", true),
+        ("controller.maxConcurrentReconciles=65536", false),
+        ("controller.resyncSeconds=1", true),
+        ("controller.resyncSeconds=0", false),
+        ("controller.acpTimeoutSeconds=1", true),
+        ("controller.acpTimeoutSeconds=0", false),
+        ("controller.launchDeadlineSeconds=1", true),
+        ("controller.launchDeadlineSeconds=0", false),
+        ("controller.agentUnreachableSeconds=0", true),
+        ("controller.nodeLostSeconds=0", true),
+        ("controller.journalCatchUpSeconds=0", true),
+        ("controller.catchUpExecsPerSecond=0", true),
+        ("controller.acpMemoryBudgetMiB=0", true),
+        ("agentPods.runAsUser=1", true),
+        ("agentPods.runAsUser=0", false),
+        ("agentPods.tmpSizeLimit=1Mi", true),
+        ("agentPods.tmpSizeLimit=lots", false),
+    ];
+    for (set, accepted) in rows {
+        match (template(&["--set", set]), accepted) {
+            (Ok(docs), true) => assert_operator_starts(&operator_args(&docs), set),
+            (Err(_), false) => {}
+            (Ok(_), false) => panic!("the schema accepts {set}, which the operator refuses"),
+            (Err(stderr), true) => panic!("the schema refuses {set}:\n{stderr}"),
+        }
+    }
+    assert_operator_starts(&operator_args(&render(&[])), "the defaults");
+}
+
 #[test]
 #[ignore = "chart: needs helm (make chart)"]
 fn invalid_values_fail_with_a_clear_message() {
