@@ -5,7 +5,9 @@
 #   agent-sandbox-controller with its Sandbox CRD (sigs.k8s.io/agent-sandbox, for make bench),
 #   toxiproxy-server (github.com/Shopify/toxiproxy/v2, the fault proxy of tests/e2e_faults.rs),
 #   jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs),
-#   and kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours);
+#   kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours) and
+#   kandev-kstatus (e2e/kstatus: kstatus's verdict, from sigs.k8s.io/cli-utils, for
+#   tests/e2e_gitops.rs, ours);
 #   for the real node (e2e/node.sh): kubelet and kube-proxy (k8s.io/kubernetes, the same wrapper
 #   module) and kandev-local-provisioner (e2e/node/provisioner, ours).
 # Usage: e2e/bin.sh [SET]         build what SET needs and is missing, print the bin directory on
@@ -13,7 +15,8 @@
 #                                  Kubernetes commands, kwok, kwokctl, helm; what `make demo`,
 #                                  `cluster.sh up` and `make chart` need) or `all` (the default:
 #                                  core and the test-only peers agent-sandbox, toxiproxy, jaeger
-#                                  and kandev-apiproxy, for `make e2e` and `make bench`) or
+#                                  kandev-apiproxy and kandev-kstatus, for `make e2e` and
+#                                  `make bench`) or
 #                                  `real` (core, kubelet, kube-proxy and kandev-local-provisioner:
 #                                  what `KANDEV_NODE=real cluster.sh up` needs)
 #        e2e/bin.sh --print        only print the bin directory
@@ -28,7 +31,7 @@ cache="${KANDEV_CACHE:-$HOME/.cache/kandev-operator}"
 bin="$cache/k8s-${K8S_VERSION}/bin"
 if [[ "${1:-}" == "--print" ]]; then echo "$bin"; exit 0; fi
 core_bins=(etcd kwok kwokctl helm kube-apiserver kube-controller-manager kube-scheduler kubectl)
-test_bins=(agent-sandbox-controller toxiproxy-server jaeger-all-in-one kandev-apiproxy)
+test_bins=(agent-sandbox-controller toxiproxy-server jaeger-all-in-one kandev-apiproxy kandev-kstatus)
 real_bins=(kubelet kube-proxy kandev-local-provisioner)
 list=0
 if [[ "${1:-}" == "--list" ]]; then list=1; shift; fi
@@ -183,6 +186,17 @@ build_apiproxy() {
   stamp kandev-apiproxy "$version"
 }
 
+# kstatus's verdict on JSON objects (e2e/kstatus, over sigs.k8s.io/cli-utils, the library
+# Flux's health checks use): stamped by its source's hash.
+build_kstatus() {
+  local src="$here/kstatus" version
+  version="$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)"
+  have kandev-kstatus "$version" && return 0
+  log "building kandev-kstatus from e2e/kstatus (sigs.k8s.io/cli-utils)"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin/kandev-kstatus" .)
+  stamp kandev-kstatus "$version"
+}
+
 # The real node's kubelet and kube-proxy, from the wrapper module that build_kubernetes wrote
 # (run first), stamped and versioned like the other Kubernetes commands. CGO_ENABLED=0 as for
 # the rest: upstream builds kubelet static too; nothing of ours needs cgo (no cadvisor libpfm,
@@ -221,6 +235,7 @@ if [[ "$set_name" == all ]]; then
   build_toxiproxy
   build_jaeger
   build_apiproxy
+  build_kstatus
 fi
 if [[ "$set_name" == real ]]; then
   build_kubernetes_node

@@ -4,6 +4,8 @@
 //! page itself, so what users copy is what is tested.
 #![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
+mod support;
+
 use mlua::{Lua, LuaSerdeExt, Value as LuaValue};
 use serde_json::{Value, json};
 
@@ -93,7 +95,7 @@ fn session(status: Value) -> Value {
 #[test]
 fn health_check_maps_every_state() {
     let health = script(&argocd_cm_data(), HEALTH_KEY);
-    let ready_msg = json!([{"type": "Ready", "status": "False", "reason": "ResumeFailed",
+    let needs_msg = json!([{"type": "NeedsResume", "status": "True", "reason": "ResumeFailed",
                             "message": "session/resume timed out; token kept"}]);
     // (status, expected health, substring of the message)
     let cases = [
@@ -119,7 +121,7 @@ fn health_check_maps_every_state() {
         ),
         (
             json!({"state": "WAITING_FOR_INPUT", "needsResume": true,
-                   "resumeReason": "agent_not_running", "conditions": ready_msg}),
+                   "resumeReason": "agent_not_running", "conditions": needs_msg}),
             "Suspended",
             "token kept",
         ),
@@ -129,7 +131,7 @@ fn health_check_maps_every_state() {
             "workspace PVC missing",
         ),
         (
-            json!({"state": "FAILED", "needsResume": true,
+            json!({"state": "FAILED", "isResumable": true,
                    "resumeReason": "failed_session_resumable"}),
             "Degraded",
             "resumable",
@@ -145,10 +147,33 @@ fn health_check_maps_every_state() {
     }
 }
 
+/// The health check gives every status the operator wrote in an e2e run (the record of
+/// tests/e2e_gitops.rs) the verdict of docs/gitops.md's table.
+#[test]
+fn recorded_statuses_get_the_tables_verdict() {
+    let health = script(&argocd_cm_data(), HEALTH_KEY);
+    let record = support::gitops::recorded();
+    let table = support::gitops::verdicts();
+    assert_eq!(
+        record.len(),
+        table.len(),
+        "one table row per recorded status"
+    );
+    for ((case, object), row) in record.iter().zip(&table) {
+        assert_eq!(case, &row.case, "the table follows the record's order");
+        let out = run(&health, object);
+        assert_eq!(out["status"], row.argo.as_str(), "{case}: {out}");
+        assert!(
+            !out["message"].as_str().unwrap_or_default().is_empty(),
+            "{case}: {out}"
+        );
+    }
+}
+
 #[test]
 fn each_action_is_offered_only_when_it_applies() {
     let (discovery, _) = actions();
-    let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true});
+    let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true, "isResumable": true});
     let mut ending = session(lost.clone());
     ending["spec"]["end"] = json!("Completed");
     // (session, resume and resume-fresh disabled, complete and cancel disabled)
@@ -156,11 +181,23 @@ fn each_action_is_offered_only_when_it_applies() {
         (session(Value::Null), true, false),
         (session(json!({"state": "WAITING_FOR_INPUT"})), true, false),
         (session(lost.clone()), false, false),
+        // A FAILED session that offers a resume.
+        (
+            session(json!({"state": "FAILED", "isResumable": true})),
+            false,
+            false,
+        ),
+        // needsResume without isResumable offers nothing to resume.
+        (
+            session(json!({"state": "WAITING_FOR_INPUT", "needsResume": true})),
+            true,
+            false,
+        ),
         // Ending or ended: nothing to resume, nothing more to end.
         (ending, true, true),
         (session(json!({"state": "COMPLETED"})), true, true),
         (
-            session(json!({"state": "CANCELLED", "needsResume": true})),
+            session(json!({"state": "CANCELLED", "isResumable": true})),
             true,
             true,
         ),

@@ -153,6 +153,7 @@ fn the_demo_builds_no_test_only_tool() {
         "toxiproxy-server",
         "jaeger-all-in-one",
         "kandev-apiproxy",
+        "kandev-kstatus",
     ];
     for tool in test_only {
         assert!(!core.iter().any(|t| t == tool), "{tool} in core: {core:?}");

@@ -33,6 +33,8 @@ pub struct Want {
     pub status: bool,
     pub reason: String,
     pub message: String,
+    /// The condition is not to be there at all ([`Want::absent`]).
+    pub absent: bool,
 }
 
 impl Want {
@@ -48,13 +50,27 @@ impl Want {
             reason: reason.into(),
             // A message may quote an agent: bounded like everything it chooses.
             message: cap(&message.into(), MESSAGE_MAX).into_owned(),
+            absent: false,
+        }
+    }
+
+    /// No condition of this type: [`merge`] removes it. `Ready` is absent while no agent runs
+    /// and nothing is in progress (the session waits for a person, or has ended), so that
+    /// kstatus reads the session as Current rather than in progress forever.
+    pub fn absent(type_: &'static str) -> Self {
+        Self {
+            type_,
+            status: false,
+            reason: String::new(),
+            message: String::new(),
+            absent: true,
         }
     }
 }
 
 /// Merges wanted conditions into the existing list: `lastTransitionTime` only moves when the
-/// status flips (kstatus reads it as "since when"), conditions not mentioned are kept, and
-/// `observedGeneration` is stamped on every wanted one.
+/// status flips (kstatus reads it as "since when"), conditions not mentioned are kept, an
+/// absent one is removed, and `observedGeneration` is stamped on every wanted one.
 pub fn merge(
     existing: &[Condition],
     wanted: &[Want],
@@ -63,6 +79,10 @@ pub fn merge(
 ) -> Vec<Condition> {
     let mut out: Vec<Condition> = existing.to_vec();
     for want in wanted {
+        if want.absent {
+            out.retain(|c| c.type_ != want.type_);
+            continue;
+        }
         let status = if want.status { "True" } else { "False" }.to_string();
         let reason = if want.reason.is_empty() {
             "Unknown".to_string()

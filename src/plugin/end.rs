@@ -34,7 +34,7 @@ pub(super) async fn end(
             Ok((s.status().state == wanted).then(|| s.clone()))
         })
         .await?;
-        let message = conditions::find(&done.status().conditions, conditions::READY)
+        let message = conditions::find(&done.status().conditions, conditions::AGENT_RUNNING)
             .map(|c| c.message.clone())
             .unwrap_or_default();
         print_object(&shown(done.session), &args.output, || {

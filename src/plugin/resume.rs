@@ -16,7 +16,7 @@ use super::error::{ExitCode, PluginError};
 use super::print_object;
 use super::status::{Snapshot, liveness_name};
 use super::watch::{Progress, wait_for};
-use crate::api::conditions::{self, READY, RESUMED};
+use crate::api::conditions::{self, RESUMED, STALLED};
 use crate::api::{SessionState, TaskSessionStatus, TaskState};
 use crate::resume::{PodLiveness, ResumeEvaluation, launch_stall, pod_liveness};
 
@@ -161,8 +161,8 @@ pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> HandledRequ
         };
     }
     if status.state == SessionState::Failed {
-        let reason = conditions::find(&status.conditions, READY)
-            .filter(|c| c.status == "False" && !c.reason.is_empty())
+        let reason = conditions::find(&status.conditions, STALLED)
+            .filter(|c| c.status == "True" && !c.reason.is_empty())
             .map_or_else(|| "Failed".to_string(), |c| c.reason.clone());
         return HandledRequest {
             kind: HandledAs::Failed,
@@ -554,7 +554,7 @@ mod tests {
                 HandledAs::Refused, "TerminalState"),
             // A launch failure: FAILED with errorMessage; the Resumed condition is an old one.
             (json!({"state": "FAILED", "errorMessage": "workspace PVC \"w\" not found",
-                    "conditions": [cond("Resumed", "True", "Restored", "old"), cond("Ready", "False", "LaunchFailed", "workspace PVC \"w\" not found")]}),
+                    "conditions": [cond("Resumed", "True", "Restored", "old"), cond("Stalled", "True", "LaunchFailed", "workspace PVC \"w\" not found")]}),
                 HandledAs::Failed, "LaunchFailed"),
             // …even when the old condition is a refusal of another request.
             (json!({"state": "FAILED", "errorMessage": "boom",

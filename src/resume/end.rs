@@ -151,8 +151,8 @@ pub fn session_finished(
     status.pending_permissions.clear();
     finish_request(&mut status);
     let wanted = [
-        Want::new(conditions::READY, false, word, &message),
-        Want::new(conditions::AGENT_RUNNING, false, "Stopped", ""),
+        Want::absent(conditions::READY),
+        Want::new(conditions::AGENT_RUNNING, false, "Stopped", &message),
         Want::new(conditions::NEEDS_RESUME, false, "TerminalState", ""),
         Want::new(conditions::RECONCILING, false, word, ""),
         Want::new(conditions::STALLED, false, word, ""),
@@ -311,11 +311,13 @@ mod tests {
                     .message
                     .ends_with("the agent is stopped, workspace PVC s-workspace kept")
             );
-            let ready = conditions::find(&t.status.conditions, conditions::READY).expect("Ready");
-            assert_eq!(
-                (ready.status.as_str(), ready.reason.as_str()),
-                ("False", end_word(end))
+            assert!(
+                conditions::find(&t.status.conditions, conditions::READY).is_none(),
+                "no Ready: nothing runs, nothing is in progress"
             );
+            let stopped = conditions::find(&t.status.conditions, conditions::AGENT_RUNNING)
+                .expect("AgentRunning");
+            assert!(stopped.message.ends_with("workspace PVC s-workspace kept"));
         }
     }
 }

@@ -232,7 +232,7 @@ pub fn profile_wait(
     let wanted = [
         Want::new(conditions::RECONCILING, false, UNKNOWN_PROFILE, ""),
         Want::new(conditions::STALLED, true, UNKNOWN_PROFILE, &message),
-        Want::new(conditions::READY, false, UNKNOWN_PROFILE, &message),
+        Want::absent(conditions::READY),
     ];
     settle(&mut status, &wanted, generation, now);
     let write = status != *current;
@@ -363,10 +363,9 @@ mod tests {
             message.contains("\"amp2\" (known: claude-code, codex)"),
             "{message}"
         );
-        let (status, reason, _) = condition(&t, conditions::READY).expect("Ready");
-        assert_eq!(
-            (status.as_str(), reason.as_str()),
-            ("False", "UnknownProfile")
+        assert!(
+            condition(&t, conditions::READY).is_none(),
+            "no Ready: nothing runs"
         );
         let (status, _, _) = condition(&t, conditions::RECONCILING).expect("Reconciling");
         assert_eq!(status, "False", "kstatus: Failed, not InProgress");

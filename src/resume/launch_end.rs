@@ -401,7 +401,7 @@ fn failed_end(
     status.error_message = Some(reason.clone());
     Ending {
         wanted: vec![
-            Want::new(conditions::READY, false, code, reason),
+            Want::absent(conditions::READY),
             Want::new(conditions::STALLED, true, code, reason),
             Want::new(conditions::RECONCILING, false, code, ""),
         ],
@@ -447,7 +447,7 @@ fn not_done_conditions(reason: &str, stalled: bool, message: &str) -> Vec<Want> 
     };
     vec![
         Want::new(conditions::STALLED, stalled, reason, stall_message),
-        Want::new(conditions::READY, false, ready_reason, message),
+        Want::absent(conditions::READY),
         Want::new(conditions::NEEDS_RESUME, true, ready_reason, message),
         Want::new(conditions::RECONCILING, false, ready_reason, ""),
     ]
@@ -661,25 +661,25 @@ mod tests {
         let rows = [
             // (what, from, end, state, needsResume, Ready, Resumed, action, metric, requeue)
             ("restored while working", &resume, running(S::Running, None),
-                S::Running, false, ("True", "Running"), Some(("True", "Restored")),
+                S::Running, false, Some(("True", "Running")), Some(("True", "Restored")),
                 Some(NextAction::Follow { pod: "p".into() }),
                 Some(Metric::ResumeHandled(ResumeOutcome::Restored)), Requeue::Resync),
             ("restored idle", &resume, running(S::WaitingForInput, None),
-                S::WaitingForInput, false, ("True", "WaitingForInput"), Some(("True", "Restored")),
+                S::WaitingForInput, false, Some(("True", "WaitingForInput")), Some(("True", "Restored")),
                 Some(NextAction::CaughtUp { pod: "p".into() }),
                 Some(Metric::ResumeHandled(ResumeOutcome::Restored)), Requeue::Resync),
             ("a first launch counts no resume", &first_launch, running(S::Running, Some(Ok(()))),
-                S::Running, false, ("True", "Running"), None,
+                S::Running, false, Some(("True", "Running")), None,
                 Some(NextAction::Follow { pod: "p".into() }), None, Requeue::Resync),
             ("stalled: the pod goes after the status", &resume, not_done(Some("p"), true),
-                S::Running, true, ("False", "ImagePullBackOff"), Some(("False", "ImagePullBackOff")),
+                S::Running, true, None, Some(("False", "ImagePullBackOff")),
                 Some(NextAction::DeletePod { pod: "p".into() }),
                 Some(Metric::ResumeHandled(ResumeOutcome::Failed)), Requeue::Resync),
             ("refused before a pod existed", &first_launch, not_done(None, false),
-                S::WaitingForInput, true, ("False", "ResumeFailed"), None,
+                S::WaitingForInput, true, None, None,
                 None, None, Requeue::Resync),
             ("failed", &resume, failed,
-                S::Failed, false, ("False", "LaunchFailed"), Some(("False", "LaunchFailed")),
+                S::Failed, false, None, Some(("False", "LaunchFailed")),
                 Some(NextAction::DeletePod { pod: "p".into() }),
                 Some(Metric::ResumeHandled(ResumeOutcome::Failed)), Requeue::AwaitChange),
         ];
@@ -688,7 +688,12 @@ mod tests {
             assert!(t.write, "{what}");
             assert_eq!(t.status.state, state, "{what}");
             assert_eq!(t.status.needs_resume, needs, "{what}");
-            assert_eq!(condition(&t, conditions::READY), ready, "{what}");
+            assert_eq!(
+                conditions::find(&t.status.conditions, conditions::READY)
+                    .map(|c| (c.status.as_str(), c.reason.as_str())),
+                ready,
+                "{what}"
+            );
             assert_eq!(
                 conditions::find(&t.status.conditions, conditions::RESUMED)
                     .map(|c| (c.status.as_str(), c.reason.as_str())),

@@ -193,13 +193,15 @@ fn steady_conditions(
         Some((cause, _)) if needs_resume => cause.reason().to_string(),
         _ => conditions::camel(seen.reason.as_str()),
     };
-    let (ready, ready_reason, ready_message) = match seen.lost_running {
-        Some((cause, message)) => (false, cause.reason().to_string(), message.clone()),
-        None => (
-            seen.running && !state.is_terminal(),
-            ready_reason,
-            needs_message.clone(),
-        ),
+    // Ready says whether the agent takes prompts: False while its pod is being given up, absent
+    // while no agent runs and nothing is in progress (lost, suspended, ended, failed: the
+    // session waits for a person, and kstatus reads it as Current, not in progress).
+    let ready = match seen.lost_running {
+        Some((cause, message)) => Want::new(conditions::READY, false, cause.reason(), message),
+        None if seen.running && !state.is_terminal() => {
+            Want::new(conditions::READY, true, ready_reason, &needs_message)
+        }
+        None => Want::absent(conditions::READY),
     };
     let suspended = if seen.suspended {
         Some(Want::new(
@@ -221,7 +223,7 @@ fn steady_conditions(
             needs_reason,
             &needs_message,
         ),
-        Want::new(conditions::READY, ready, ready_reason, &ready_message),
+        ready,
         Want::new(conditions::RECONCILING, false, "Idle", ""),
     ]
     .into_iter()
