@@ -30,13 +30,18 @@ pub fn is_reader(labels: Option<&std::collections::BTreeMap<String, String>>) ->
 
 /// The name of a session's history reader pod (at most one at a time).
 pub fn reader_pod_name(session: &str) -> String {
-    const SUFFIX: &str = "-history";
-    let prefix = if session.len() > 253 - SUFFIX.len() {
-        session[..253 - SUFFIX.len()].trim_end_matches(['.', '-'])
+    suffixed(session, "-history")
+}
+
+/// `<session><suffix>`, the session's name cut to fit 253 characters (never ending in '.' or
+/// '-' before the suffix).
+fn suffixed(session: &str, suffix: &str) -> String {
+    let prefix = if session.len() > 253 - suffix.len() {
+        session[..253 - suffix.len()].trim_end_matches(['.', '-'])
     } else {
         session
     };
-    format!("{prefix}{SUFFIX}")
+    format!("{prefix}{suffix}")
 }
 
 /// A stable, short, label-safe hash (FNV-1a 64, hex) — names must not depend on process state.
@@ -88,13 +93,7 @@ pub fn executor_name(ts: &TaskSession) -> String {
 
 /// The name of a session's egress NetworkPolicy (one per session, owned by it).
 pub fn network_policy_name(session: &str) -> String {
-    const SUFFIX: &str = "-agent-egress";
-    let prefix = if session.len() > 253 - SUFFIX.len() {
-        session[..253 - SUFFIX.len()].trim_end_matches(['.', '-'])
-    } else {
-        session
-    };
-    format!("{prefix}{SUFFIX}")
+    suffixed(session, "-agent-egress")
 }
 
 #[cfg(test)]

@@ -338,9 +338,28 @@ pub fn build_agentctl_pod(
         .repository
         .as_ref()
         .map(|repository| vec![checkout_container(&container, repository)]);
+    let mut pod = session_pod(ts, settings, pod_name(&session, request), labels, container);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.init_containers = init_containers;
+        spec.volumes = Some(pod_volumes(ts, settings));
+    }
+    pod
+}
+
+/// A pod of the session (its agent's or its history reader's) with one container: named
+/// `name`, owned by the session, `restartPolicy: Never`, no service-account token or service
+/// links, non-root with the runtime's default seccomp profile, and the operator's placement,
+/// runtime class and user namespace. Volumes are the caller's.
+fn session_pod(
+    ts: &TaskSession,
+    settings: &PodSettings,
+    name: String,
+    labels: BTreeMap<String, String>,
+    container: Container,
+) -> Pod {
     Pod {
         metadata: ObjectMeta {
-            name: Some(pod_name(&session, request)),
+            name: Some(name),
             namespace: ts.namespace(),
             labels: Some(labels),
             owner_references: ts.controller_owner_ref(&()).map(|o| vec![o]),
@@ -348,7 +367,6 @@ pub fn build_agentctl_pod(
         },
         spec: Some(PodSpec {
             containers: vec![container],
-            init_containers,
             restart_policy: Some("Never".into()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
@@ -358,7 +376,6 @@ pub fn build_agentctl_pod(
             tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
             node_selector: (!settings.node_selector.is_empty())
                 .then(|| settings.node_selector.clone()),
-            volumes: Some(pod_volumes(ts, settings)),
             ..Default::default()
         }),
         ..Default::default()
@@ -423,30 +440,11 @@ pub fn build_reader_pod(ts: &TaskSession, settings: &PodSettings) -> Pod {
             v
         })
         .collect();
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(reader_pod_name(&session)),
-            namespace: ts.namespace(),
-            labels: Some(labels),
-            owner_references: ts.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![container],
-            restart_policy: Some("Never".into()),
-            automount_service_account_token: Some(false),
-            enable_service_links: Some(false),
-            runtime_class_name: settings.runtime_class_name.clone(),
-            host_users: settings.user_namespace.then_some(false),
-            security_context: Some(pod_security_context(settings.run_as_user)),
-            tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
-            node_selector: (!settings.node_selector.is_empty())
-                .then(|| settings.node_selector.clone()),
-            volumes: Some(volumes),
-            ..Default::default()
-        }),
-        ..Default::default()
+    let mut pod = session_pod(ts, settings, reader_pod_name(&session), labels, container);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = Some(volumes);
     }
+    pod
 }
 
 /// The agentctl container: `agentctl serve` on the workspace, with its environment, limits,

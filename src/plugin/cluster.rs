@@ -200,19 +200,26 @@ impl Cluster {
         patch: serde_json::Value,
         doing: String,
     ) -> Result<TaskSession, PluginError> {
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..Default::default()
-        };
-        match self
-            .sessions()
-            .patch(name, &params, &Patch::Merge(&patch))
-            .await
-        {
+        match self.merge_patch(name, &patch).await {
             Ok(session) => Ok(session),
             Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(name)),
             Err(source) => Err(self.kube_error(doing, source)),
         }
+    }
+
+    /// `patch` merged into tasksession `name`, field manager [`FIELD_MANAGER`].
+    async fn merge_patch(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<TaskSession, kube::Error> {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..Default::default()
+        };
+        self.sessions()
+            .patch(name, &params, &Patch::Merge(patch))
+            .await
     }
 
     /// Tells the operator that a prompt was sent to the agent (annotation
@@ -221,15 +228,7 @@ impl Cluster {
     pub async fn note_prompt(&self, name: &str) {
         let patch =
             json!({"metadata": {"annotations": {crate::api::PROMPTED_ANNOTATION: new_token()}}});
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..Default::default()
-        };
-        if let Err(error) = self
-            .sessions()
-            .patch(name, &params, &Patch::Merge(&patch))
-            .await
-        {
+        if let Err(error) = self.merge_patch(name, &patch).await {
             tracing::debug!(%error, "could not note the prompt on the TaskSession");
         }
     }
@@ -258,22 +257,13 @@ impl Cluster {
             token = new_token();
         }
         let patch = resume_patch(&token, fresh, snapshot.annotation(RESUME_FRESH_ANNOTATION));
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..Default::default()
-        };
-        match self
-            .sessions()
-            .patch(&name, &params, &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(token),
-            Err(kube::Error::Api(status)) if status.code == 404 => Err(self.not_found(&name)),
-            Err(e) => Err(self.kube_error(
-                format!("setting {RESUME_ANNOTATION} on tasksession {name:?}"),
-                e,
-            )),
-        }
+        self.merge_session(
+            &name,
+            patch,
+            format!("setting {RESUME_ANNOTATION} on tasksession {name:?}"),
+        )
+        .await?;
+        Ok(token)
     }
 }
 
@@ -318,15 +308,7 @@ impl Cluster {
                 "resourceVersion": session.metadata.resource_version,
                 "annotations": {HISTORY_ANNOTATION: null},
             }});
-            let params = PatchParams {
-                field_manager: Some(FIELD_MANAGER.to_string()),
-                ..Default::default()
-            };
-            match self
-                .sessions()
-                .patch(name, &params, &Patch::Merge(&patch))
-                .await
-            {
+            match self.merge_patch(name, &patch).await {
                 Err(kube::Error::Api(status)) if status.code == 409 => continue,
                 Err(error) => {
                     tracing::debug!(%error, "could not withdraw the history request");
