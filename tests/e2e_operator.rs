@@ -12,7 +12,7 @@ use e2e_support::operator::{Operator, OperatorBuilder};
 use e2e_support::sessions::{
     Sessions, assert_condition, condition, condition_is, status_where, template_workspace,
 };
-use e2e_support::{poll, unique, wait_for};
+use e2e_support::{plugin, poll, unique, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::core::v1::Pod;
@@ -539,6 +539,11 @@ async fn an_unknown_profile_waits_until_the_operator_has_it() {
         assert!(message.contains("\"later-agent\""), "{message}");
         sessions.assert_event(&name, "UnknownProfile").await;
         assert!(sessions.live_pods(&name).await.is_empty(), "no pod");
+        // Nothing ran: no history, and no reader pod to find that out.
+        let run = plugin(&["history", &name, "-n", &sessions.namespace]).await;
+        assert_eq!(run.code(), 0, "{run:#?}");
+        assert!(run.stderr.contains("no recorded history yet"), "{run:#?}");
+        assert!(sessions.live_pods(&name).await.is_empty(), "no reader pod");
 
         assert_eq!(without.terminate(Duration::from_secs(30)).await, Some(0));
         let _with = operator()

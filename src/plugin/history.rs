@@ -17,7 +17,7 @@ use super::output::OutputFormat;
 use super::status::Snapshot;
 use super::watch::{Progress, wait_for};
 use super::write_stdout;
-use crate::api::HistoryOutcome;
+use crate::api::{HistoryOutcome, SessionState};
 use crate::api::pod_contract::CONTAINER;
 use crate::history::{NO_HISTORY_EXIT_CODE, parse_history, render_transcript, validate_session_id};
 use crate::resume::{PodLiveness, pod_liveness};
@@ -77,6 +77,11 @@ pub async fn history(cluster: &Cluster, args: HistoryArgs) -> Result<ExitCode, P
     })?;
     if let Some(pod) = snapshot.running_pod().and_then(|p| p.metadata.name.clone()) {
         return read_through(cluster, &name, &pod, &args).await;
+    }
+    if snapshot.status().state == SessionState::Created && snapshot.pods.is_empty() {
+        // No agent has run yet: there is nothing to read, and no reader is started.
+        say!("tasksession {name:?} has no recorded history yet");
+        return Ok(ExitCode::Ok);
     }
     // No agent runs: the operator keeps a reader pod (workspace read-only, no agent) while
     // the request is set; it is withdrawn however the read ends, which removes the pod.

@@ -55,7 +55,6 @@ impl<'a> Session<'a> {
             workspace,
             reader: reader.as_ref().map(|pod| match pod_liveness(Some(pod)) {
                 PodLiveness::Failed | PodLiveness::Terminating => ReaderPod::Ended,
-                _ if pod.metadata.deletion_timestamp.is_some() => ReaderPod::Ended,
                 _ => ReaderPod::Live,
             }),
         });
