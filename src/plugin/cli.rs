@@ -124,9 +124,12 @@ pub enum Command {
     /// through `kubectl exec <pod> -- agentctl connect`, sends the prompt to the agent's saved
     /// session, and prints the agent's answer on stdout as it arrives (tool calls go to stderr).
     /// The stop reason (end_turn, max_tokens, refusal, cancelled…) is printed on stderr at the
-    /// end. If the pod vanishes while the prompt runs, the session is resumed once and the
-    /// prompt sent once more. Leaving (also with Ctrl-C) disconnects without stopping the
-    /// agent.
+    /// end. A prompt reaches the agent at most once: if the pod vanishes while it runs, the
+    /// session is resumed once, and the prompt is sent again only when agentctl's journal in
+    /// the new pod shows that it never reached the agent; otherwise exit code 7 (see kubectl
+    /// kandev history for how far the agent got). agentctl serves one client at a time:
+    /// another client connected to the same session is refused as busy. Leaving (also with
+    /// Ctrl-C) disconnects without stopping the agent.
     ///
     /// Permission requests: when stdin and stderr are a terminal, the agent's requests to run a
     /// tool are asked here (its kind, title and what it would do, then `allow once / always /
