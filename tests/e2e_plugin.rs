@@ -24,8 +24,8 @@ use e2e_support::{
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{
-    ExecutorPhase, IdleSpec, PROMPTED_ANNOTATION, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION,
-    ResumeReason, SessionState, TaskState,
+    ExecutorPhase, HISTORY_ANNOTATION, IdleSpec, PROMPTED_ANNOTATION, RESUME_ANNOTATION,
+    RESUME_FRESH_ANNOTATION, ResumeReason, SessionState, TaskState,
 };
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -810,9 +810,9 @@ async fn a_prompt_whose_pod_dies_before_delivery_is_sent_once_after_the_resume()
     drop(operator);
 }
 
-/// Without an operator: nothing handles a request, so `--timeout` ends `resume --wait` and
-/// `prompt` with exit 5; terminal sessions are refused with exit 4 (resume, prompt), as is
-/// `history` without a pod; the fresh flag is set or cleared in the request's own patch; an
+/// Without an operator: nothing handles a request, so `--timeout` ends `resume --wait`,
+/// `prompt` and `history` without a pod (no reader pod comes) with exit 5; terminal sessions are
+/// refused with exit 4 (resume, prompt); the fresh flag is set or cleared in the request's own patch; an
 /// unreachable API server is exit 6.
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
@@ -921,11 +921,20 @@ async fn refusals_and_timeouts_without_an_operator() {
             .await
             .expect_code(5);
         assert!(run.stderr.contains("timed out after 1s"), "{}", run.stderr);
-        let run = plugin(&["history", &name, "-n", &ns]).await.expect_code(4);
+        // No operator keeps a reader pod: the wait times out, and the request is withdrawn.
+        let run = plugin(&["history", &name, "-n", &ns, "--timeout", "1s"])
+            .await
+            .expect_code(5);
         assert!(
-            run.stderr.contains("no running agent pod"),
+            run.stderr.contains("waiting for the history reader pod"),
             "{}",
             run.stderr
+        );
+        let ts = sessions.get(&name).await;
+        assert!(
+            !ts.annotations().contains_key(HISTORY_ANNOTATION),
+            "{:?}",
+            ts.annotations()
         );
 
         // Terminal: refused before anything is requested.

@@ -17,8 +17,8 @@ use super::output::OutputFormat;
 use super::status::Snapshot;
 use super::watch::{Progress, wait_for};
 use super::write_stdout;
-use crate::api::{HistoryOutcome, SessionState};
 use crate::api::pod_contract::CONTAINER;
+use crate::api::{HistoryOutcome, SessionState};
 use crate::history::{NO_HISTORY_EXIT_CODE, parse_history, render_transcript, validate_session_id};
 use crate::resume::{PodLiveness, pod_liveness};
 
