@@ -338,10 +338,11 @@ pub fn build_agentctl_pod(
         .repository
         .as_ref()
         .map(|repository| vec![checkout_container(&container, repository)]);
-    let mut pod = session_pod(ts, settings, pod_name(&session, request), labels, container);
+    let volumes = pod_volumes(ts, settings);
+    let name = pod_name(&session, request);
+    let mut pod = session_pod(ts, settings, name, labels, container, volumes);
     if let Some(spec) = pod.spec.as_mut() {
         spec.init_containers = init_containers;
-        spec.volumes = Some(pod_volumes(ts, settings));
     }
     pod
 }
@@ -349,13 +350,14 @@ pub fn build_agentctl_pod(
 /// A pod of the session (its agent's or its history reader's) with one container: named
 /// `name`, owned by the session, `restartPolicy: Never`, no service-account token or service
 /// links, non-root with the runtime's default seccomp profile, and the operator's placement,
-/// runtime class and user namespace. Volumes are the caller's.
+/// runtime class and user namespace, and `volumes`.
 fn session_pod(
     ts: &TaskSession,
     settings: &PodSettings,
     name: String,
     labels: BTreeMap<String, String>,
     container: Container,
+    volumes: Vec<Volume>,
 ) -> Pod {
     Pod {
         metadata: ObjectMeta {
@@ -376,6 +378,7 @@ fn session_pod(
             tolerations: (!settings.tolerations.is_empty()).then(|| settings.tolerations.clone()),
             node_selector: (!settings.node_selector.is_empty())
                 .then(|| settings.node_selector.clone()),
+            volumes: Some(volumes),
             ..Default::default()
         }),
         ..Default::default()
@@ -440,11 +443,14 @@ pub fn build_reader_pod(ts: &TaskSession, settings: &PodSettings) -> Pod {
             v
         })
         .collect();
-    let mut pod = session_pod(ts, settings, reader_pod_name(&session), labels, container);
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.volumes = Some(volumes);
-    }
-    pod
+    session_pod(
+        ts,
+        settings,
+        reader_pod_name(&session),
+        labels,
+        container,
+        volumes,
+    )
 }
 
 /// The agentctl container: `agentctl serve` on the workspace, with its environment, limits,

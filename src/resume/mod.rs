@@ -61,7 +61,7 @@ pub use reach::{
     LossCause, NodeHealth, Reach, ReachFacts, RunningRequest, judge, node_health, not_ready_since,
     running_request,
 };
-pub use reader::{ReaderFacts, ReaderPod, ReaderStep, ReaderWorkspace, reader_step};
+pub use reader::{ReaderFacts, ReaderPod, ReaderStep, ReaderWorkspace, reader_open, reader_step};
 pub use request::{ResumeAction, ResumeRequest, ResumeRequestFacts, build_resume_request};
 pub use rest::{RECHECK, Unrest, at_deadline, at_rest, bounded, loaded_at_rest, unrest};
 pub use restore::{

@@ -55,17 +55,21 @@ pub enum ReaderStep {
     },
 }
 
+/// Whether a history request is set and not answered yet.
+pub fn reader_open(request: Option<&str>, answered: Option<&str>) -> bool {
+    request.is_some_and(|r| Some(r) != answered)
+}
+
 /// The step for one reconcile (see the module's rules).
 pub fn reader_step(facts: &ReaderFacts) -> ReaderStep {
-    let open = facts.request.filter(|r| Some(*r) != facts.answered);
     let live = facts.reader == Some(ReaderPod::Live);
-    let Some(_) = open else {
+    if !reader_open(facts.request, facts.answered) {
         return if live {
             ReaderStep::Delete
         } else {
             ReaderStep::Nothing
         };
-    };
+    }
     let answer = |outcome, message: &str| ReaderStep::Answer {
         outcome,
         message: message.to_string(),

@@ -263,9 +263,10 @@ impl<'a> Session<'a> {
         Ok(None)
     }
 
-    /// The workspace PVC before a launch ([`workspace_step`]): the claim cache answers, only a
-    /// miss is confirmed live (it may be a moment old); the PVC of a template is created here.
-    async fn ensure_workspace(&self) -> Result<Workspace, Error> {
+    /// The session's workspace PVC as it is now, judged by [`workspace_step`]: the claim cache
+    /// answers, only a miss is confirmed live (it may be a moment old). For a launch, and for a
+    /// history reader, which mounts the same workspace or none.
+    pub(super) async fn workspace_now(&self) -> Result<WorkspaceStep, Error> {
         let claim = names::workspace_claim_name(&self.ts);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let seen = |meta: &kube::api::ObjectMeta| {
@@ -287,18 +288,24 @@ impl<'a> Session<'a> {
                 .map_err(kube_err("reading the workspace PVC"))?
                 .map_or((ClaimSeen::Absent, None), |pvc| seen(&pvc.metadata)),
         };
-        let template = pods::build_workspace_claim(&self.ts);
         let executor = self.objects.executor_status();
-        let facts = WorkspaceFacts {
+        Ok(workspace_step(&WorkspaceFacts {
             claim: &claim,
             namespace: &self.ns,
             seen,
             ran_before: executor.pod_uid.is_some(),
             recorded_uid: executor.workspace_uid.as_deref(),
             uid: uid.as_deref(),
-            from_template: template.is_some(),
-        };
-        let pvc = match (workspace_step(&facts), template) {
+            from_template: self.ts.spec.workspace.template.is_some(),
+        }))
+    }
+
+    /// The workspace PVC before a launch ([`Self::workspace_now`]); the PVC of a template is
+    /// created here.
+    async fn ensure_workspace(&self) -> Result<Workspace, Error> {
+        let claim = names::workspace_claim_name(&self.ts);
+        let template = pods::build_workspace_claim(&self.ts);
+        let pvc = match (self.workspace_now().await?, template) {
             (WorkspaceStep::Ready, _) => return Ok(Workspace::Ready),
             (WorkspaceStep::Missing(what), _) => return Ok(Workspace::Missing(what)),
             (WorkspaceStep::Lost(reason), _) => {
@@ -308,6 +315,7 @@ impl<'a> Session<'a> {
             (WorkspaceStep::Create, Some(pvc)) => pvc,
             (WorkspaceStep::Create, None) => return Ok(Workspace::Ready),
         };
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         match pvcs.create(&PostParams::default(), &pvc).await {
             Ok(_) => {
                 let note = format!("created PVC {claim}");

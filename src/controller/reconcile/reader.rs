@@ -2,20 +2,19 @@
 //! request annotation, the session's agent pods, its workspace PVC, its reader pod) and applies
 //! the step. Costs nothing while no request is set.
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::Session;
 use crate::api::{HISTORY_ANNOTATION, HistoryOutcome, HistoryRequestStatus, names};
 use crate::controller::error::{Error, kube_err};
 use crate::controller::pods;
 use crate::resume::{
-    PodLiveness, ReaderFacts, ReaderPod, ReaderStep, ReaderWorkspace, launching, pod_liveness,
-    reader_step,
+    PodLiveness, ReaderFacts, ReaderPod, ReaderStep, ReaderWorkspace, WorkspaceStep, launching,
+    pod_liveness, reader_open, reader_step,
 };
 
 impl<'a> Session<'a> {
@@ -34,7 +33,7 @@ impl<'a> Session<'a> {
             .history_request
             .as_ref()
             .map(|h| h.token.clone());
-        let open = request.is_some() && request != answered;
+        let open = reader_open(request.as_deref(), answered.as_deref());
         let agent = launching(&self.status)
             || self.objects.pods.iter().any(|pod| {
                 matches!(
@@ -85,37 +84,17 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Whether the workspace PVC is there to be mounted: the claim cache answers, a miss is
-    /// confirmed live; a claim with another UID than the one the session ran on is not it.
+    /// Whether the workspace the session ran on is there to be mounted: the launch's own
+    /// judgement ([`Self::workspace_now`]); a PVC a launch would create or wait for holds no
+    /// transcript either.
     async fn reader_workspace(&self) -> Result<ReaderWorkspace, Error> {
-        let claim = names::workspace_claim_name(&self.ts);
-        let cached = self
-            .ctx
-            .claims
-            .get(&ObjectRef::new(&claim).within(&self.ns))
-            .map(|pvc| pvc.metadata.clone());
-        let meta = match cached {
-            Some(meta) => Some(meta),
-            None => Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), &self.ns)
-                .get_metadata_opt(&claim)
-                .await
-                .map_err(kube_err("reading the workspace PVC for a history reader"))?
-                .map(|pvc| pvc.metadata),
-        };
-        let recorded = self.objects.executor_status().workspace_uid;
-        Ok(match meta {
-            None => ReaderWorkspace::Gone(format!(
-                "workspace PVC {claim} does not exist: the transcript went with it"
+        Ok(match self.workspace_now().await? {
+            WorkspaceStep::Ready => ReaderWorkspace::Present,
+            WorkspaceStep::Lost(why) | WorkspaceStep::Missing(why) => ReaderWorkspace::Gone(why),
+            WorkspaceStep::Create => ReaderWorkspace::Gone(format!(
+                "workspace PVC {:?} does not exist yet: no agent has run on it",
+                names::workspace_claim_name(&self.ts)
             )),
-            Some(meta) if meta.deletion_timestamp.is_some() => {
-                ReaderWorkspace::Gone(format!("workspace PVC {claim} is being deleted"))
-            }
-            Some(meta) if recorded.is_some() && meta.uid != recorded => {
-                ReaderWorkspace::Gone(format!(
-                    "workspace PVC {claim} was re-created: it is not the volume the session ran on"
-                ))
-            }
-            Some(_) => ReaderWorkspace::Present,
         })
     }
 
@@ -149,22 +128,11 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Deletes the reader pod of that UID (a 404 or a changed pod is left alone).
+    /// Deletes the reader pod of that UID ([`Self::delete_pod_by_uid`]: a 404 or a changed pod
+    /// is left alone, and the next pass sees it terminating even while the cache lags).
     async fn delete_reader(&self, pod: &Pod) {
-        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let params = DeleteParams {
-            preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match api.delete(&pod.name_any(), &params).await {
-            Ok(_) => info!(pod = %pod.name_any(), "deleted the history reader pod"),
-            Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => {}
-            Err(err) => {
-                warn!(%err, pod = %pod.name_any(), "could not delete the history reader pod")
-            }
+        if self.delete_pod_by_uid(pod, false).await {
+            info!(pod = %pod.name_any(), "deleted the history reader pod");
         }
     }
 
