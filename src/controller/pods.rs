@@ -38,8 +38,8 @@ use crate::api::pod_contract::{
     ENV_WORKSPACE, SOCKET_DIR, TERMINATION_LOG,
 };
 use crate::api::{
-    EffectivePolicy, ExecutorRunning, ExecutorRunningSpec, RepositorySpec, TaskSession,
-    parse_idle_duration,
+    EffectivePolicy, ExecutorRunning, ExecutorRunningSpec, HISTORY_ANNOTATION, RepositorySpec,
+    TaskSession, parse_idle_duration,
 };
 
 /// Operator-wide settings that shape every agentctl pod.
@@ -393,8 +393,10 @@ pub const READER_LIFETIME: Duration = Duration::from_secs(300);
 /// The session's history reader pod: the agent's image, user, confinement, placement and
 /// network (the session's NetworkPolicy selects it), the workspace mounted read-only, and no
 /// agent, credentials, environment from Secrets or init container. Its process only sleeps;
-/// `kubectl kandev history` execs `agentctl history` in it, as into an agent pod.
-pub fn build_reader_pod(ts: &TaskSession, settings: &PodSettings) -> Pod {
+/// `kubectl kandev history` execs `agentctl history` in it, as into an agent pod. It carries
+/// the history request's `token` in the same annotation, so an ended reader is known as this
+/// request's or an earlier one's.
+pub fn build_reader_pod(ts: &TaskSession, settings: &PodSettings, token: &str) -> Pod {
     let session = ts.name_any();
     let mut labels = session_labels(ts);
     labels.insert(ROLE_LABEL.to_string(), READER_ROLE.to_string());
@@ -443,14 +445,19 @@ pub fn build_reader_pod(ts: &TaskSession, settings: &PodSettings) -> Pod {
             v
         })
         .collect();
-    session_pod(
+    let mut pod = session_pod(
         ts,
         settings,
         reader_pod_name(&session),
         labels,
         container,
         volumes,
-    )
+    );
+    pod.metadata.annotations = Some(BTreeMap::from([(
+        HISTORY_ANNOTATION.to_string(),
+        token.to_string(),
+    )]));
+    pod
 }
 
 /// The agentctl container: `agentctl serve` on the workspace, with its environment, limits,
@@ -1233,7 +1240,14 @@ mod tests {
             ..Default::default()
         };
         let agent = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
-        let reader = build_reader_pod(&ts, &settings);
+        let reader = build_reader_pod(&ts, &settings, "read-1");
+        assert_eq!(
+            reader
+                .annotations()
+                .get(HISTORY_ANNOTATION)
+                .map(String::as_str),
+            Some("read-1")
+        );
         assert_eq!(reader.metadata.name.as_deref(), Some("demo-history"));
         let labels = reader.metadata.labels.clone().unwrap_or_default();
         assert!(crate::api::names::is_reader(Some(&labels)));

@@ -19,10 +19,13 @@ pub enum ReaderWorkspace {
 /// The reader pod as the caches show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReaderPod {
-    /// Pending or running, not being deleted.
+    /// Pending or running, not being deleted: it serves any open request, whichever token it
+    /// was created for.
     Live,
-    /// Its process ended (Succeeded or Failed), or it is being deleted.
+    /// Its process ended (Succeeded or Failed), and it is not being deleted.
     Ended,
+    /// Being deleted: a new reader waits until it is gone (one pod name).
+    Leaving,
 }
 
 /// What one reconcile knows about a history request.
@@ -36,6 +39,8 @@ pub struct ReaderFacts<'a> {
     pub agent: bool,
     pub workspace: ReaderWorkspace,
     pub reader: Option<ReaderPod>,
+    /// The request token the reader pod was created for (its annotation).
+    pub reader_token: Option<&'a str>,
 }
 
 /// What to do about the reader pod.
@@ -60,11 +65,13 @@ pub fn reader_open(request: Option<&str>, answered: Option<&str>) -> bool {
     request.is_some_and(|r| Some(r) != answered)
 }
 
-/// The step for one reconcile (see the module's rules).
+/// The step for one reconcile (see the module's rules). An ended reader expires the request
+/// it was created for; one left over from an earlier request is replaced, so a new token read
+/// right after the last one never inherits its ending pod.
 pub fn reader_step(facts: &ReaderFacts) -> ReaderStep {
-    let live = facts.reader == Some(ReaderPod::Live);
+    let deletable = matches!(facts.reader, Some(ReaderPod::Live | ReaderPod::Ended));
     if !reader_open(facts.request, facts.answered) {
-        return if live {
+        return if deletable {
             ReaderStep::Delete
         } else {
             ReaderStep::Nothing
@@ -73,7 +80,7 @@ pub fn reader_step(facts: &ReaderFacts) -> ReaderStep {
     let answer = |outcome, message: &str| ReaderStep::Answer {
         outcome,
         message: message.to_string(),
-        delete: live,
+        delete: deletable,
     };
     if facts.agent {
         return answer(
@@ -86,7 +93,8 @@ pub fn reader_step(facts: &ReaderFacts) -> ReaderStep {
     }
     match facts.reader {
         None => ReaderStep::Create,
-        Some(ReaderPod::Live) => ReaderStep::Nothing,
+        Some(ReaderPod::Live | ReaderPod::Leaving) => ReaderStep::Nothing,
+        Some(ReaderPod::Ended) if facts.reader_token != facts.request => ReaderStep::Delete,
         Some(ReaderPod::Ended) => answer(
             HistoryOutcome::Expired,
             "the history reader pod ended while the request was still set; set a new token to read again",
@@ -122,12 +130,18 @@ mod tests {
             agent,
             workspace: workspace.clone(),
             reader,
+            reader_token: request,
+        };
+        let earlier = |reader| ReaderFacts {
+            reader_token: Some("t"),
+            ..facts(Some("u"), Some("t"), false, &present, reader)
         };
         #[rustfmt::skip]
         let rows = [
             ("no request",                facts(None, None, false, &present, None),                   ("nothing", None, false)),
             ("request withdrawn",         facts(None, None, false, &present, Some(Live)),             ("delete", None, true)),
-            ("withdrawn, reader ending",  facts(None, None, false, &present, Some(Ended)),            ("nothing", None, false)),
+            ("withdrawn, reader ended",   facts(None, None, false, &present, Some(Ended)),            ("delete", None, true)),
+            ("withdrawn, reader leaving", facts(None, None, false, &present, Some(Leaving)),          ("nothing", None, false)),
             ("new request",               facts(Some("t"), None, false, &present, None),              ("create", None, false)),
             ("new after an answered one", facts(Some("u"), Some("t"), false, &present, None),         ("create", None, false)),
             ("reader runs",               facts(Some("t"), None, false, &present, Some(Live)),        ("nothing", None, false)),
@@ -137,7 +151,12 @@ mod tests {
             ("a launch beside a reader",  facts(Some("t"), None, true, &present, Some(Live)),         ("answer", Some(AgentRunning), true)),
             ("no workspace",              facts(Some("t"), None, false, &gone, None),                 ("answer", Some(WorkspaceGone), false)),
             ("workspace gone under it",   facts(Some("t"), None, false, &gone, Some(Live)),           ("answer", Some(WorkspaceGone), true)),
-            ("reader ended by itself",    facts(Some("t"), None, false, &present, Some(Ended)),       ("answer", Some(Expired), false)),
+            ("reader ended by itself",    facts(Some("t"), None, false, &present, Some(Ended)),       ("answer", Some(Expired), true)),
+            ("expired, reader leaving",   facts(Some("t"), Some("t"), false, &present, Some(Leaving)), ("nothing", None, false)),
+            ("an earlier reader runs",    earlier(Some(Live)),                                        ("nothing", None, false)),
+            ("an earlier reader ended",   earlier(Some(Ended)),                                       ("delete", None, true)),
+            ("an earlier reader leaving", earlier(Some(Leaving)),                                     ("nothing", None, false)),
+            ("an agent beside one ending", facts(Some("t"), None, true, &present, Some(Leaving)),     ("answer", Some(AgentRunning), false)),
         ];
         for (what, facts, want) in rows {
             let step = reader_step(&facts);

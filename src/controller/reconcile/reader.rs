@@ -53,8 +53,14 @@ impl<'a> Session<'a> {
             agent,
             workspace,
             reader: reader.as_ref().map(|pod| match pod_liveness(Some(pod)) {
-                PodLiveness::Failed | PodLiveness::Terminating => ReaderPod::Ended,
+                PodLiveness::Terminating => ReaderPod::Leaving,
+                PodLiveness::Failed => ReaderPod::Ended,
                 _ => ReaderPod::Live,
+            }),
+            reader_token: reader.as_ref().and_then(|pod| {
+                pod.annotations()
+                    .get(HISTORY_ANNOTATION)
+                    .map(String::as_str)
             }),
         });
         match step {
@@ -99,7 +105,7 @@ impl<'a> Session<'a> {
     }
 
     async fn create_reader(&mut self, token: &str) -> Result<(), Error> {
-        let pod = pods::build_reader_pod(&self.ts, &self.ctx.settings.pod);
+        let pod = pods::build_reader_pod(&self.ts, &self.ctx.settings.pod, token);
         let name = pod.name_any();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         match api.create(&PostParams::default(), &pod).await {
