@@ -431,6 +431,49 @@ fn the_pod_dies_with_its_agent() {
     assert!(!serve.socket.exists(), "the socket is removed");
 }
 
+/// serve's last answer reaches a client that is slow to read it: after the agent exits, serve
+/// waits until its ACP client closes the connection before it exits itself. In a pod, serve's
+/// exit ends the container and kills the `agentctl connect` exec'd into it, which may not have
+/// forwarded that answer yet (the operator then saw a closed stream instead of the error).
+#[test]
+fn serve_waits_for_its_client_to_take_the_last_answer() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+    let mut serve = Serve::start(&[], &["--on-prompt", "crash"]);
+    let stream = UnixStream::connect(&serve.socket).expect("connect to serve's socket");
+    let mut writer = stream.try_clone().expect("clone the stream");
+    let mut reader = BufReader::new(stream);
+    writeln!(writer, r#"{{"mode":"acp"}}"#).expect("hello");
+    let mut request = |id: u64, method: &str, params: Value| {
+        let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(writer, "{line}").expect("write to serve");
+    };
+    request(1, "session/new", new_session_params(&serve.workspace));
+    request(2, "session/prompt", prompt_params("test-session-1", "boom"));
+    let mut line = String::new();
+    let answer = loop {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read from serve") > 0,
+            "serve closed first"
+        );
+        let message: Value = serde_json::from_str(&line).expect("JSON");
+        if message["id"] == 2 {
+            break message;
+        }
+    };
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    // The agent is gone and its answer sent; serve stays while this client holds the socket.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(serve.is_running(), "serve exited before its client left");
+    drop(request);
+    drop(reader);
+    drop(writer);
+    let status = wait_exit(&mut serve.child, WAIT, "serve after its client left");
+    assert!(!status.success());
+}
+
 /// Repository credentials are the clone's: the agent's environment lacks them, and agentctl, which
 /// holds them, is not dumpable, so the agent (the same user) cannot read them in
 /// `/proc/<agentctl>/environ` either. (The tests run as root, who may read it anyway: agentctl's

@@ -89,7 +89,8 @@ pub enum Command {
     /// -32090 naming the bound, the agent is killed and serve exits non-zero.
     ///
     /// Exits non-zero when the agent exits, so the pod ends and the operator sees a lost pod;
-    /// on SIGTERM it closes the agent's stdin, waits up to 10 s, and exits 0.
+    /// on SIGTERM it closes the agent's stdin, waits up to 10 s, and exits 0. Before it exits,
+    /// it waits up to 3 s for a connected client to take its last answer and leave.
     Serve(Box<ServeArgs>),
     /// Bridge stdin/stdout to the served agent, one JSON-RPC message per line (what the
     /// operator runs through `kubectl exec`).

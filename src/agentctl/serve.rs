@@ -22,7 +22,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -126,6 +126,7 @@ async fn run(options: &ServeOptions, listener: UnixListener) -> Result<(), Agent
         stdout_limit,
         replay_line_limit: options.replay_line_limit,
         clients: HashMap::new(),
+        leaving: Vec::new(),
         events: Some(events),
         journal: Journal::open(options.journal.clone(), options.pod.clone()),
         history: HistoryWriter::spawn(HistoryStore::new(options.history_dir.clone())),
@@ -345,8 +346,15 @@ fn text_line(line: &[u8]) -> Option<String> {
 }
 
 /// Hands a client's lines to the driver until the client closes, errs or writes an over-long
-/// line (it is then disconnected: no line of it is half-forwarded).
-async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mpsc::Sender<Input>) {
+/// line (it is then disconnected: no line of it is half-forwarded). Once serve has `closed` the
+/// connection, lines are read and dropped until the client closes its end, which is how serve
+/// knows the client took its last lines.
+async fn read_client(
+    conn: ConnId,
+    reader: BufReader<OwnedReadHalf>,
+    inputs: mpsc::Sender<Input>,
+    closed: Arc<AtomicBool>,
+) {
     let mut lines = LineReader::new(reader, LINE_LIMIT);
     loop {
         match lines.next_line().await {
@@ -354,6 +362,9 @@ async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mps
                 let Some(line) = text_line(lines.line()) else {
                     continue;
                 };
+                if closed.load(Ordering::Relaxed) {
+                    continue;
+                }
                 if inputs.send(Input::ClientLine { conn, line }).await.is_err() {
                     return;
                 }
@@ -383,7 +394,9 @@ async fn read_client(conn: ConnId, reader: BufReader<OwnedReadHalf>, inputs: mps
             }
         }
     }
-    let _ = inputs.send(Input::ClientClosed { conn }).await;
+    if !closed.load(Ordering::Relaxed) {
+        let _ = inputs.send(Input::ClientClosed { conn }).await;
+    }
 }
 
 /// How often serve sends a heartbeat line to the live events subscribers.
@@ -404,6 +417,8 @@ enum Follow {
 struct ClientHandle {
     lines: mpsc::Sender<String>,
     reader: AbortHandle,
+    /// Set when serve closes the connection: the reader then only waits for the client to leave.
+    closed: Arc<AtomicBool>,
     /// Aborted only for a client that stopped reading (its writer would wait forever).
     writer: AbortHandle,
 }
@@ -419,6 +434,8 @@ struct Driver {
     stdout_limit: Arc<AtomicUsize>,
     replay_line_limit: usize,
     clients: HashMap<ConnId, ClientHandle>,
+    /// Readers of connections serve closed, until their client closes its end.
+    leaving: Vec<AbortHandle>,
     events: Option<broadcast::Sender<String>>,
     journal: Journal,
     history: HistoryWriter,
@@ -723,12 +740,19 @@ impl Driver {
             }
             let _ = writer.shutdown().await;
         });
-        let reader = tokio::spawn(read_client(conn, reader, self.inputs_tx.clone()));
+        let closed = Arc::new(AtomicBool::new(false));
+        let reader = tokio::spawn(read_client(
+            conn,
+            reader,
+            self.inputs_tx.clone(),
+            closed.clone(),
+        ));
         self.clients.insert(
             conn,
             ClientHandle {
                 lines: lines_tx,
                 reader: reader.abort_handle(),
+                closed,
                 writer,
             },
         );
@@ -898,8 +922,11 @@ impl Driver {
             Output::ToClient(conn, message) => return Ok(self.send_client(conn, message).await),
             Output::CloseClient(conn) => {
                 if let Some(client) = self.clients.remove(&conn) {
-                    client.reader.abort();
-                    // Dropping the sender lets the writer flush what is queued, then close.
+                    // Dropping the sender lets the writer flush what is queued, then close; the
+                    // reader stays until the client leaves (see `await_clients_leaving`).
+                    client.closed.store(true, Ordering::Relaxed);
+                    self.leaving.retain(|reader| !reader.is_finished());
+                    self.leaving.push(client.reader);
                 }
             }
             Output::Event(event) => {
@@ -999,7 +1026,12 @@ impl Driver {
             }
         }
         self.agent_stdin = None;
-        self.clients.clear();
+        let mut readers: Vec<AbortHandle> = self
+            .clients
+            .drain()
+            .map(|(_, client)| client.reader)
+            .collect();
+        readers.append(&mut self.leaving);
         self.events = None;
         self.history.flush().await;
         let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
@@ -1009,6 +1041,30 @@ impl Driver {
         if drained.is_err() {
             tracing::debug!("some connections did not drain in time");
             self.tasks.abort_all();
+        }
+        self.await_clients_leaving(readers).await;
+    }
+
+    /// Waits (at most [`DRAIN_TIMEOUT`]) until every ACP client closed its end, after its last
+    /// lines were written (their writers are done). In a pod, serve's exit ends the container, and that kills the
+    /// `agentctl connect` exec'd into it: a last answer (the agent cut off or gone) would be lost
+    /// between the socket and the exec stream if serve did not wait for connect to leave.
+    async fn await_clients_leaving(&mut self, readers: Vec<AbortHandle>) {
+        let left = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while readers.iter().any(|reader| !reader.is_finished()) {
+                // A leaving reader reports its close; nobody else reads the inputs now.
+                tokio::select! {
+                    _ = self.inputs_rx.recv() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        })
+        .await;
+        if left.is_err() {
+            tracing::debug!("a client kept its connection open after serve's last line");
+        }
+        for reader in readers {
+            reader.abort();
         }
     }
 }
