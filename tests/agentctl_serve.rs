@@ -467,7 +467,6 @@ fn serve_waits_for_its_client_to_take_the_last_answer() {
     // The agent is gone and its answer sent; serve stays while this client holds the socket.
     std::thread::sleep(Duration::from_millis(500));
     assert!(serve.is_running(), "serve exited before its client left");
-    drop(request);
     drop(reader);
     drop(writer);
     let status = wait_exit(&mut serve.child, WAIT, "serve after its client left");
