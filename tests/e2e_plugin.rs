@@ -18,8 +18,8 @@ use e2e_support::sessions::{
 };
 use e2e_support::support::process::Output;
 use e2e_support::{
-    Frozen, PLUGIN, agentctl_exec, finish_plugin, kubeconfig_path, kubectl, plugin, poll_until,
-    unique, wait_for,
+    Frozen, PLUGIN, agentctl_exec, finish_plugin, interrupt_plugin, kubeconfig_path, kubectl,
+    plugin, poll_until, unique, wait_for,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
@@ -419,24 +419,24 @@ async fn prompt_resumes_a_lost_session_and_history_shows_the_conversation() {
         let read = history_without_agent(&sessions, &name, &["-o", "jsonl"]).await;
         assert_eq!(read.lines().count(), 2, "{read}");
 
-        // Interrupted while it waits for (or reads through) the reader: the pod goes too.
+        // Interrupted once it asked for a reader (a read takes a fraction of a second, so it
+        // may also have finished): whichever way it ended, the pod goes too. Ctrl-C while it
+        // waits is certain in `refusals_and_timeouts_without_an_operator`.
         let child = plugin_command(&["history", &name, "-n", &ns])
             .spawn()
             .expect("start kubectl-kandev");
         poll_until(
             Duration::from_secs(60),
-            Duration::from_millis(200),
-            "no history reader pod",
-            async || !sessions.live_pods(&name).await.is_empty(),
+            Duration::from_millis(20),
+            "no history request",
+            async || {
+                let ts = sessions.get(&name).await;
+                ts.annotations().contains_key(HISTORY_ANNOTATION)
+                    || !sessions.live_pods(&name).await.is_empty()
+            },
         )
         .await;
-        let pid = child.id().expect("pid");
-        let sent = std::process::Command::new("kill")
-            .args(["-INT", &pid.to_string()])
-            .status()
-            .expect("kill -INT");
-        assert!(sent.success());
-        let run = finish_plugin(child, "kubectl-kandev history (interrupted)").await;
+        let run = interrupt_plugin(child, "kubectl-kandev history (interrupted)").await;
         assert!(matches!(run.code(), 0 | 1), "{run:#?}");
         poll_until(
             Duration::from_secs(60),
@@ -934,6 +934,28 @@ async fn refusals_and_timeouts_without_an_operator() {
         assert!(
             !ts.annotations().contains_key(HISTORY_ANNOTATION),
             "{:?}",
+            ts.annotations()
+        );
+        // Ctrl-C while it waits withdraws the request too.
+        let child = plugin_command(&["history", &name, "-n", &ns])
+            .spawn()
+            .expect("start kubectl-kandev");
+        poll_until(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            "no history request",
+            async || {
+                let ts = sessions.get(&name).await;
+                ts.annotations().contains_key(HISTORY_ANNOTATION)
+            },
+        )
+        .await;
+        let run = interrupt_plugin(child, "kubectl-kandev history (Ctrl-C)").await;
+        assert_eq!(run.code(), 1, "{run:#?}");
+        let ts = sessions.get(&name).await;
+        assert!(
+            !ts.annotations().contains_key(HISTORY_ANNOTATION),
+            "an interrupted history withdraws its request: {:?}",
             ts.annotations()
         );
 

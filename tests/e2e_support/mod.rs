@@ -405,6 +405,21 @@ pub async fn finish_plugin(child: tokio::process::Child, what: &str) -> support:
     )
 }
 
+/// Sends SIGINT (Ctrl-C) to a running plugin, then [`finish_plugin`].
+pub async fn interrupt_plugin(
+    child: tokio::process::Child,
+    what: &str,
+) -> support::process::Output {
+    if let Some(pid) = child.id() {
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .expect("kill -INT");
+        assert!(sent.success(), "kill -INT {pid}");
+    }
+    finish_plugin(child, what).await
+}
+
 /// `kubectl-kandev <args>` (KUBECONFIG from the environment), run to its end as
 /// [`finish_plugin`] does.
 pub async fn plugin(args: &[&str]) -> support::process::Output {
