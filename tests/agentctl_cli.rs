@@ -270,7 +270,8 @@ fn history_prints_the_recorded_file_or_says_there_is_none() {
 
 /// `agentctl checkout` (the pod's init container): clones an empty workspace and exits 0, finds
 /// that clone again and exits 0, and refuses a workspace that holds something else with exit 1
-/// and `WorkspaceMismatch: …` in the termination log.
+/// and `WorkspaceMismatch: …` in the termination log; with `--started-before`, an empty
+/// workspace is refused (`WorkspaceEmpty: …`) and nothing is cloned.
 #[test]
 fn checkout_prepares_the_workspace_or_says_why_not() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -305,27 +306,41 @@ fn checkout_prepares_the_workspace_or_says_why_not() {
     let ws = root.path().join("ws");
     std::fs::create_dir_all(&ws).expect("mkdir");
     let log = root.path().join("termination-log");
-    let checkout = |ws: &Path| {
-        run(&[
+    let checkout_as = |ws: &Path, extra: &[&str]| {
+        let ws = path_str(ws);
+        let log = path_str(&log);
+        let mut args = vec![
             "checkout",
             "--workspace",
-            &path_str(ws),
+            &ws,
             "--repository",
             &url,
             "--branch",
             "kandev/t-1",
             "--termination-log",
-            &path_str(&log),
-        ])
+            &log,
+        ];
+        args.extend(extra);
+        run(&args)
     };
+    let checkout = |ws: &Path| checkout_as(ws, &[]);
     let (code, _, stderr) = checkout(&ws);
     assert_eq!(code, 0, "{stderr}");
     assert!(ws.join("README").is_file(), "cloned");
     assert!(stderr.contains("workspace ready"), "{stderr}");
     assert_eq!(git(&ws, &["branch", "--show-current"]).trim(), "kandev/t-1");
-    let (code, _, stderr) = checkout(&ws);
+    let (code, _, stderr) = checkout_as(&ws, &["--started-before"]);
     assert_eq!(code, 0, "the clone of an earlier start is kept: {stderr}");
     assert!(!log.exists(), "nothing to say");
+
+    let emptied = root.path().join("emptied");
+    std::fs::create_dir_all(emptied.join(".kandev")).expect("mkdir");
+    let (code, _, stderr) = checkout_as(&emptied, &["--started-before"]);
+    assert_eq!(code, 1, "{stderr}");
+    let why = std::fs::read_to_string(&log).expect("termination log");
+    assert!(why.starts_with("WorkspaceEmpty: "), "{why}");
+    assert!(!emptied.join("README").exists(), "nothing cloned");
+    std::fs::remove_file(&log).expect("remove the log");
 
     let other = root.path().join("other");
     std::fs::create_dir_all(&other).expect("mkdir");

@@ -16,6 +16,7 @@ mod e2e_support;
 use e2e_support::support::process::run_with_stdin;
 use e2e_support::{client_with_crds, kubectl, repo_path, unique};
 use kandev_operator::api::TaskSession;
+use kandev_operator::api::pod_contract::CheckoutStart;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
@@ -471,7 +472,13 @@ fn the_operators_own_mounts_and_variables_are_reserved() {
     ts.metadata.namespace = Some("team-a".into());
     let registry = AgentRegistry::builtin().expect("built-in profiles");
     let profile = registry.get("claude-code").expect("claude-code");
-    let pod = build_agentctl_pod(&ts, "token", &PodSettings::default(), profile);
+    let pod = build_agentctl_pod(
+        &ts,
+        "token",
+        &PodSettings::default(),
+        profile,
+        CheckoutStart::First,
+    );
     let container = &pod.spec.as_ref().expect("pod spec").containers[0];
 
     let refused_mount = |path: &str| {

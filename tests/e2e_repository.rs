@@ -235,10 +235,11 @@ async fn a_wrong_password_stalls_naming_the_repository_not_the_secret() {
 /// Issue 40, part 1: the agent owns its HOME and its clone on the workspace volume, and the
 /// checkout that runs on every start holds the repository's password. The agent plants git
 /// configuration that would run programs, trace the environment or rewrite the URL, in both;
-/// the session is lost and resumed (the clone kept), then the agent wipes the clone and it is
-/// lost and resumed again (a new clone, with the hostile HOME still there). Both resumes
-/// succeed, no byte of the password is on the volume (where every planted program writes its
-/// environment) or in the operator's log. (The real agent's own git reads what it planted,
+/// the session is lost and resumed (the clone kept, no byte of the password on the volume,
+/// where every planted program writes its environment). Then the agent wipes the clone and it is
+/// lost and resumed again: a later start never clones, so it stalls with `WorkspaceEmpty`, and
+/// with the repository removed from the spec the next start shows nothing was cloned and still
+/// no password on the volume. The password is never in the operator's log. (The real agent's own git reads what it planted,
 /// without credentials; that the checkout runs nothing planted is the CLI tier's test.)
 #[tokio::test]
 #[ignore = "e2e: needs the cluster (make e2e)"]
@@ -281,25 +282,39 @@ async fn git_configuration_the_agent_wrote_never_meets_the_credentials() {
         let kept = worktree(&sessions, &name).await;
         assert_eq!(kept.commit.as_deref(), Some(upstream.main.as_str()));
 
-        // Cloned again: the agent wiped the clone, its hostile HOME stays.
+        // The agent wiped the clone (its hostile HOME stays): the later start refuses the empty
+        // workspace, and clones nothing.
         sh(
             &client,
             &pod,
             "find . -mindepth 1 -maxdepth 1 ! -name .kandev -exec rm -rf {} + && echo wiped",
         )
         .await;
+        let token = sessions.token_of(&name).await;
+        assert!(token.is_some());
         lose_pod(&sessions, &name, &pod).await;
-        let pod = resumed_pod(&sessions, &name, "h2").await;
+        sessions.annotate(&name, "h2").await;
+        let message = stalled(&sessions, &name, "WorkspaceEmpty").await;
+        assert!(
+            message.contains("empty") && message.contains("never made in their place"),
+            "{message}"
+        );
+        assert_eq!(sessions.token_of(&name).await, token, "the token is kept");
+        sessions
+            .merge(&name, json!({"spec": {"repository": null}}))
+            .await
+            .expect("remove the repository");
+        let pod = resumed_pod(&sessions, &name, "h3").await;
         assert_eq!(sh(&client, &pod, &leak_check(PASSWORD)).await, "clean");
         assert_eq!(
             sh(
                 &client,
                 &pod,
-                "git rev-parse HEAD && test -f README.md && echo cloned"
+                "test -e README.md || test -e .git || echo nothing"
             )
             .await,
-            format!("{}\ncloned", upstream.main),
-            "a new clone from the real URL, with the password"
+            "nothing",
+            "nothing was cloned into the emptied workspace"
         );
         let log = std::fs::read_to_string(operator.log()).expect("the operator's log");
         assert!(

@@ -22,6 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kandev_operator::acp::PodConnection;
 use kandev_operator::agents::{AgentProfile, AgentRegistry};
 use kandev_operator::api::names;
+use kandev_operator::api::pod_contract::CheckoutStart;
 use kandev_operator::api::{ExecutorRunning, RESUME_ANNOTATION, TaskSession};
 use kandev_operator::controller::pods::{self, PodSettings};
 use kube::ResourceExt;
@@ -374,7 +375,7 @@ fn bench_profile() -> Result<AgentProfile, BoxError> {
 /// The operator's agentctl pod for a resume of `ts` (owned by it, its workspace claim mounted),
 /// with one more label, which the floor's watch selects.
 fn floor_pod(ts: &TaskSession, profile: &AgentProfile, settings: &PodSettings) -> Pod {
-    let mut pod = pods::build_agentctl_pod(ts, "resume-1", settings, profile);
+    let mut pod = pods::build_agentctl_pod(ts, "resume-1", settings, profile, CheckoutStart::First);
     pod.labels_mut()
         .insert(FLOOR_LABEL.to_string(), "floor".to_string());
     pod

@@ -1,7 +1,9 @@
-//! The workspace from a repository (`spec.repository`): on the first start `agentctl serve`
+//! The workspace from a repository (`spec.repository`): on the first start `agentctl checkout`
 //! clones the repository into the empty workspace and checks out the session's branch; on every
 //! later start it finds that clone and leaves it alone (uncommitted work included). A non-empty
-//! workspace that is not this repository is refused.
+//! workspace that is not this repository is refused, and so is an empty one on a later start
+//! (the operator says which start it is): the session's clone and work are gone, and a fresh
+//! clone would pass as them.
 //!
 //! The clone runs `git` as a subprocess with a deadline and bounded output. Credentials come
 //! from the environment (the operator fills it from the session's Secret): an HTTPS token
@@ -28,8 +30,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::{AgentctlError, gitfiles};
 pub use crate::api::pod_contract::{
-    CheckoutReason, ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY,
-    ENV_GIT_USERNAME, WORKTREE_META, Worktree,
+    CheckoutReason, CheckoutStart, ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD,
+    ENV_GIT_SSH_KEY, ENV_GIT_USERNAME, WORKTREE_META, Worktree,
 };
 
 /// Where agentctl keeps its own files on the workspace volume; never part of the checkout.
@@ -113,23 +115,30 @@ pub enum Decision {
     Clone,
     /// The clone of an earlier start: leave it exactly as it is.
     Keep,
-    /// Refuse to start: why.
-    Mismatch(String),
+    /// Refuse to start: the reason and why.
+    Refuse(CheckoutReason, String),
 }
 
-/// Clone into an empty workspace, keep our own clone, refuse anything else.
-pub fn decide(state: &WorkspaceState, url: &str) -> Decision {
+/// Clone into an empty workspace on the first start, keep our own clone, refuse anything else.
+pub fn decide(state: &WorkspaceState, url: &str, start: CheckoutStart) -> Decision {
+    let mismatch = |why: String| Decision::Refuse(CheckoutReason::WorkspaceMismatch, why);
     match state {
+        WorkspaceState::Empty if start == CheckoutStart::Later => Decision::Refuse(
+            CheckoutReason::WorkspaceEmpty,
+            format!(
+                "the workspace is empty, but the session's clone of {url} was made on an earlier start: the clone and the agent's work on it are gone, and a new clone is never made in their place"
+            ),
+        ),
         WorkspaceState::Empty => Decision::Clone,
         WorkspaceState::Clone { origin: Some(o) } if same_url(o, url) => Decision::Keep,
-        WorkspaceState::Clone { origin: Some(o) } => Decision::Mismatch(format!(
+        WorkspaceState::Clone { origin: Some(o) } => mismatch(format!(
             "the workspace is a clone of {}, not of {url}",
             strip_userinfo(o)
         )),
-        WorkspaceState::Clone { origin: None } => Decision::Mismatch(format!(
+        WorkspaceState::Clone { origin: None } => mismatch(format!(
             "the workspace is a git repository without an origin, not a clone of {url}"
         )),
-        WorkspaceState::Other { entry } => Decision::Mismatch(format!(
+        WorkspaceState::Other { entry } => mismatch(format!(
             "the workspace is not empty (it holds {entry:?}) and is not a clone of {url}"
         )),
     }
@@ -285,19 +294,24 @@ pub fn classify_git_error(stderr: &str) -> CheckoutReason {
     }
 }
 
-/// Prepares `workspace` for `repository`: clones it when the workspace is empty, keeps an
-/// earlier clone, refuses anything else. Returns the worktree to report.
+/// Prepares `workspace` for `repository`: clones it when the workspace is empty on the first
+/// start, keeps an earlier clone, refuses anything else. Returns the worktree to report.
 pub async fn prepare(
     workspace: &Path,
     repository: &Repository,
     credentials: &GitCredentials,
     clone_timeout: Duration,
+    start: CheckoutStart,
 ) -> Result<Worktree, AgentctlError> {
     let state = inspect(workspace)?;
-    match decide(&state, &repository.url) {
-        Decision::Mismatch(why) => Err(failure(
-            CheckoutReason::WorkspaceMismatch,
+    match decide(&state, &repository.url, start) {
+        Decision::Refuse(reason @ CheckoutReason::WorkspaceMismatch, why) => Err(failure(
+            reason,
             format!("{why}. Use an empty workspace for this repository, or fix the workspace"),
+        )),
+        Decision::Refuse(reason, why) => Err(failure(
+            reason,
+            format!("{why}. Restore the workspace, or start a new session"),
         )),
         Decision::Keep => {
             tracing::info!(url = %repository.url, "the workspace is this repository's clone; left as it is");
@@ -864,6 +878,7 @@ mod tests {
         let clone_of = |o: &str| WorkspaceState::Clone {
             origin: Some(o.into()),
         };
+        let mismatch = |why: String| Decision::Refuse(CheckoutReason::WorkspaceMismatch, why);
         let cases: Vec<(WorkspaceState, Decision)> = vec![
             (WorkspaceState::Empty, Decision::Clone),
             (clone_of(URL), Decision::Keep),
@@ -871,19 +886,19 @@ mod tests {
             (clone_of("https://git.example/team/app/"), Decision::Keep),
             (
                 clone_of("https://git.example/team/other.git"),
-                Decision::Mismatch(format!(
+                mismatch(format!(
                     "the workspace is a clone of https://git.example/team/other.git, not of {URL}"
                 )),
             ),
             (
                 clone_of("https://bob:hunter2@git.example/x.git"),
-                Decision::Mismatch(format!(
+                mismatch(format!(
                     "the workspace is a clone of https://***@git.example/x.git, not of {URL}"
                 )),
             ),
             (
                 WorkspaceState::Clone { origin: None },
-                Decision::Mismatch(format!(
+                mismatch(format!(
                     "the workspace is a git repository without an origin, not a clone of {URL}"
                 )),
             ),
@@ -891,13 +906,28 @@ mod tests {
                 WorkspaceState::Other {
                     entry: "notes.txt".into(),
                 },
-                Decision::Mismatch(format!(
+                mismatch(format!(
                     "the workspace is not empty (it holds \"notes.txt\") and is not a clone of {URL}"
                 )),
             ),
         ];
         for (state, want) in cases {
-            assert_eq!(decide(&state, URL), want, "{state:?}");
+            assert_eq!(decide(&state, URL, CheckoutStart::First), want, "{state:?}");
+            // A later start decides the same, but never clones into an empty workspace.
+            let later = match want {
+                Decision::Clone => Decision::Refuse(
+                    CheckoutReason::WorkspaceEmpty,
+                    format!(
+                        "the workspace is empty, but the session's clone of {URL} was made on an earlier start: the clone and the agent's work on it are gone, and a new clone is never made in their place"
+                    ),
+                ),
+                other => other,
+            };
+            assert_eq!(
+                decide(&state, URL, CheckoutStart::Later),
+                later,
+                "later: {state:?}"
+            );
         }
     }
 
@@ -1102,9 +1132,15 @@ mod tests {
         let ws = root.path().join("ws");
         std::fs::create_dir_all(ws.join(".kandev/home")).expect("mkdir");
         let creds = GitCredentials::default();
-        let first = prepare(&ws, &repository, &creds, Duration::from_secs(60))
-            .await
-            .expect("clone");
+        let first = prepare(
+            &ws,
+            &repository,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::First,
+        )
+        .await
+        .expect("clone");
         assert_eq!(
             first,
             Worktree {
@@ -1121,15 +1157,44 @@ mod tests {
         );
         // Uncommitted work survives the next start, which clones nothing.
         std::fs::write(ws.join("work.txt"), "mine").expect("write");
-        let again = prepare(&ws, &repository, &creds, Duration::from_secs(60))
-            .await
-            .expect("keep");
+        let again = prepare(
+            &ws,
+            &repository,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::Later,
+        )
+        .await
+        .expect("keep");
         assert!(!again.cloned);
         assert_eq!(again.commit, Some(develop));
         assert_eq!(
             std::fs::read_to_string(ws.join("work.txt")).ok().as_deref(),
             Some("mine")
         );
+        // On a later start, an empty workspace (the clone gone, agentctl's own files kept) is
+        // refused, and nothing is cloned.
+        let wiped = root.path().join("wiped");
+        std::fs::create_dir_all(wiped.join(".kandev/sessions")).expect("mkdir");
+        let refused = prepare(
+            &wiped,
+            &repository,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::Later,
+        )
+        .await;
+        assert!(
+            matches!(
+                &refused,
+                Err(AgentctlError::Checkout {
+                    reason: CheckoutReason::WorkspaceEmpty,
+                    message,
+                }) if message.contains("never made in their place")
+            ),
+            "{refused:?}"
+        );
+        assert!(!wiped.join(".git").exists() && !wiped.join("README").exists());
         // The remote's default branch without branch/baseBranch.
         let ws2 = root.path().join("ws2");
         std::fs::create_dir_all(&ws2).expect("mkdir");
@@ -1137,15 +1202,28 @@ mod tests {
             url: repository.url.clone(),
             ..Default::default()
         };
-        let main = prepare(&ws2, &plain, &creds, Duration::from_secs(60))
-            .await
-            .expect("clone main");
+        let main = prepare(
+            &ws2,
+            &plain,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::First,
+        )
+        .await
+        .expect("clone main");
         assert_eq!(main.branch.as_deref(), Some("main"));
         // A workspace with something else in it is refused, untouched.
         let ws3 = root.path().join("ws3");
         std::fs::create_dir_all(&ws3).expect("mkdir");
         std::fs::write(ws3.join("notes.txt"), "x").expect("write");
-        let refused = prepare(&ws3, &repository, &creds, Duration::from_secs(60)).await;
+        let refused = prepare(
+            &ws3,
+            &repository,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::First,
+        )
+        .await;
         assert!(
             matches!(
                 &refused,
@@ -1162,7 +1240,14 @@ mod tests {
             url: "https://git.example/other.git".into(),
             ..Default::default()
         };
-        let refused = prepare(&ws, &other, &creds, Duration::from_secs(60)).await;
+        let refused = prepare(
+            &ws,
+            &other,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::First,
+        )
+        .await;
         assert!(matches!(
             &refused,
             Err(AgentctlError::Checkout {
@@ -1177,7 +1262,14 @@ mod tests {
             base_branch: Some("gone".into()),
             ..repository.clone()
         };
-        let refused = prepare(&ws4, &bad_base, &creds, Duration::from_secs(60)).await;
+        let refused = prepare(
+            &ws4,
+            &bad_base,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::First,
+        )
+        .await;
         assert!(
             matches!(
                 &refused,
@@ -1200,7 +1292,14 @@ mod tests {
                 .into_owned(),
             ..Default::default()
         };
-        let refused = prepare(&ws5, &nowhere, &creds, Duration::from_secs(60)).await;
+        let refused = prepare(
+            &ws5,
+            &nowhere,
+            &creds,
+            Duration::from_secs(60),
+            CheckoutStart::First,
+        )
+        .await;
         assert!(
             matches!(
                 &refused,

@@ -149,16 +149,16 @@ pub enum Command {
     /// file does not exist; nothing on stdout), 1 on any other failure.
     History(HistoryArgs),
     /// Prepare the workspace from --repository and exit (the agentctl pod's init container):
-    /// clone it into an empty workspace and check out --branch, accept this repository's
-    /// earlier clone as it is, refuse anything else.
+    /// clone it into an empty workspace and check out --branch (on the session's first start
+    /// only), accept this repository's earlier clone as it is, refuse anything else.
     ///
     /// Only this command gets the repository's credentials (KANDEV_GIT_*): the operator puts
     /// them into the init container's environment alone, so the agent's container, its
     /// processes and everything exec'd into it never hold them. Exits 0 when the workspace is
     /// ready (also without --repository: nothing to do), 1 when it is not, after writing
-    /// "<Reason>: <message>" to --termination-log (WorkspaceMismatch, RepositoryAuthFailed,
-    /// RepositoryUnreachable, RepositoryCheckoutFailed), which the operator turns into the
-    /// launch's Stalled reason.
+    /// "<Reason>: <message>" to --termination-log (WorkspaceMismatch, WorkspaceEmpty,
+    /// RepositoryAuthFailed, RepositoryUnreachable, RepositoryCheckoutFailed), which the
+    /// operator turns into the launch's Stalled reason.
     Checkout(CheckoutArgs),
     /// Do nothing for SECONDS, or until SIGTERM, then exit 0 (the main process of a history
     /// reader pod, which the operator keeps so that `kubectl kandev history` can exec
@@ -300,7 +300,8 @@ pub struct ServeArgs {
 /// The session's repository (`spec.repository`), for `checkout` and `serve`.
 #[derive(Args, Debug, Clone)]
 pub struct RepositoryArgs {
-    /// Git repository for the workspace: cloned into it when it is empty (then --branch is
+    /// Git repository for the workspace: cloned into it when it is empty and this is the
+    /// session's first start (see --started-before; then --branch is
     /// checked out, created from --base-branch or the remote's default branch when the remote
     /// does not have it), left alone when it is already this repository's clone, refused when
     /// it holds anything else. Credentials come from KANDEV_GIT_PASSWORD (and
@@ -318,6 +319,11 @@ pub struct RepositoryArgs {
     /// How long the clone may take before it is killed.
     #[arg(long, value_name = "SECS", default_value_t = 90)]
     pub clone_timeout: u64,
+    /// The session's checkout was recorded on an earlier start (the operator passes it): an
+    /// empty workspace is then refused (WorkspaceEmpty) instead of cloned into, since a new
+    /// clone would pass as the session's lost one.
+    #[arg(long)]
+    pub started_before: bool,
 }
 
 #[derive(Args, Debug)]
@@ -691,6 +697,11 @@ async fn prepare_workspace(
         &repository,
         &credentials,
         Duration::from_secs(args.clone_timeout),
+        if args.started_before {
+            checkout::CheckoutStart::Later
+        } else {
+            checkout::CheckoutStart::First
+        },
     )
     .await;
     if let (Err(AgentctlError::Checkout { reason, message }), Some(path)) =

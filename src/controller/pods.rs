@@ -31,11 +31,11 @@ use crate::api::names::{
     workspace_claim_name,
 };
 use crate::api::pod_contract::{
-    CHECKOUT_CONTAINER, CONTAINER, ENV_AGENT_PROFILE_DEFINITION, ENV_AGENTCTL_SOCKET,
-    ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY, ENV_GIT_USERNAME,
-    ENV_PERMISSIONS, ENV_POD_NAME, ENV_REPLAY_LINE_LIMIT_MIB, ENV_REPOSITORY_BASE_BRANCH,
-    ENV_REPOSITORY_BRANCH, ENV_REPOSITORY_URL, ENV_SESSION_NAME, ENV_SUSPEND_IDLE_AFTER,
-    ENV_WORKSPACE, SOCKET_DIR, TERMINATION_LOG,
+    CHECKOUT_CONTAINER, CONTAINER, CheckoutStart, ENV_AGENT_PROFILE_DEFINITION,
+    ENV_AGENTCTL_SOCKET, ENV_GIT_CA_BUNDLE, ENV_GIT_KNOWN_HOSTS, ENV_GIT_PASSWORD, ENV_GIT_SSH_KEY,
+    ENV_GIT_USERNAME, ENV_PERMISSIONS, ENV_POD_NAME, ENV_REPLAY_LINE_LIMIT_MIB,
+    ENV_REPOSITORY_BASE_BRANCH, ENV_REPOSITORY_BRANCH, ENV_REPOSITORY_URL, ENV_SESSION_NAME,
+    ENV_SUSPEND_IDLE_AFTER, ENV_WORKSPACE, SOCKET_DIR, TERMINATION_LOG,
 };
 use crate::api::{
     EffectivePolicy, ExecutorRunning, ExecutorRunningSpec, HISTORY_ANNOTATION, RepositorySpec,
@@ -325,6 +325,7 @@ pub fn build_agentctl_pod(
     request: &str,
     settings: &PodSettings,
     profile: &AgentProfile,
+    start: CheckoutStart,
 ) -> Pod {
     let session = ts.name_any();
     let mut labels = session_labels(ts);
@@ -337,7 +338,7 @@ pub fn build_agentctl_pod(
         .spec
         .repository
         .as_ref()
-        .map(|repository| vec![checkout_container(&container, repository)]);
+        .map(|repository| vec![checkout_container(&container, repository, start)]);
     let volumes = pod_volumes(ts, settings);
     let name = pod_name(&session, request);
     let mut pod = session_pod(ts, settings, name, labels, container, volumes);
@@ -710,10 +711,14 @@ fn repository_env(repository: &RepositorySpec) -> Vec<EnvVar> {
 }
 
 /// The init container that prepares the workspace (`agentctl checkout`): it clones the
-/// repository into an empty workspace on the first start, and only it gets the credentials from
-/// the repository's Secret. Why it could not becomes its termination message, which the operator
+/// repository into an empty workspace on the first start (`start`; a later one refuses an empty
+/// workspace), and only it gets the credentials from the repository's Secret. Why it could not becomes its termination message, which the operator
 /// turns into the launch's Stalled reason. Same image, user, limits and confinement as `main`.
-fn checkout_container(main: &Container, repository: &RepositorySpec) -> Container {
+fn checkout_container(
+    main: &Container,
+    repository: &RepositorySpec,
+    start: CheckoutStart,
+) -> Container {
     let workspace = main.working_dir.clone().unwrap_or_default();
     // No HOME and no git configuration: agentctl runs git with a private HOME and its own
     // command-line configuration only, never the agent's (`agentctl::checkout`).
@@ -735,13 +740,19 @@ fn checkout_container(main: &Container, repository: &RepositorySpec) -> Containe
         name: CHECKOUT_CONTAINER.to_string(),
         image: main.image.clone(),
         command: Some(vec!["agentctl".to_string()]),
-        args: Some(vec![
-            "checkout".to_string(),
-            "--workspace".to_string(),
-            workspace.clone(),
-            "--termination-log".to_string(),
-            TERMINATION_LOG.to_string(),
-        ]),
+        args: Some(
+            [
+                "checkout",
+                "--workspace",
+                &workspace,
+                "--termination-log",
+                TERMINATION_LOG,
+            ]
+            .into_iter()
+            .chain((start == CheckoutStart::Later).then_some("--started-before"))
+            .map(String::from)
+            .collect(),
+        ),
         termination_message_path: Some(TERMINATION_LOG.to_string()),
         // A clone that dies without its word (killed, out of memory) still says something.
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),
@@ -979,7 +990,13 @@ mod tests {
         let ts = session(claim("ws"));
         let registry = crate::agents::AgentRegistry::builtin().expect("built-ins");
         let profile = registry.get("claude-code").expect("claude-code");
-        let ours = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), profile);
+        let ours = build_agentctl_pod(
+            &ts,
+            "tok-1",
+            &PodSettings::default(),
+            profile,
+            CheckoutStart::First,
+        );
         assert!(controlled_by(&ours, &ts));
         let mut labels_only = ours.clone();
         labels_only.metadata.owner_references = None;
@@ -1006,7 +1023,13 @@ mod tests {
         };
         let registry = crate::agents::AgentRegistry::builtin().expect("built-ins");
         let profile = registry.get("claude-code").expect("claude-code");
-        let pod = build_agentctl_pod(&session(claim("ws")), "tok-1", &settings, profile);
+        let pod = build_agentctl_pod(
+            &session(claim("ws")),
+            "tok-1",
+            &settings,
+            profile,
+            CheckoutStart::First,
+        );
         let labels = pod.metadata.labels.clone().unwrap_or_default();
         assert_eq!(labels.get(MANAGED_LABEL).map(String::as_str), Some("true"));
         assert_eq!(labels.get(SESSION_LABEL).map(String::as_str), Some("demo"));
@@ -1057,7 +1080,13 @@ mod tests {
     fn the_repository_is_cloned_by_an_init_container_that_alone_gets_its_secret() {
         use crate::api::{RepositoryCredentials, RepositorySpec};
         let mut ts = session(claim("ws"));
-        let plain = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
+        let plain = build_agentctl_pod(
+            &ts,
+            "tok-1",
+            &PodSettings::default(),
+            &profile(),
+            CheckoutStart::First,
+        );
         let spec = plain.spec.expect("spec");
         assert!(spec.init_containers.is_none(), "no repository, no checkout");
         let c = &spec.containers[0];
@@ -1085,7 +1114,13 @@ mod tests {
                 ..Default::default()
             }),
         });
-        let pod = build_agentctl_pod(&ts, "tok-1", &PodSettings::default(), &profile());
+        let pod = build_agentctl_pod(
+            &ts,
+            "tok-1",
+            &PodSettings::default(),
+            &profile(),
+            CheckoutStart::First,
+        );
         let spec = pod.spec.expect("spec");
         let value =
             |c: &Container, name: &str| c.env.iter().flatten().find(|e| e.name == name).cloned();
@@ -1139,6 +1174,25 @@ mod tests {
         assert_eq!(
             checkout.termination_message_path.as_deref(),
             Some(TERMINATION_LOG)
+        );
+        // A later start (the session's checkout recorded) never clones into an empty workspace.
+        let later = build_agentctl_pod(
+            &ts,
+            "tok-2",
+            &PodSettings::default(),
+            &profile(),
+            CheckoutStart::Later,
+        );
+        let later_args = later
+            .spec
+            .and_then(|s| s.init_containers)
+            .and_then(|c| c.into_iter().next())
+            .and_then(|c| c.args)
+            .unwrap_or_default();
+        assert_eq!(
+            later_args.last().map(String::as_str),
+            Some("--started-before"),
+            "{later_args:?}"
         );
         assert_eq!(
             literal(checkout, "KANDEV_REPOSITORY_BRANCH").as_deref(),
@@ -1239,7 +1293,7 @@ mod tests {
             node_selector: BTreeMap::from([("pool".to_string(), "agents".to_string())]),
             ..Default::default()
         };
-        let agent = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        let agent = build_agentctl_pod(&ts, "tok-1", &settings, &profile(), CheckoutStart::First);
         let reader = build_reader_pod(&ts, &settings, "read-1");
         assert_eq!(
             reader
@@ -1314,6 +1368,7 @@ mod tests {
             "tok-1",
             &PodSettings::default(),
             &profile(),
+            CheckoutStart::First,
         );
         let spec = pod.spec.expect("spec");
         let pod_ctx = spec.security_context.expect("pod securityContext");
@@ -1431,7 +1486,13 @@ mod tests {
             user_namespace: true,
             ..Default::default()
         };
-        let pod = build_agentctl_pod(&session(claim("ws")), "tok-1", &settings, &profile());
+        let pod = build_agentctl_pod(
+            &session(claim("ws")),
+            "tok-1",
+            &settings,
+            &profile(),
+            CheckoutStart::First,
+        );
         let spec = pod.spec.expect("spec");
         assert_eq!(spec.runtime_class_name.as_deref(), Some("gvisor"));
         assert_eq!(spec.host_users, Some(false));
@@ -1448,14 +1509,14 @@ mod tests {
             ..Default::default()
         };
         ts.spec.resources = Some(own.clone());
-        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile(), CheckoutStart::First);
         assert_eq!(pod.spec.expect("spec").containers[0].resources, Some(own));
         // Requests alone still get the default limits; one above a default limit is its own.
         ts.spec.resources = Some(ResourceRequirements {
             requests: quantities(&[("cpu", "1"), ("memory", "4Gi")]),
             ..Default::default()
         });
-        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile(), CheckoutStart::First);
         assert_eq!(
             pod.spec.expect("spec").containers[0].resources,
             Some(ResourceRequirements {
@@ -1466,7 +1527,7 @@ mod tests {
         );
         // An empty resources object counts as none.
         ts.spec.resources = Some(ResourceRequirements::default());
-        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile());
+        let pod = build_agentctl_pod(&ts, "tok-1", &settings, &profile(), CheckoutStart::First);
         assert_eq!(
             pod.spec.expect("spec").containers[0].resources,
             Some(defaults)
@@ -1478,7 +1539,13 @@ mod tests {
         let registry = crate::agents::AgentRegistry::builtin().expect("built-ins");
         let profile = registry.get("claude-code").expect("claude-code");
         let env_of = |settings: &PodSettings| -> Vec<(String, Option<String>)> {
-            let pod = build_agentctl_pod(&session(claim("ws")), "tok-1", settings, profile);
+            let pod = build_agentctl_pod(
+                &session(claim("ws")),
+                "tok-1",
+                settings,
+                profile,
+                CheckoutStart::First,
+            );
             let spec = pod.spec.expect("spec");
             spec.containers[0]
                 .env

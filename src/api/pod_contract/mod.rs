@@ -81,6 +81,9 @@ pub struct Worktree {
 pub enum CheckoutReason {
     /// The workspace is not empty and is not a clone of this repository.
     WorkspaceMismatch,
+    /// A later start found the workspace empty: the session's clone of an earlier start is
+    /// gone (the volume was replaced or wiped), and it is never cloned again in its place.
+    WorkspaceEmpty,
     /// The server refused the credentials (or there were none and it wants some).
     RepositoryAuthFailed,
     /// The repository could not be reached (DNS, connection, TLS, not found, timeout).
@@ -90,8 +93,9 @@ pub enum CheckoutReason {
 }
 
 impl CheckoutReason {
-    pub const ALL: [CheckoutReason; 4] = [
+    pub const ALL: [CheckoutReason; 5] = [
         Self::WorkspaceMismatch,
+        Self::WorkspaceEmpty,
         Self::RepositoryAuthFailed,
         Self::RepositoryUnreachable,
         Self::RepositoryCheckoutFailed,
@@ -100,6 +104,7 @@ impl CheckoutReason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::WorkspaceMismatch => "WorkspaceMismatch",
+            Self::WorkspaceEmpty => "WorkspaceEmpty",
             Self::RepositoryAuthFailed => "RepositoryAuthFailed",
             Self::RepositoryUnreachable => "RepositoryUnreachable",
             Self::RepositoryCheckoutFailed => "RepositoryCheckoutFailed",
@@ -112,6 +117,16 @@ impl CheckoutReason {
         let reason = Self::ALL.into_iter().find(|r| r.as_str() == head)?;
         Some((reason, rest.trim()))
     }
+}
+
+/// Which start of the session this is, as the operator knows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CheckoutStart {
+    /// No checkout of the session was recorded yet: an empty workspace is cloned into.
+    #[default]
+    First,
+    /// The session's checkout was recorded on an earlier start: the workspace must hold it.
+    Later,
 }
 
 impl std::fmt::Display for CheckoutReason {

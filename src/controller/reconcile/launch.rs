@@ -16,6 +16,7 @@ use tracing::info;
 use super::{MANAGER, Session, fault_point};
 use crate::agents::AgentProfile;
 use crate::api::conditions::{self, Want};
+use crate::api::pod_contract::CheckoutStart;
 use crate::api::{ExecutorRunning, SessionState, names};
 use crate::controller::error::{Error, kube_err, sort_refusal};
 use crate::controller::pods;
@@ -370,8 +371,19 @@ impl<'a> Session<'a> {
         if let Some(end) = self.apply_network_policy().await? {
             return self.end_launch(end).await;
         }
-        let pod =
-            pods::build_agentctl_pod(&self.ts, self.launch_id(), &self.ctx.settings.pod, &profile);
+        // A session whose checkout was recorded started before: its workspace must hold it.
+        let start = if self.objects.executor_status().worktree.is_some() {
+            CheckoutStart::Later
+        } else {
+            CheckoutStart::First
+        };
+        let pod = pods::build_agentctl_pod(
+            &self.ts,
+            self.launch_id(),
+            &self.ctx.settings.pod,
+            &profile,
+            start,
+        );
         let name = pod.name_any();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let refused = match api.create(&PostParams::default(), &pod).await {
