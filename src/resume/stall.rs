@@ -103,9 +103,9 @@ pub fn launch_stall(
 
 /// A launch whose agentctl could not prepare the workspace from `spec.repository`: its
 /// container ended with a termination message `"<Reason>: <message>"` for one of the
-/// [`CheckoutReason`]s (`WorkspaceMismatch`, `WorkspaceEmpty`, `RepositoryAuthFailed`, `RepositoryUnreachable`,
-/// `RepositoryCheckoutFailed`). Anything else (an agent that wrote its own message, a crash)
-/// is not a checkout failure.
+/// [`CheckoutReason`]s (`WorkspaceMismatch`, `WorkspaceEmpty`, `RepositoryAuthFailed`,
+/// `RepositoryUnreachable`, `RepositoryCheckoutFailed`). Anything else (an agent that wrote its
+/// own message, a crash) is not a checkout failure.
 pub fn checkout_stall(pod: &Pod) -> Option<LaunchStall> {
     let (reason, text) = terminated_containers(pod)
         .find_map(|t| CheckoutReason::from_termination_message(t.message.as_deref()?))?;
