@@ -399,15 +399,24 @@ fn failed_end(
     status.state = SessionState::Failed;
     status.task_state = TaskState::Failed;
     status.error_message = Some(reason.clone());
+    // Nothing a resume could mend: not offered one (the executor is marked so too, when no pod
+    // is left to delete, so that a later evaluation agrees).
+    status.needs_resume = false;
+    status.is_resumable = false;
+    status.resume_reason = Some(ResumeReason::TerminalState);
     Ending {
         wanted: vec![
             Want::absent(conditions::READY),
             Want::new(conditions::STALLED, true, code, reason),
             Want::new(conditions::RECONCILING, false, code, ""),
+            Want::new(conditions::NEEDS_RESUME, false, "TerminalState", ""),
         ],
         // The outcome of this request, not a leftover of the previous one.
         resumed: Want::new(conditions::RESUMED, false, code, reason),
-        action: pod.map(|pod| NextAction::DeletePod { pod }),
+        action: Some(match pod {
+            Some(pod) => NextAction::DeletePod { pod },
+            None => NextAction::MarkExecutorLost { resumable: false },
+        }),
         event,
         outcome: ResumeOutcome::Failed,
         requeue: Requeue::AwaitChange,

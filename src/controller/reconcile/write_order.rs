@@ -896,12 +896,22 @@ async fn a_resumed_session_whose_workspace_is_gone_fails_without_a_pod() {
     let mut ts = task_session(waiting());
     ts.metadata.annotations = Some([(RESUME_ANNOTATION.to_string(), "r1".to_string())].into());
     world.pass(&ts).await.expect("pass");
-    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
-    let status = &world.api.writes()[0].body["status"];
+    // The executor no longer offers a resume, then the status says FAILED, not resumable.
+    world.api.assert_writes(&[
+        "PATCH executorrunnings/s/status",
+        "PATCH tasksessions/s/status",
+    ]);
+    let writes = world.api.writes();
+    assert_eq!(writes[0].body["status"]["resumable"], false);
+    let status = &writes[1].body["status"];
     assert_eq!(status["state"], "FAILED");
     assert_eq!(
         written_condition(status, "Stalled")["reason"],
         "WorkspaceLost"
+    );
+    assert_eq!(
+        (&status["needsResume"], &status["isResumable"]),
+        (&json!(false), &json!(false))
     );
     assert_eq!(status["lastHandledResumeRequest"], "r1");
     assert_preconditions(&world.api, 7);
