@@ -23,6 +23,11 @@ pub const AWAITING_APPROVAL: &str = "AwaitingApproval";
 /// everything it asks for, False (`NotOffered`) naming what the agent does not offer. Only on
 /// sessions with `spec.sessionConfig`.
 pub const SESSION_CONFIGURED: &str = "SessionConfigured";
+/// False (`PendingRestart`) while the running agent pod was created from other launch-time
+/// fields (image, resources, credentials, …) than the spec has now: the change waits for the
+/// next launch (`kubectl kandev restart`). Absent otherwise: no agent runs (the next launch takes
+/// the spec as it is), or it runs the current spec ([`super::launch_spec`]).
+pub const SPEC_APPLIED: &str = "SpecApplied";
 /// True while the session is suspended after being idle ([`super::SUSPENDED`]).
 pub const SUSPENDED: &str = super::SUSPENDED;
 

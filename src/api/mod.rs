@@ -10,6 +10,7 @@
 pub mod bounds;
 pub mod conditions;
 mod executor_running;
+pub mod launch_spec;
 pub mod names;
 mod permissions;
 pub mod pod_contract;
@@ -29,6 +30,11 @@ pub const RESUME_ANNOTATION: &str = "kandev.dev/resume-requested-at";
 /// Annotation asking one resume to ignore the saved token and start fresh: its value is the
 /// [`RESUME_ANNOTATION`] token of that request (any other value has no effect).
 pub const RESUME_FRESH_ANNOTATION: &str = "kandev.dev/resume-fresh";
+/// Annotation asking one resume to restart an agent that runs: its value is the
+/// [`RESUME_ANNOTATION`] token of that request. The running pod is replaced by a new one, created
+/// from the spec as it is now, which restores the same agent session (`kubectl kandev restart`).
+/// On a session whose agent does not run, the request is a plain resume.
+pub const RESTART_ANNOTATION: &str = "kandev.dev/restart";
 /// Annotation a client sets (any new value, e.g. a timestamp) after it sent a prompt to the agent
 /// itself: the operator then reads the agent's event journal at once instead of at its next
 /// periodic catch-up. `kubectl kandev prompt` sets it.

@@ -25,6 +25,7 @@ use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
 use crate::agents::AgentProfile;
+use crate::api::launch_spec::{LAUNCH_SPEC_ANNOTATION, launch_spec_record};
 use crate::api::names::{
     MANAGED_LABEL, READER_ROLE, REQUEST_LABEL, ROLE_LABEL, SESSION_LABEL, executor_name,
     network_policy_name, pod_name, reader_pod_name, session_label_value, short_hash,
@@ -345,6 +346,11 @@ pub fn build_agentctl_pod(
     if let Some(spec) = pod.spec.as_mut() {
         spec.init_containers = init_containers;
     }
+    // What it was created from: the spec's later changes wait for the next launch.
+    pod.metadata.annotations = Some(BTreeMap::from([(
+        LAUNCH_SPEC_ANNOTATION.to_string(),
+        launch_spec_record(&ts.spec),
+    )]));
     pod
 }
 

@@ -59,6 +59,8 @@ pub fn launch_begun(
         Want::new(conditions::STALLED, false, "Starting", ""),
         // A new launch: the cause of an earlier loss (AgentUnreachable, NodeLost) is over.
         Want::new(conditions::AGENT_RUNNING, false, "PodNotRunning", ""),
+        // And it takes the spec as it is now.
+        Want::absent(conditions::SPEC_APPLIED),
     ];
     // And a suspension is over (the condition stays, False, once a session had it).
     if conditions::find(&status.conditions, conditions::SUSPENDED).is_some() {

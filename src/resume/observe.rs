@@ -5,6 +5,7 @@
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{self, Want};
+use crate::api::launch_spec::{LAUNCH_SPEC_ANNOTATION, changed_launch_fields};
 use crate::api::{
     AgentActivity, RESUME_ANNOTATION, ResumeReason, SUSPENDED, SessionState, TaskSessionStatus,
     TaskState,
@@ -112,6 +113,7 @@ pub fn observe(objects: &SessionObjects, reach: Option<&ReachFacts>, now: Timest
         &objects.session.metadata.name,
     ));
     wanted.extend(session_configured(objects, running));
+    wanted.push(spec_applied(objects, running));
     settle(&mut status, &wanted, generation, now);
     let write = status != loaded;
     let mut transition = Transition {
@@ -276,6 +278,40 @@ fn session_configured(objects: &SessionObjects, running: bool) -> Option<Want> {
         Some(problem) => Want::new(conditions::SESSION_CONFIGURED, false, "NotOffered", problem),
         None => Want::new(conditions::SESSION_CONFIGURED, true, "Applied", ""),
     })
+}
+
+/// `SpecApplied=False/PendingRestart` naming the launch-time fields that changed since the
+/// running agent pod was created; absent while none did, or no agent runs.
+fn spec_applied(objects: &SessionObjects, running: bool) -> Want {
+    let pod = objects.current_pod().filter(|_| running);
+    let changed = pod
+        .and_then(|pod| {
+            pod.metadata
+                .annotations
+                .as_ref()?
+                .get(LAUNCH_SPEC_ANNOTATION)
+        })
+        .map(|recorded| changed_launch_fields(recorded, &objects.session.spec))
+        .unwrap_or_default();
+    match (
+        pod.and_then(|p| p.metadata.name.as_deref()),
+        changed.as_slice(),
+    ) {
+        (Some(pod), [_, ..]) => {
+            let fields: Vec<String> = changed.iter().map(|f| format!("spec.{f}")).collect();
+            let name = objects.session.metadata.name.as_deref().unwrap_or_default();
+            Want::new(
+                conditions::SPEC_APPLIED,
+                false,
+                "PendingRestart",
+                format!(
+                    "{} changed after agent pod {pod} started: applied at the next launch (kubectl kandev restart {name})",
+                    fields.join(", ")
+                ),
+            )
+        }
+        _ => Want::absent(conditions::SPEC_APPLIED),
+    }
 }
 
 /// The one action of the steady state, its Event, metric and recheck: a running pod that
@@ -783,6 +819,55 @@ mod tests {
         let t = observe(&bumped, None, at(20));
         assert!(t.write);
         assert_eq!(t.status.observed_generation, Some(2));
+    }
+
+    /// A launch-time field changed after the running pod started: `SpecApplied=False` naming
+    /// it, written with the new generation; absent again once it runs the spec, and while no
+    /// agent runs.
+    #[test]
+    fn a_change_that_waits_for_the_next_launch_says_so() {
+        use crate::api::launch_spec::{LAUNCH_SPEC_ANNOTATION, launch_spec_record};
+        let given = |pod| Given {
+            state: SessionState::WaitingForInput,
+            needs_resume: false,
+            token: Some("t"),
+            activity: Some(AgentActivity::Idle),
+            pod,
+        };
+        let with_record = |pod| {
+            let mut objects = objects(&given(pod));
+            let record = launch_spec_record(&objects.session.spec);
+            if let Some(pod) = objects.pods.first_mut() {
+                pod.metadata.annotations =
+                    Some([(LAUNCH_SPEC_ANNOTATION.to_string(), record)].into());
+            }
+            objects
+        };
+        let spec_applied = |t: &Transition| {
+            conditions::find(&t.status.conditions, conditions::SPEC_APPLIED)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        };
+        let same = observe(&with_record(P::Running), None, at(10));
+        assert_eq!(spec_applied(&same), None);
+        let mut changed = with_record(P::Running);
+        changed.session.spec.image = Some("agent:2".into());
+        changed.session.metadata.generation = Some(2);
+        let t = observe(&changed, None, at(10));
+        let (status, reason, message) = spec_applied(&t).expect("SpecApplied");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", "PendingRestart")
+        );
+        assert!(
+            message.starts_with("spec.image changed after agent pod s-agent-1 started")
+                && message.ends_with("(kubectl kandev restart s)"),
+            "{message}"
+        );
+        assert!(t.write);
+        let mut lost = with_record(P::None);
+        lost.session.spec.image = Some("agent:2".into());
+        lost.session.status = Some(t.status.clone());
+        assert_eq!(spec_applied(&observe(&lost, None, at(20))), None);
     }
 
     /// What waits for a person is the running agent's: mirrored with AwaitingApproval while the
