@@ -7,7 +7,8 @@
 #   jaeger-all-in-one (github.com/jaegertracing/jaeger, the OTLP receiver of tests/e2e_tracing.rs),
 #   kandev-apiproxy (e2e/apiproxy: the HTTP fault proxy of tests/e2e_faults.rs, ours) and
 #   kandev-kstatus (e2e/kstatus: kstatus's verdict, from sigs.k8s.io/cli-utils, for
-#   tests/e2e_gitops.rs, ours);
+#   tests/e2e_gitops.rs, ours), and Flux's Kustomization and HelmRelease CRDs (from the
+#   kustomize-controller and helm-controller modules, into flux-crds/ beside bin/, for the same);
 #   for the real node (e2e/node.sh): kubelet and kube-proxy (k8s.io/kubernetes, the same wrapper
 #   module) and kandev-local-provisioner (e2e/node/provisioner, ours).
 # Usage: e2e/bin.sh [SET]         build what SET needs and is missing, print the bin directory on
@@ -197,6 +198,25 @@ build_kstatus() {
   stamp kandev-kstatus "$version"
 }
 
+# Flux's Kustomization and HelmRelease CRDs, copied from their controllers' Go modules (nothing
+# is built) into flux-crds/ beside the bin directory.
+fetch_flux_crds() {
+  local crds="$bin/../flux-crds"
+  local version="$FLUX_KUSTOMIZE_CONTROLLER_VERSION $FLUX_HELM_CONTROLLER_VERSION"
+  [[ "$(cat "$crds/.version" 2>/dev/null)" == "$version" ]] && return 0
+  log "fetching Flux's CRDs (kustomize-controller $FLUX_KUSTOMIZE_CONTROLLER_VERSION, helm-controller $FLUX_HELM_CONTROLLER_VERSION)"
+  rm -rf "$crds" && mkdir -p "$crds"
+  local mod dir
+  for mod in "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_CONTROLLER_VERSION" \
+    "github.com/fluxcd/helm-controller@$FLUX_HELM_CONTROLLER_VERSION"; do
+    dir="$(go mod download -json "$mod" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    [[ -n "$dir" ]] || { log "cannot download $mod"; return 1; }
+    cp "$dir"/config/crd/bases/*.yaml "$crds/"
+  done
+  chmod u+w "$crds"/*.yaml
+  echo "$version" >"$crds/.version"
+}
+
 # The real node's kubelet and kube-proxy, from the wrapper module that build_kubernetes wrote
 # (run first), stamped and versioned like the other Kubernetes commands. CGO_ENABLED=0 as for
 # the rest: upstream builds kubelet static too; nothing of ours needs cgo (no cadvisor libpfm,
@@ -236,6 +256,7 @@ if [[ "$set_name" == all ]]; then
   build_jaeger
   build_apiproxy
   build_kstatus
+  fetch_flux_crds
 fi
 if [[ "$set_name" == real ]]; then
   build_kubernetes_node

@@ -138,6 +138,14 @@ fn health_check_maps_every_state() {
         ),
         (json!({"state": "COMPLETED"}), "Healthy", "completed"),
         (json!({"state": "CANCELLED"}), "Healthy", "cancelled"),
+        // A change that waits for a restart is named, the session is still healthy.
+        (
+            json!({"state": "WAITING_FOR_INPUT", "conditions": [{"type": "SpecApplied",
+                   "status": "False", "reason": "PendingRestart",
+                   "message": "spec.image changed after agent pod p started"}]}),
+            "Healthy",
+            "waiting for input; spec.image changed",
+        ),
     ];
     for (status, want, message) in cases {
         let out = run(&health, &session(status.clone()));
@@ -176,6 +184,23 @@ fn each_action_is_offered_only_when_it_applies() {
     let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true, "isResumable": true});
     let mut ending = session(lost.clone());
     ending["spec"]["end"] = json!("Completed");
+    // restart: only while the agent waits for input, not ending.
+    for (object, disabled) in [
+        (session(json!({"state": "WAITING_FOR_INPUT"})), false),
+        (session(json!({"state": "RUNNING"})), true),
+        (session(lost.clone()), false),
+        (session(json!({"state": "STARTING"})), true),
+        (ending.clone(), false),
+    ] {
+        let ended = object["spec"]["end"].is_string();
+        let out = run(&discovery, &object);
+        assert_eq!(
+            out["restart"]["disabled"],
+            disabled || ended,
+            "restart for {}",
+            object["status"]
+        );
+    }
     // (session, resume and resume-fresh disabled, complete and cancel disabled)
     let cases = [
         (session(Value::Null), true, false),
@@ -226,6 +251,7 @@ fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
         [
             "resume",
             "resume-fresh",
+            "restart",
             "complete",
             "cancel",
             "approve-oldest",
@@ -234,7 +260,7 @@ fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
     );
     let definitions: Vec<_> = definitions
         .into_iter()
-        .filter(|(name, _)| name.starts_with("resume"))
+        .filter(|(name, _)| name.starts_with("resume") || name == "restart")
         .collect();
     let lost = json!({"state": "WAITING_FOR_INPUT", "needsResume": true});
 
@@ -242,7 +268,8 @@ fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
     with_annotations["metadata"]["annotations"] = json!({
         "team": "a",
         "kandev.dev/resume-requested-at": "old",
-        "kandev.dev/resume-fresh": "old"
+        "kandev.dev/resume-fresh": "old",
+        "kandev.dev/restart": "old"
     });
     for object in [session(lost), with_annotations] {
         for (name, code) in &definitions {
@@ -258,6 +285,12 @@ fn resume_actions_set_a_new_token_and_ask_for_fresh_per_request() {
             } else {
                 assert_ne!(fresh, Some(token), "a plain resume is not fresh");
             }
+            let restart = annotations["kandev.dev/restart"].as_str();
+            assert_eq!(
+                restart == Some(token),
+                name == "restart",
+                "{name}: {annotations}"
+            );
             if object["metadata"]["annotations"]["team"] == "a" {
                 assert_eq!(annotations["team"], "a", "other annotations kept");
             }

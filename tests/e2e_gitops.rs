@@ -3,7 +3,8 @@
 //! writes what `tests/data/gitops/statuses.json` recorded (`KANDEV_RECORD_STATUSES=1` records
 //! it anew); another runs the real kstatus library (`kandev-kstatus`, e2e/kstatus, built by
 //! e2e/bin.sh from sigs.k8s.io/cli-utils) on the record. `tests/argocd_lua.rs` runs the Argo CD
-//! health check on the same record.
+//! health check on the same record. The Flux example of docs/gitops.md is applied with Flux's own
+//! CRDs.
 #![allow(clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod e2e_support;
@@ -21,6 +22,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kandev_operator::api::conditions;
 use kandev_operator::api::{IdleSpec, SessionState, TaskSession};
 use kube::ResourceExt;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// A session as a GitOps tool reads it, with what changes from run to run made fixed: its name
@@ -135,6 +137,26 @@ async fn the_recorded_statuses_are_what_the_operator_writes() {
         })
         .await;
         keep("waiting", &ts);
+
+        // A changed image waits for the agent's next launch.
+        let pending = unique("pending");
+        sessions
+            .create_with_task(&pending, "plugin-echo", None)
+            .await;
+        sessions.wait_waiting_for_input(&pending).await;
+        sessions
+            .merge(
+                &pending,
+                json!({"spec": {"image": "kandev.dev/agentctl:next"}}),
+            )
+            .await
+            .expect("change the image");
+        let ts = settled(&sessions, &pending, "PendingRestart", |s| {
+            s.state == SessionState::WaitingForInput
+                && has_condition(s, conditions::SPEC_APPLIED, "False", "PendingRestart")
+        })
+        .await;
+        keep("pending-restart", &ts);
 
         let asks = unique("asks");
         sessions
@@ -305,5 +327,126 @@ fn kstatus_gives_each_recorded_status_the_tables_verdict() {
             "{}: the table's Argo CD and kstatus verdicts disagree",
             row.case
         );
+    }
+}
+
+/// The Flux manifests of docs/gitops.md ("Flux: sessions after the operator") are what Flux's own
+/// CRDs accept: each is applied to the API server with strict field validation (an unknown or
+/// misspelt field fails), after the Kustomization and HelmRelease CRDs of the versions e2e/bin.sh
+/// fetched from Flux's Go modules.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster and e2e/bin.sh's Flux CRDs (make e2e)"]
+async fn the_flux_example_is_what_fluxs_crds_accept() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+    use kube::runtime::conditions::is_crd_established;
+
+    let sessions = Sessions::fresh("flux").await;
+    let client = sessions.client.clone();
+    let page = std::fs::read_to_string(e2e_support::repo_path("docs/gitops.md")).expect("docs");
+    let section = page
+        .split("### Flux: sessions after the operator")
+        .nth(1)
+        .expect("the Flux example's section");
+    let block = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a yaml block in the section");
+    let documents: Vec<Value> = serde_yaml_ng::Deserializer::from_str(block)
+        .map(|d| {
+            let yaml = serde_yaml_ng::Value::deserialize(d).expect("YAML");
+            serde_json::to_value(yaml).expect("JSON")
+        })
+        .collect();
+    let kinds: Vec<&str> = documents
+        .iter()
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["Kustomization", "Kustomization", "HelmRelease"]);
+
+    // Flux's CRDs, as e2e/bin.sh fetched them.
+    let dir = e2e_support::support::process::our_data("flux-crds");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut plurals = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("CRD file");
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text).expect("a CRD");
+        let name = crd.metadata.name.clone().expect("name");
+        plurals.insert(crd.spec.names.kind.clone(), crd.spec.names.plural.clone());
+        crds.patch(
+            &name,
+            &PatchParams::apply("kandev-e2e-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+        wait_for(&crds, &name, "Established", is_crd_established()).await;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for ns in ["flux-system", "kandev-system"] {
+        let namespace: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace");
+        namespaces
+            .patch(
+                ns,
+                &PatchParams::apply("kandev-e2e-tests"),
+                &Patch::Apply(&namespace),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("namespace {ns}: {e}"));
+    }
+    let strict = PatchParams::apply("kandev-e2e-tests").validation_strict();
+    for document in &documents {
+        let object: DynamicObject = serde_json::from_value(document.clone()).expect("an object");
+        let types = object.types.clone().expect("apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).expect("group/version");
+        let plural = plurals
+            .get(&gvk.kind)
+            .unwrap_or_else(|| panic!("no Flux CRD for {}", gvk.kind));
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        let namespace = object.metadata.namespace.clone().expect("namespace");
+        let name = object.metadata.name.clone().expect("name");
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+        let applied = api
+            .patch(&name, &strict, &Patch::Apply(&object))
+            .await
+            .unwrap_or_else(|e| panic!("{} {namespace}/{name} is refused: {e}", gvk.kind));
+        assert!(
+            holds(&applied.data["spec"], &document["spec"]),
+            "{name}: the API server dropped or changed a field: {}",
+            applied.data["spec"]
+        );
+    }
+    // The validation is real: a misspelt field is refused.
+    let mut misspelt = documents[0].clone();
+    misspelt["spec"]["healthCheck"] = json!([]);
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kustomize.toolkit.fluxcd.io", "v1", "Kustomization"),
+        &plurals["Kustomization"],
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "flux-system", &resource);
+    let refused = api
+        .patch("kandev-operator", &strict, &Patch::Apply(&misspelt))
+        .await
+        .expect_err("an unknown field is refused");
+    assert!(refused.to_string().contains("healthCheck"), "{refused}");
+}
+
+/// Whether `got` has every field of `wanted` with the same value (and maybe defaults more).
+fn holds(got: &Value, wanted: &Value) -> bool {
+    match (got, wanted) {
+        (Value::Object(got), Value::Object(wanted)) => wanted
+            .iter()
+            .all(|(k, v)| got.get(k).is_some_and(|g| holds(g, v))),
+        (Value::Array(got), Value::Array(wanted)) => {
+            got.len() == wanted.len() && got.iter().zip(wanted).all(|(g, w)| holds(g, w))
+        }
+        _ => got == wanted,
     }
 }

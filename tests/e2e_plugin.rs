@@ -1247,6 +1247,146 @@ async fn sessions_end_completed_or_cancelled() {
     drop(operator);
 }
 
+/// A launch-time field changed while the agent runs waits for its next launch and says so
+/// (`SpecApplied=False/PendingRestart`, shown by `status`); `restart --wait` replaces the pod
+/// with one from the current spec that restores the same token, and re-applying the same
+/// annotations restarts nothing. A restart while a prompt runs is refused (exit 4) and the
+/// operator refuses one set by hand (`AgentWorking`), both leaving the pod alone.
+#[tokio::test]
+#[ignore = "e2e: needs the cluster (make e2e)"]
+async fn restart_applies_a_changed_image_with_the_same_token() {
+    use kandev_operator::api::RESTART_ANNOTATION;
+    use kandev_operator::api::launch_spec::{LAUNCH_SPEC_ANNOTATION, launch_spec_record};
+    let sessions = setup().await;
+    let ns = sessions.namespace.clone();
+    let operator = start_operator();
+    let name = unique("restart");
+    let body = async {
+        sessions.create_with_task(&name, "plugin-echo", None).await;
+        let token = started(&sessions, &name).await;
+        let first = sessions.the_pod(&name).await;
+        let image = "kandev.dev/agentctl:e2e-next";
+        sessions
+            .merge(&name, json!({"spec": {"image": image}}))
+            .await
+            .expect("change the image");
+        let pending = |s: &kandev_operator::api::TaskSessionStatus| {
+            conditions::find(&s.conditions, conditions::SPEC_APPLIED)
+                .is_some_and(|c| c.status == "False" && c.reason == "PendingRestart")
+        };
+        let ts = sessions
+            .wait(&name, "SpecApplied=False", status_where(pending))
+            .await;
+        let message = conditions::find(
+            &ts.status.as_ref().expect("status").conditions,
+            conditions::SPEC_APPLIED,
+        )
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+        assert!(
+            message.starts_with("spec.image changed after agent pod"),
+            "{message}"
+        );
+        assert_eq!(
+            sessions.the_pod(&name).await.uid(),
+            first.uid(),
+            "nothing restarts by itself"
+        );
+        let run = plugin(&["status", &name, "-n", &ns]).await.expect_code(0);
+        assert_prints(
+            &run.stdout,
+            &[
+                "not applied yet: spec.image changed",
+                "kubectl kandev restart",
+            ],
+        );
+
+        let run = plugin(&["restart", &name, "-n", &ns, "--wait", "--timeout", "3m"])
+            .await
+            .expect_code(0);
+        assert!(
+            run.stdout.contains("the saved agent session was restored"),
+            "{run:#?}"
+        );
+        let second = sessions.the_pod(&name).await;
+        assert_ne!(second.uid(), first.uid(), "a new pod");
+        let spec = second.spec.as_ref().expect("pod spec");
+        assert_eq!(spec.containers[0].image.as_deref(), Some(image));
+        let ts = sessions.get(&name).await;
+        assert_eq!(
+            second.annotations().get(LAUNCH_SPEC_ANNOTATION),
+            Some(&launch_spec_record(&ts.spec))
+        );
+        let status = ts.status.clone().expect("status");
+        assert!(!pending(&status), "{status:#?}");
+        assert_eq!(status.state, SessionState::WaitingForInput);
+        assert_eq!(
+            sessions.token_of(&name).await.as_deref(),
+            Some(token.as_str())
+        );
+        let restart_token = ts
+            .annotations()
+            .get(RESTART_ANNOTATION)
+            .cloned()
+            .expect("flag");
+        assert_eq!(
+            ts.annotations().get(RESUME_ANNOTATION),
+            Some(&restart_token)
+        );
+
+        // The same annotations applied again (a GitOps sync): handled already, nothing moves.
+        sessions
+            .merge(
+                &name,
+                json!({"metadata": {"annotations": {
+                RESUME_ANNOTATION: restart_token, RESTART_ANNOTATION: restart_token}}}),
+            )
+            .await
+            .expect("re-apply");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(sessions.the_pod(&name).await.uid(), second.uid());
+
+        // While a prompt runs: refused by the plugin, and by the operator when set by hand.
+        let busy = unique("busy");
+        sessions
+            .create_with_task(&busy, "plugin-hang", Some("Work forever."))
+            .await;
+        sessions.wait_state(&busy, SessionState::Running).await;
+        let pod = sessions.the_pod(&busy).await;
+        let run = plugin(&["restart", &busy, "-n", &ns, "--wait"])
+            .await
+            .expect_code(4);
+        assert!(run.stderr.contains("a prompt is running"), "{run:#?}");
+        sessions
+            .merge(
+                &busy,
+                json!({"metadata": {"annotations": {
+                RESUME_ANNOTATION: "by-hand", RESTART_ANNOTATION: "by-hand"}}}),
+            )
+            .await
+            .expect("annotate");
+        let ts = sessions.wait_handled(&busy, "by-hand").await;
+        let resumed = conditions::find(
+            &ts.status.as_ref().expect("status").conditions,
+            conditions::RESUMED,
+        )
+        .cloned()
+        .expect("Resumed");
+        assert_eq!(
+            (resumed.status.as_str(), resumed.reason.as_str()),
+            ("False", "AgentWorking")
+        );
+        sessions.assert_event(&busy, "ResumeRefused").await;
+        assert_eq!(
+            sessions.the_pod(&busy).await.uid(),
+            pod.uid(),
+            "the working agent stays"
+        );
+    };
+    sessions.run(body).await;
+    drop(operator);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Output formats, kubectl's identity flags, and completion through the real kubectl.
 

@@ -117,6 +117,19 @@ pub enum Command {
     /// (exit code 1) instead of waiting out its timeout.
     #[command(after_help = EXIT_CODES_HELP)]
     Resume(ResumeArgs),
+    /// Restart a session's agent so that it runs the spec as it is now.
+    ///
+    /// Changes to launch-time fields (image, repository, credentials, resources, capabilities,
+    /// idle, permissions, sessionConfig) apply at the agent's next launch; until then the
+    /// TaskSession's condition SpecApplied=False/PendingRestart names them. restart is a resume
+    /// request that also sets kandev.dev/restart to its token: the operator replaces the running
+    /// pod with one created from the current spec, on the same workspace, and restores the same
+    /// agent session (the same resume token). On a session whose agent does not run, it is a
+    /// plain resume. Like every resume request it is handled once (re-applying its token, e.g.
+    /// by a GitOps rollback, does nothing). Refused (exit code 4) while a prompt runs. With
+    /// --wait, waits until the operator has handled it and prints the outcome.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Restart(ResumeArgs),
     /// Send a prompt to a session's agent and stream its answer.
     ///
     /// Makes sure the session runs first: if its agent is gone, requests a resume and waits
@@ -436,7 +449,7 @@ mod tests {
 
     #[test]
     fn output_formats_on_every_verb_that_prints_an_object() {
-        for verb in ["status", "resume", "complete", "cancel"] {
+        for verb in ["status", "resume", "restart", "complete", "cancel"] {
             for (flag, json) in [
                 ("json", true),
                 ("yaml", false),
@@ -445,7 +458,7 @@ mod tests {
                 let cli = parse(&[verb, "demo", "-o", flag]).expect(verb);
                 let output = match cli.command {
                     Command::Status(a) => a.output,
-                    Command::Resume(a) => a.output,
+                    Command::Resume(a) | Command::Restart(a) => a.output,
                     Command::Complete(a) | Command::Cancel(a) => a.output,
                     other => panic!("{other:?}"),
                 };

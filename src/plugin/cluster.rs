@@ -19,7 +19,7 @@ use super::status::Snapshot;
 use crate::api::names;
 use crate::api::{
     ExecutorRunning, HISTORY_ANNOTATION, MANAGED_LABEL, PERMISSION_ANSWER_ANNOTATION,
-    RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL, TaskSession,
+    RESTART_ANNOTATION, RESUME_ANNOTATION, RESUME_FRESH_ANNOTATION, SESSION_LABEL, TaskSession,
 };
 
 /// The field manager of every write the plugin makes. It must not start with `kubectl`: Flux
@@ -240,7 +240,7 @@ impl Cluster {
     pub async fn request_resume(
         &self,
         snapshot: &Snapshot,
-        fresh: bool,
+        kind: RequestKind,
     ) -> Result<String, PluginError> {
         let name = snapshot.name();
         let status = snapshot.status();
@@ -256,7 +256,7 @@ impl Cluster {
         {
             token = new_token();
         }
-        let patch = resume_patch(&token, fresh, snapshot.annotation(RESUME_FRESH_ANNOTATION));
+        let patch = resume_patch(&token, kind, |key| snapshot.annotation(key).is_some());
         self.merge_session(
             &name,
             patch,
@@ -389,14 +389,30 @@ pub fn apply_request_timeout(config: &mut Config, timeout: Duration) {
     config.connect_timeout = Some(timeout.min(CONNECT_TIMEOUT));
 }
 
-/// The merge patch of a resume request.
-pub fn resume_patch(token: &str, fresh: bool, current_fresh: Option<&str>) -> Value {
+/// What a resume request asks for besides a resume: its flags, each an annotation that carries
+/// the request's token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestKind {
+    /// Ignore the saved token ([`RESUME_FRESH_ANNOTATION`]).
+    pub fresh: bool,
+    /// Replace an agent that runs ([`RESTART_ANNOTATION`]).
+    pub restart: bool,
+}
+
+/// The merge patch of a resume request: the token, each flag asked for set to it, and a
+/// leftover flag of an earlier request (`present`) removed.
+pub fn resume_patch(token: &str, kind: RequestKind, present: impl Fn(&str) -> bool) -> Value {
     let mut annotations = BTreeMap::new();
     annotations.insert(RESUME_ANNOTATION, json!(token));
-    if fresh {
-        annotations.insert(RESUME_FRESH_ANNOTATION, json!(token));
-    } else if current_fresh.is_some() {
-        annotations.insert(RESUME_FRESH_ANNOTATION, Value::Null);
+    for (flag, wanted) in [
+        (RESUME_FRESH_ANNOTATION, kind.fresh),
+        (RESTART_ANNOTATION, kind.restart),
+    ] {
+        if wanted {
+            annotations.insert(flag, json!(token));
+        } else if present(flag) {
+            annotations.insert(flag, Value::Null);
+        }
     }
     json!({"metadata": {"annotations": annotations}})
 }
@@ -426,23 +442,37 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     #[test]
-    fn resume_patches_set_or_clear_the_fresh_flag() {
+    fn resume_patches_set_or_clear_their_flags() {
+        let none = |_: &str| false;
+        let all = |_: &str| true;
+        let fresh = RequestKind {
+            fresh: true,
+            ..Default::default()
+        };
+        let restart = RequestKind {
+            restart: true,
+            ..Default::default()
+        };
         assert_eq!(
-            resume_patch("t1", false, None),
+            resume_patch("t1", RequestKind::default(), none),
             json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t1"}}})
         );
         assert_eq!(
-            resume_patch("t1", true, None),
+            resume_patch("t1", fresh, none),
             json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t1", RESUME_FRESH_ANNOTATION: "t1"}}})
         );
-        // A leftover flag from an earlier fresh request is removed in the same patch.
         assert_eq!(
-            resume_patch("t2", false, Some("t1")),
-            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: null}}})
+            resume_patch("t1", restart, none),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t1", RESTART_ANNOTATION: "t1"}}})
+        );
+        // Leftover flags of an earlier request are removed in the same patch.
+        assert_eq!(
+            resume_patch("t2", RequestKind::default(), all),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: null, RESTART_ANNOTATION: null}}})
         );
         assert_eq!(
-            resume_patch("t2", true, Some("t1")),
-            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: "t2"}}})
+            resume_patch("t2", fresh, all),
+            json!({"metadata": {"annotations": {RESUME_ANNOTATION: "t2", RESUME_FRESH_ANNOTATION: "t2", RESTART_ANNOTATION: null}}})
         );
     }
 

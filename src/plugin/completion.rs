@@ -428,6 +428,7 @@ mod tests {
             [
                 "status",
                 "resume",
+                "restart",
                 "prompt",
                 "history",
                 "complete",
@@ -439,8 +440,8 @@ mod tests {
         );
         assert_eq!(plan.directive, directive::NO_FILE_COMP);
         assert!(plan.candidates[0].1.starts_with("Show whether"), "{plan:?}");
-        let plan = super::plan(&words("-n team re"));
-        assert_eq!(values(&plan), ["resume"]);
+        let plan = super::plan(&words("-n team res"));
+        assert_eq!(values(&plan), ["resume", "restart"]);
         assert_eq!(plan.global_args, ["-n", "team"]);
     }
 

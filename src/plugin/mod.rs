@@ -159,7 +159,8 @@ async fn run(cli: Cli, prompt_text: Option<String>) -> Result<ExitCode, PluginEr
             print_object(&view, &args.output, || view.table())?;
             Ok(ExitCode::Ok)
         }
-        Command::Resume(args) => resume::resume(&cluster, args).await,
+        Command::Resume(args) => resume::resume(&cluster, args, false).await,
+        Command::Restart(args) => resume::resume(&cluster, args, true).await,
         Command::Prompt(args) => {
             let text = prompt_text.unwrap_or_else(|| args.text.clone());
             prompt::prompt(

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::ask::{AgentLink, Asker, next_ask, policy_hint};
-use super::cluster::{Cluster, Deadline, new_token};
+use super::cluster::{Cluster, Deadline, RequestKind, new_token};
 use super::error::{ExitCode, PluginError};
 use super::history::{ReadError, exec_read};
 use super::output::OutputFormat;
@@ -444,7 +444,9 @@ impl Requests {
             .resume_reason
             .filter(|r| *r == ResumeReason::Suspended)
             .unwrap_or(snapshot.evaluation().reason);
-        let token = cluster.request_resume(snapshot, false).await?;
+        let token = cluster
+            .request_resume(snapshot, RequestKind::default())
+            .await?;
         say!(
             "kubectl-kandev: tasksession {name:?} needs a resume ({reason}); requested it (request {token}); waiting up to {}",
             super::format_duration(deadline.total)

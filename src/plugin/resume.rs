@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::cli::ResumeArgs;
-use super::cluster::{Cluster, Deadline};
+use super::cluster::{Cluster, Deadline, RequestKind};
 use super::error::{ExitCode, PluginError};
 use super::print_object;
 use super::status::{Snapshot, liveness_name};
@@ -187,7 +187,7 @@ pub fn interpret_outcome(status: &TaskSessionStatus, token: &str) -> HandledRequ
         ("True", "AlreadyRunning") => HandledAs::AlreadyRunning,
         ("True", _) => HandledAs::Started,
         (_, "TokenRejected") => HandledAs::StartedFresh,
-        (_, "TerminalState") => HandledAs::Refused,
+        (_, "TerminalState" | "AgentWorking") => HandledAs::Refused,
         (_, "Superseded") => HandledAs::Superseded,
         _ => HandledAs::Failed,
     };
@@ -337,9 +337,14 @@ pub async fn wait_handled(
 // ------------------------------------------------------------------------------------------
 // the command
 
-/// `kubectl kandev resume`: plans, requests (or awaits the request in progress) and, with
-/// `--wait`, reports how the operator handled it.
-pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCode, PluginError> {
+/// `kubectl kandev resume` (and `restart`, which also replaces an agent that waits for input):
+/// plans, requests (or awaits the request in progress) and, with `--wait`, reports how the
+/// operator handled it.
+pub(super) async fn resume(
+    cluster: &Cluster,
+    args: ResumeArgs,
+    restart: bool,
+) -> Result<ExitCode, PluginError> {
     let snapshot = cluster.snapshot(&args.session).await?;
     let name = snapshot.name();
     let status = snapshot.status();
@@ -358,7 +363,10 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
         reason: None,
         message: None,
     };
-    let plan = resume_plan(&snapshot, args.fresh);
+    let plan = match resume_plan(&snapshot, args.fresh) {
+        ResumePlan::AlreadyRunning if restart => restart_plan(status.state),
+        plan => plan,
+    };
     let request = match plan {
         ResumePlan::Refuse(why) => {
             return Err(PluginError::NotResumable {
@@ -390,7 +398,13 @@ pub(super) async fn resume(cluster: &Cluster, args: ResumeArgs) -> Result<ExitCo
             );
             token
         }
-        ResumePlan::Request => cluster.request_resume(&snapshot, args.fresh).await?,
+        ResumePlan::Request => {
+            let kind = RequestKind {
+                fresh: args.fresh,
+                restart,
+            };
+            cluster.request_resume(&snapshot, kind).await?
+        }
     };
     report.request = Some(request.clone());
     if !args.wait {
@@ -419,6 +433,19 @@ fn resume_plan(snapshot: &Snapshot, fresh: bool) -> ResumePlan {
             }
         }
         plan => plan,
+    }
+}
+
+/// A restart of an agent that runs: requested while it waits for input, refused while a prompt
+/// runs (the operator refuses it too, `AgentWorking`).
+pub fn restart_plan(state: SessionState) -> ResumePlan {
+    if state == SessionState::Running {
+        ResumePlan::Refuse(
+            "a prompt is running; restart once the agent waits for input, or cancel the prompt first"
+                .to_string(),
+        )
+    } else {
+        ResumePlan::Request
     }
 }
 
@@ -534,6 +561,16 @@ mod tests {
         }
     }
 
+    /// `restart` of an agent that runs: requested while it waits, refused while it works.
+    #[test]
+    fn restart_plans() {
+        assert_eq!(restart_plan(S::WaitingForInput), ResumePlan::Request);
+        let ResumePlan::Refuse(why) = restart_plan(S::Running) else {
+            panic!("a working agent is not restarted");
+        };
+        assert!(why.contains("a prompt is running"), "{why}");
+    }
+
     #[test]
     fn outcomes_of_handled_requests() {
         #[rustfmt::skip]
@@ -552,6 +589,8 @@ mod tests {
                 HandledAs::Failed, "Internal"),
             (json!({"state": "COMPLETED", "conditions": [cond("Resumed", "False", "TerminalState", "resume request \"tok\" refused: the session is COMPLETED")]}),
                 HandledAs::Refused, "TerminalState"),
+            (json!({"state": "RUNNING", "conditions": [cond("Resumed", "False", "AgentWorking", "restart request \"tok\" refused: a prompt is running")]}),
+                HandledAs::Refused, "AgentWorking"),
             // A launch failure: FAILED with errorMessage; the Resumed condition is an old one.
             (json!({"state": "FAILED", "errorMessage": "workspace PVC \"w\" not found",
                     "conditions": [cond("Resumed", "True", "Restored", "old"), cond("Stalled", "True", "LaunchFailed", "workspace PVC \"w\" not found")]}),

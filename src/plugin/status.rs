@@ -78,6 +78,8 @@ pub struct StatusView {
     pub error_message: Option<String>,
     /// Why the task description never reached the agent (`TaskSent=False`), if it did not.
     pub task_not_sent: Option<String>,
+    /// Which spec changes wait for the agent's next launch (`SpecApplied=False`), if any.
+    pub pending_restart: Option<String>,
     /// The command that reopens the session in the agent's own CLI: the profile's `cliResume`
     /// with the token. Only for built-in profiles (custom ones live in the operator's
     /// configuration, which the plugin does not read) and with a token.
@@ -161,6 +163,9 @@ impl StatusView {
             task_not_sent: conditions::find(&status.conditions, conditions::TASK_SENT)
                 .filter(|c| c.status == "False")
                 .map(|c| c.message.clone()),
+            pending_restart: conditions::find(&status.conditions, conditions::SPEC_APPLIED)
+                .filter(|c| c.status == "False")
+                .map(|c| c.message.clone()),
             cli_resume: cli_resume(&snapshot.session.spec.agent, snapshot.resume_token()),
             recorded: RecordedView {
                 needs_resume: status.needs_resume,
@@ -204,6 +209,9 @@ impl StatusView {
         if let Some(why) = &self.task_not_sent {
             rows.push(("Task", format!("never sent: {why}")));
         }
+        if let Some(what) = &self.pending_restart {
+            rows.push(("Spec", format!("not applied yet: {what}")));
+        }
         if let Some(command) = &self.cli_resume {
             rows.push(("Agent CLI", shell_words(command)));
         }
@@ -237,6 +245,8 @@ impl StatusView {
             ))
         } else if self.needs_resume || self.resumable {
             Some(format!("kubectl kandev resume {target} --wait"))
+        } else if self.pending_restart.is_some() && self.state == SessionState::WaitingForInput {
+            Some(format!("kubectl kandev restart {target} --wait"))
         } else if self.state == SessionState::WaitingForInput && self.pod.liveness == "Running" {
             Some(format!("kubectl kandev prompt {target} \"<text>\""))
         } else {
@@ -471,6 +481,36 @@ Next:          kubectl kandev prompt demo -n team \"<text>\"
         assert_eq!(json["taskNotSent"], "eof");
         assert_eq!(with("True").task_not_sent, None);
         assert!(!with("True").table().contains("Task:"));
+    }
+
+    /// A spec change that waits for the next launch is shown, and `restart` is the next step.
+    #[test]
+    fn a_change_waiting_for_a_restart_is_shown() {
+        let mut snap = running_snapshot();
+        let s = snap.session.status.as_mut().expect("status");
+        s.state = SessionState::WaitingForInput;
+        s.conditions = vec![
+            serde_json::from_value(cond(
+                "SpecApplied",
+                "False",
+                "PendingRestart",
+                "spec.image changed",
+            ))
+            .expect("condition"),
+        ];
+        let view = StatusView::new(&snap);
+        assert_eq!(view.pending_restart.as_deref(), Some("spec.image changed"));
+        let table = view.table();
+        assert!(
+            table.contains("Spec:          not applied yet: spec.image changed\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("Next:          kubectl kandev restart "),
+            "{table}"
+        );
+        let json = serde_json::to_value(&view).expect("json");
+        assert_eq!(json["pendingRestart"], "spec.image changed");
     }
 
     #[test]

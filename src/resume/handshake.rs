@@ -8,7 +8,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::bounds::keep_newest;
 use crate::api::conditions::{self, Want};
-use crate::api::{RESUME_ANNOTATION, ResumeReason, SessionState, TaskSessionStatus};
+use crate::api::{
+    RESTART_ANNOTATION, RESUME_ANNOTATION, ResumeReason, SessionState, TaskSessionStatus,
+};
 
 use super::rest::at_rest;
 use super::transition::{Metric, NextAction, Note, Requeue, ResumeOutcome, Transition};
@@ -78,7 +80,10 @@ pub enum RequestAnswer {
 /// [`handled_key`] is kept); a latched request is superseded (it counts as handled with
 /// `Resumed=False/Superseded`, its pod is deleted after the write); a terminal session that the
 /// rules do not offer a resume is refused (`TerminalState`); an agent that runs is acknowledged
-/// (`Resumed=True/AlreadyRunning`); anything else is latched.
+/// (`Resumed=True/AlreadyRunning`), unless the request restarts it ([`RESTART_ANNOTATION`]
+/// carries its token): then it is latched while the agent waits for input (the launch replaces
+/// the running pod), and refused while a prompt runs (`AgentWorking`); anything else is
+/// latched.
 pub fn answer_request(
     objects: &SessionObjects,
     status: &TaskSessionStatus,
@@ -123,9 +128,18 @@ pub fn answer_request(
         return handled(token, false, "TerminalState", event);
     }
     if eval.reason == ResumeReason::AlreadyRunning && status.state.is_active() {
-        let message = format!("resume request {token:?}: the agent is already running");
-        let event = Note::normal("AlreadyRunning", "Resume", message);
-        return handled(token, true, "AlreadyRunning", event);
+        if objects.annotation(RESTART_ANNOTATION) != Some(token) {
+            let message = format!("resume request {token:?}: the agent is already running");
+            let event = Note::normal("AlreadyRunning", "Resume", message);
+            return handled(token, true, "AlreadyRunning", event);
+        }
+        if status.state == SessionState::Running {
+            let message = format!(
+                "restart request {token:?} refused: a prompt is running; restart once the agent waits for input, or cancel the prompt first"
+            );
+            let event = Note::warning("ResumeRefused", "Resume", message);
+            return handled(token, false, "AgentWorking", event);
+        }
     }
     RequestAnswer::Latched(request_latched(status, token, generation, now))
 }
@@ -397,6 +411,40 @@ mod tests {
                 conditions::RECONCILING
             ));
         }
+    }
+
+    /// A restart request ([`RESTART_ANNOTATION`] carries its token) on an agent that waits for
+    /// input is latched (the launch replaces the pod); one while a prompt runs is refused; a
+    /// flag of another request, or on a lost agent, changes nothing.
+    #[test]
+    fn a_restart_replaces_a_waiting_agent_and_never_a_working_one() {
+        use SessionState as S;
+        let restart = |g: &Given, flag: &str, token: &str| {
+            let mut objects = objects(g);
+            objects.session.metadata.annotations =
+                Some([(RESTART_ANNOTATION.to_string(), flag.to_string())].into());
+            answer_request(&objects, &objects.status(), token, None, at(10))
+        };
+        let waiting = given(S::WaitingForInput, Some("t"), P::Running);
+        let RequestAnswer::Latched(t) = restart(&waiting, "r1", "r1") else {
+            panic!("a restart of a waiting agent is latched");
+        };
+        assert_eq!(t.status.active_resume_request.as_deref(), Some("r1"));
+        let working = given(S::Running, Some("t"), P::Running);
+        let t = done(restart(&working, "r1", "r1"));
+        assert_eq!(resumed(&t), ("False".into(), "AgentWorking".into()));
+        assert_eq!(t.status.last_handled_resume_request.as_deref(), Some("r1"));
+        let note = t.event.expect("an Event");
+        assert!(note.warning && note.message.contains("a prompt is running"));
+        // The flag of an earlier request: a plain request on a running agent.
+        let t = done(restart(&waiting, "r0", "r1"));
+        assert_eq!(resumed(&t), ("True".into(), "AlreadyRunning".into()));
+        // A lost agent: a plain resume.
+        let lost = given(S::WaitingForInput, Some("t"), P::None);
+        assert!(matches!(
+            restart(&lost, "r1", "r1"),
+            RequestAnswer::Latched(_)
+        ));
     }
 
     fn tokens(list: &[&str]) -> Vec<String> {

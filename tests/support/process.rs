@@ -269,6 +269,12 @@ pub fn our_bin(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(name))
 }
 
+/// What `e2e/bin.sh` keeps beside its bin directory under `name` (CRDs of peer tools).
+pub fn our_data(name: &str) -> PathBuf {
+    let dir = bin_dir().and_then(Path::parent).unwrap_or(Path::new("."));
+    dir.join(name)
+}
+
 /// The kubectl built for the e2e cluster (e2e/bin.sh), not whatever is first on PATH.
 pub fn kubectl() -> Command {
     Command::new(our_bin("kubectl"))
