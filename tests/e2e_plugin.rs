@@ -1441,7 +1441,7 @@ async fn completion_through_kubectl_lists_verbs_flags_and_sessions() {
             .await;
 
         let lines = complete_via_kubectl(&["re"]).await;
-        assert_eq!(values(&lines), ["resume"], "{lines:?}");
+        assert_eq!(values(&lines), ["resume", "restart"], "{lines:?}");
         assert_eq!(lines.last().map(String::as_str), Some(":4"));
 
         let lines = complete_via_kubectl(&["-n", &ns, "status", ""]).await;

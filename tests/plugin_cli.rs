@@ -106,7 +106,7 @@ fn the_completion_executable_answers_without_a_cluster() {
     let dir = tempfile::tempdir().expect("dir");
     let link = dir.path().join("kubectl_complete-kandev");
     std::os::unix::fs::symlink(PLUGIN, &link).expect("link");
-    let output = run_as(&link, &["re"]);
+    let output = run_as(&link, &["resu"]);
     assert_eq!(output.status.code(), Some(0));
     assert_eq!(
         output.stdout,
