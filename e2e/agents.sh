@@ -9,7 +9,7 @@
 # Cache: $KANDEV_CACHE (default ~/.cache/kandev-operator)/agents. A warm run takes about a second:
 # the pinned versions are read from the installed package.json files, npm is not started at all.
 #
-# Notes for running the agents (see DESIGN.md §6 "Known agent quirks"): claude-agent-acp refuses
+# Notes for running the agents (see docs/design.md §6, the protocol tier): claude-agent-acp refuses
 # to start a session as root unless IS_SANDBOX=1; its engines field asks for a newer node than
 # some machines have, but it works on node 20 (npm only warns).
 set -euo pipefail

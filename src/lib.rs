@@ -1,4 +1,5 @@
-//! kandev-operator: keeps AI coding-agent sessions alive across pod loss (see DESIGN.md).
+//! kandev-operator: keeps AI coding-agent sessions alive across pod loss (see docs/design.md,
+//! which the "DESIGN §N" of the code cite).
 // No unsafe code (Cargo.toml [lints]) but `agentctl::seal`, a prctl flag of the process.
 
 pub mod acp;

@@ -16,7 +16,8 @@ use e2e_support::support::process::{Output, run_async};
 use e2e_support::{client, repo_path, with_cleanup};
 
 /// Reading order: later pages rely on what earlier ones set up (docs/README.md says so).
-const PAGES: [&str; 13] = [
+const PAGES: [&str; 14] = [
+    "design.md",
     "install.md",
     "spec.md",
     "resume.md",

@@ -1,4 +1,4 @@
-//! The launch in progress (DESIGN §3 "Resume flow", steps 4–5): the one step the reconciler
+//! The launch in progress (DESIGN §3 "Resume execution", steps 3–5): the one step the reconciler
 //! takes next, decided from the session's pods.
 //!
 //! Pure: the reconciler gathers [`LaunchFacts`] from its caches and performs the

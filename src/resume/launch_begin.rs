@@ -1,4 +1,4 @@
-//! The start of a launch (DESIGN §3 "Resume flow", step 4): `STARTING` persisted with its
+//! The start of a launch (DESIGN §3 "Resume execution", step 3): `STARTING` persisted with its
 //! conditions and one Event before any pod exists, or the wait for a claimed workspace that does
 //! not exist yet. Pure: each returns the [`Transition`] the reconciler applies.
 

@@ -1,4 +1,4 @@
-//! How a launch ends (DESIGN §3 "Resume flow", step 5): the agent runs, the launch is not done
+//! How a launch ends (DESIGN §3 "Resume execution", step 5): the agent runs, the launch is not done
 //! (the token kept, `needsResume`, a new token retries), or it failed for good.
 //!
 //! Pure: [`restore_end`] reads the restore's outcome, [`launch_ended`] turns any end of a
