@@ -630,7 +630,7 @@ pub struct TaskSessionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub history_request: Option<HistoryRequestStatus>,
     /// kstatus-compatible conditions: Ready, Reconciling, Stalled, AgentRunning, NeedsResume,
-    /// Resumed, AwaitingApproval, SessionConfigured.
+    /// Resumed, Suspended, TaskSent, AwaitingApproval, SessionConfigured, SpecApplied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
