@@ -1046,9 +1046,10 @@ impl Driver {
     }
 
     /// Waits (at most [`DRAIN_TIMEOUT`]) until every ACP client closed its end, after its last
-    /// lines were written (their writers are done). In a pod, serve's exit ends the container, and that kills the
-    /// `agentctl connect` exec'd into it: a last answer (the agent cut off or gone) would be lost
-    /// between the socket and the exec stream if serve did not wait for connect to leave.
+    /// lines were written (their writers are done). In a pod, serve's exit ends the container,
+    /// and that kills the `agentctl connect` exec'd into it: a last answer (the agent cut off or
+    /// gone) would be lost between the socket and the exec stream if serve did not wait for
+    /// connect to leave.
     async fn await_clients_leaving(&mut self, readers: Vec<AbortHandle>) {
         let left = tokio::time::timeout(DRAIN_TIMEOUT, async {
             while readers.iter().any(|reader| !reader.is_finished()) {
