@@ -337,6 +337,7 @@ fn rbac_grants_exactly_the_required_permissions() {
         cluster_roles,
         [
             RELEASE.to_string(),
+            format!("{RELEASE}-admin"),
             format!("{RELEASE}-edit"),
             metrics_auth,
             format!("{RELEASE}-metrics-reader"),
@@ -374,6 +375,17 @@ fn rbac_grants_exactly_the_required_permissions() {
             .all(|(_, resource, _)| resource == "tasksessions")
     );
     assert!(grants(edit).contains(&("kandev.dev".into(), "tasksessions".into(), "patch".into())));
+    // admin alone may mark Secrets for agent use, and that is all it gets from the chart.
+    let admin = find(&docs, "ClusterRole", &format!("{RELEASE}-admin"));
+    assert_eq!(
+        admin["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"],
+        "true"
+    );
+    assert!(admin["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"].is_null());
+    assert_eq!(
+        grants(admin),
+        BTreeSet::from([(String::new(), "secrets".into(), "use".into())])
+    );
 
     // Toggles.
     let docs = render(&[
@@ -416,6 +428,7 @@ fn namespaced_mode_grants_the_same_in_each_watched_namespace_only() {
     assert_eq!(
         cluster_roles,
         [
+            format!("{RELEASE}-admin"),
             format!("{RELEASE}-edit"),
             metrics_auth.clone(),
             format!("{RELEASE}-metrics-reader"),
@@ -500,8 +513,10 @@ fn agent_pod_containment_values_reach_the_operator() {
         "--agent-network-policy=true",
         "--egress-allow-cidr=0.0.0.0/0",
         "--egress-allow-cidr=::/0",
-        "--egress-deny-cidr=169.254.169.254/32",
+        "--egress-deny-cidr=169.254.0.0/16",
+        "--egress-deny-cidr=168.63.129.16/32",
         "--egress-deny-cidr=10.0.0.0/8",
+        "--egress-deny-cidr=64:ff9b::a9fe:0/112",
     ] {
         assert!(
             args.contains(&expected.to_string()),
@@ -685,6 +700,22 @@ fn admission_policy_binds_the_operator_to_its_pods() {
         let binding = find(&docs, "ValidatingAdmissionPolicyBinding", &name);
         assert_eq!(binding["spec"]["policyName"], name.as_str());
     }
+    // Sessions' Secrets: every user's TaskSessions, checked with the API server's authorizer.
+    let name = format!("{RELEASE}-{NAMESPACE}-session-secrets");
+    let policy = find(&docs, "ValidatingAdmissionPolicy", &name);
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"],
+        serde_json::json!(["tasksessions"])
+    );
+    assert!(policy["spec"]["matchConditions"].is_null(), "{policy}");
+    let refused = policy["spec"]["variables"][2]["expression"]
+        .as_str()
+        .expect("refused");
+    for verb in ["check('use')", "check('get')", "!(s in variables.before)"] {
+        assert!(refused.contains(verb), "{verb} in {refused}");
+    }
+    let binding = find(&docs, "ValidatingAdmissionPolicyBinding", &name);
+    assert_eq!(binding["spec"]["policyName"], name.as_str());
 
     let docs = render(&["--set", "admissionPolicy.enabled=false"]);
     assert!(kinds(&docs, "ValidatingAdmissionPolicy").is_empty());

@@ -127,3 +127,53 @@ fn the_readme_and_the_docs_link_only_inside_the_repository() {
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }
+
+/// The test names of docs/security.md's "Each guarantee and its test": `snake_case` words in
+/// backquotes with at least two underscores.
+fn guarantee_tests() -> Vec<String> {
+    let page = std::fs::read_to_string(root().join("docs/security.md")).expect("docs/security.md");
+    let section = page
+        .split("## Each guarantee and its test")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/security.md has a section \"Each guarantee and its test\"");
+    section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            word.matches('_').count() >= 2
+                && word
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_test_that_docs_security_names_exists() {
+    let tests = guarantee_tests();
+    assert!(tests.len() >= 15, "{tests:?}");
+    let mut files = Vec::new();
+    for dir in ["src", "tests"] {
+        cited_in(&root().join(dir), &mut files);
+    }
+    let sources: Vec<String> = files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "rs"))
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .collect();
+    let missing: Vec<&String> = tests
+        .iter()
+        .filter(|name| {
+            !sources
+                .iter()
+                .any(|text| text.contains(&format!("fn {name}(")))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/security.md names tests that do not exist: {missing:?}"
+    );
+}

@@ -265,11 +265,170 @@ async fn chart_operator_resumes_a_lost_session_with_the_charts_rbac() {
             .assert_events_in_order(name, &["AgentLost", "ResumeRequested", "Resumed"])
             .await;
 
+        secrets_are_named_only_by_who_may_get_or_use_them(&sessions, name);
+
         // Deleting the session: the operator stops the pod and lifts its finalizer.
         delete_session(&sessions, name).await;
     };
     let cleanup = async { delete_namespaces_and_uninstall(&[&sessions.namespace]) };
     with_cleanup(body, cleanup).await;
+}
+
+/// The session-secrets policy, as users of the namespace: `maker` may create and patch
+/// TaskSessions but not read Secrets; `reader` may also get them (as the built-in edit role
+/// may). A Secret becomes usable for `maker` when a namespace admin (the built-in admin role,
+/// which the chart gives the verb `use` on secrets) grants `use` on it by name. `session` is a
+/// running session of the namespace, created without credentials.
+fn secrets_are_named_only_by_who_may_get_or_use_them(sessions: &Sessions, session: &str) {
+    let ns = sessions.namespace.as_str();
+    let apply = |manifest: &str| {
+        run_with_stdin(kubectl().args(["apply", "-n", ns, "-f", "-"]), manifest).expect_success();
+    };
+    apply(
+        "apiVersion: v1
+kind: Secret
+metadata: {name: model-key}
+stringData: {key: not-for-maker}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: git-token}
+stringData: {token: not-for-maker}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: session-maker}
+rules:
+  - {apiGroups: [kandev.dev], resources: [tasksessions], verbs: [get, create, update, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: secret-reader}
+rules:
+  - {apiGroups: [''], resources: [secrets], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: session-makers}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: session-maker}
+subjects:
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: maker}
+  - {apiGroup: rbac.authorization.k8s.io, kind: User, name: reader}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: secret-readers}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: secret-reader}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: reader}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: namespace-admin}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: ns-admin}]
+",
+    );
+    let mut ts = sessions.new_session("tenant", "claude-code", template_workspace());
+    ts.spec.credentials = serde_json::from_value(serde_json::json!([
+        {"env": "MODEL_KEY", "secretName": "model-key", "key": "key"},
+    ]))
+    .expect("credentials");
+    ts.spec.repository = Some(
+        serde_json::from_value(serde_json::json!({
+            "url": "https://git.example/team/app.git",
+            "credentials": {"secretName": "git-token", "passwordKey": "token"},
+        }))
+        .expect("repository"),
+    );
+    let manifest = serde_json::to_string(&ts).expect("session json");
+    let create_as = |user: &str| {
+        run_with_stdin(
+            kubectl().args([
+                "create",
+                "--dry-run=server",
+                "-n",
+                ns,
+                "-f",
+                "-",
+                "--as",
+                user,
+            ]),
+            &manifest,
+        )
+    };
+    let refused = |out: &e2e_support::support::process::Output, names: &str| {
+        assert!(
+            !out.success()
+                && out.stderr.contains("session-secrets")
+                && out.stderr.contains(&format!(
+                    "names Secrets that you may neither get nor use in namespace {ns}: {names}"
+                )),
+            "{out:#?}"
+        );
+    };
+
+    // Creating: refused for both Secrets, then for the one not granted; admitted once both are.
+    refused(&create_as("maker"), "model-key, git-token");
+    create_as("reader").expect_success();
+    apply_as(
+        ns,
+        "ns-admin",
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: agent-secrets}
+rules:
+  - {apiGroups: [''], resources: [secrets], resourceNames: [model-key], verbs: [use]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: agent-secrets}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: agent-secrets}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: maker}]
+",
+    );
+    refused(&create_as("maker"), "git-token");
+    // `use` does not let maker read the Secret it may hand to an agent.
+    let read = run(kubectl().args(["get", "secret", "model-key", "-n", ns, "--as", "maker"]));
+    assert!(
+        !read.success() && read.stderr.contains("forbidden"),
+        "{read:#?}"
+    );
+
+    // Changing: a name added is checked; what the session already names stays usable.
+    let set = |user: &str, secrets: &[&str]| {
+        let credentials: Vec<_> = secrets
+            .iter()
+            .enumerate()
+            .map(|(i, secret)| serde_json::json!({"env": format!("K{i}"), "secretName": secret, "key": "key"}))
+            .collect();
+        let patch = serde_json::json!({"spec": {"credentials": credentials}}).to_string();
+        run(kubectl()
+            .args(["patch", "tasksession", session, "-n", ns, "--as", user])
+            .args(["--type", "merge", "-p", &patch]))
+    };
+    refused(&set("maker", &["git-token"]), "git-token");
+    set("reader", &["git-token"]).expect_success();
+    set("maker", &["git-token", "model-key"]).expect_success();
+    run(kubectl().args([
+        "annotate",
+        "tasksession",
+        session,
+        "-n",
+        ns,
+        "team=a",
+        "--as",
+        "maker",
+    ]))
+    .expect_success();
+}
+
+/// `kubectl apply` of `manifest` in `namespace` as `user`; must succeed.
+fn apply_as(namespace: &str, user: &str, manifest: &str) {
+    run_with_stdin(
+        kubectl().args(["apply", "-n", namespace, "-f", "-", "--as", user]),
+        manifest,
+    )
+    .expect_success();
 }
 
 /// Namespaced mode (`watchNamespaces`): the operator's RBAC reaches only the watched namespace,
@@ -779,8 +938,9 @@ async fn chart_namespaced_mode_confines_the_operator_and_admission_holds_it_to_i
         assert!(
             spec["egress"][1]["to"][0]["ipBlock"]["except"]
                 .as_array()
-                .is_some_and(|e| e.contains(&"169.254.169.254/32".into())),
-            "the metadata endpoint is denied: {spec}"
+                .is_some_and(|e| e.contains(&"169.254.0.0/16".into())
+                    && e.contains(&"168.63.129.16/32".into())),
+            "link-local and Azure's host endpoint are denied: {spec}"
         );
         // An image outside the allow-list never gets a pod: the launch stalls as InvalidSpec.
         let refused = "refused-image";

@@ -126,7 +126,8 @@ struct RunArgs {
     )]
     egress_allow_cidrs: Vec<Cidr>,
     /// Egress that agent pods may not reach, cut out of the allowed ranges (repeatable; giving
-    /// one replaces the defaults: the metadata endpoint, private and link-local ranges).
+    /// one replaces the defaults: link-local and the cloud metadata and identity endpoints,
+    /// private ranges).
     #[arg(
         long = "egress-deny-cidr",
         value_name = "CIDR",

@@ -144,18 +144,27 @@ impl Default for ScratchLimits {
 
 /// Default egress of agent pods: every address…
 pub const DEFAULT_EGRESS_ALLOW: &[&str] = &["0.0.0.0/0", "::/0"];
-/// …except the cloud metadata endpoint, RFC 1918 private ranges, the carrier-grade NAT range
-/// some clusters use for pods, and IPv6 unique-local (AWS's fd00:ec2::254 metadata endpoint
-/// included) and link-local. The rest of 169.254.0.0/16 stays open: node-local DNS caches
-/// listen there.
+/// …except the cloud metadata and identity endpoints and the ranges they sit in: IPv4
+/// link-local (169.254.169.254 of AWS, GCP, Azure, OCI and others, AWS's 169.254.170.2 and
+/// .23 for containers and pod identity), Azure's host endpoint 168.63.129.16, OCI's legacy
+/// 192.0.0.192, and, for IPv6-only clusters behind NAT64, those IPv4 addresses in the
+/// well-known prefix 64:ff9b::/96; RFC 1918 private ranges; the carrier-grade NAT range some
+/// clusters use for pods (Alibaba's 100.100.100.200 included); IPv6 unique-local (AWS's
+/// fd00:ec2::254 and fd00:ec2::23, GCP's fd20:ce::254) and link-local. A node-local DNS cache
+/// on 169.254.20.10 is reached by listing that /32 among the allowed ranges.
 pub const DEFAULT_EGRESS_DENY: &[&str] = &[
-    "169.254.169.254/32",
+    "169.254.0.0/16",
+    "168.63.129.16/32",
+    "192.0.0.192/32",
     "10.0.0.0/8",
     "172.16.0.0/12",
     "192.168.0.0/16",
     "100.64.0.0/10",
     "fc00::/7",
     "fe80::/10",
+    "64:ff9b::a9fe:0/112",
+    "64:ff9b::a83f:8110/128",
+    "64:ff9b::c000:c0/128",
 ];
 
 /// An IP range in canonical CIDR form (no host bits set).
@@ -1653,12 +1662,29 @@ mod tests {
                     },
                     {"to": [
                         {"ipBlock": {"cidr": "0.0.0.0/0", "except": [
-                            "169.254.169.254/32", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                            "169.254.0.0/16", "168.63.129.16/32", "192.0.0.192/32", "10.0.0.0/8",
+                            "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
                         ]}},
-                        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10"]}},
+                        {"ipBlock": {"cidr": "::/0", "except": [
+                            "fc00::/7", "fe80::/10", "64:ff9b::a9fe:0/112", "64:ff9b::a83f:8110/128",
+                            "64:ff9b::c000:c0/128",
+                        ]}},
                     ]},
                 ],
             })
+        );
+        // A narrower allowed range inside a denied one is a hole in it (a node-local DNS cache).
+        let cache = NetworkRules {
+            allow: ["0.0.0.0/0", "169.254.20.10/32"]
+                .iter()
+                .map(|c| c.parse().expect("cidr"))
+                .collect(),
+            ..NetworkRules::default()
+        };
+        let spec = serde_json::to_value(build_network_policy(&ts, &cache).spec).expect("json");
+        assert_eq!(
+            spec["egress"][1]["to"][1],
+            serde_json::json!({"ipBlock": {"cidr": "169.254.20.10/32"}})
         );
         // Only DNS when nothing is allowed.
         let closed = NetworkRules {
