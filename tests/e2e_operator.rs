@@ -187,7 +187,9 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             );
         }
 
-        // A new token supersedes a latched request: its pod goes, the new request's pod replaces it.
+        // A new token supersedes a latched request whose pod plainly cannot start (here it
+        // cannot be scheduled), before that launch's deadline: its pod goes, the new request's
+        // pod replaces it. (One that progresses is joined: an_agent_slow_to_boot_….)
         let latched_pod = |token: &'static str| {
             let pods = sessions.pods();
             let name = pod_name(&resumed, token);
@@ -206,6 +208,24 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
             let _operator = operator().args(&nowhere).start();
             sessions.annotate(&resumed, "r2").await;
             latched_pod("r2").await;
+            // Once the scheduler said so (and the operator's pod cache had a moment to see it).
+            let unschedulable = |p: Option<&Pod>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+                    })
+            };
+            wait_for(
+                &sessions.pods(),
+                &pod_name(&resumed, "r2"),
+                "r2's pod unschedulable",
+                unschedulable,
+            )
+            .await
+            .expect("pod");
+            tokio::time::sleep(Duration::from_secs(1)).await;
             sessions.annotate(&resumed, "r3").await;
             let superseded = status_where(|s| {
                 s.active_resume_request.as_deref() == Some("r3")
@@ -229,7 +249,8 @@ async fn a_launch_that_cannot_start_stalls_with_the_pods_reason() {
                 .await;
         }
 
-        // On a healthy operator, a new token supersedes r3 and resumes the same agent session.
+        // On a healthy operator, a new token supersedes r3 (its pod still cannot be scheduled)
+        // and resumes the same agent session.
         let _operator = operator().start();
         let ts = sessions.resume(&resumed, "r4").await;
         let status = ts.status.expect("status");
@@ -1107,8 +1128,43 @@ async fn an_agent_slow_to_boot_is_waited_for_within_the_launch_deadline() {
         let status = ts.status.expect("status");
         assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
         assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
-        assert_eq!(sessions.token_of(&name).await, Some(token), "same token");
+        assert_eq!(
+            sessions.token_of(&name).await,
+            Some(token.clone()),
+            "same token"
+        );
         assert_eq!(sessions.live_pods(&name).await.len(), 1, "one pod");
+
+        // Pressed again while that launch boots: the second request joins it (issue 41). No
+        // second pod; both tokens answered by the one restore, the second one last.
+        let pod = sessions.live_pods(&name).await.remove(0);
+        sessions.delete_pod(&pod).await;
+        sessions.wait_needs_resume(&name).await;
+        sessions.annotate(&name, "slow-2").await;
+        let latched = status_where(|s| s.active_resume_request.as_deref() == Some("slow-2"));
+        sessions.wait(&name, "slow-2 latched", latched).await;
+        sessions.annotate(&name, "slow-3").await;
+        sessions
+            .wait_handled_within(&name, "slow-3", Duration::from_secs(90))
+            .await;
+        let status = sessions.status(&name).await;
+        assert_eq!(status.state, SessionState::WaitingForInput, "{status:#?}");
+        assert_condition(&status, conditions::RESUMED, ("True", "Restored"));
+        assert!(
+            status
+                .recent_resume_requests
+                .ends_with(&["slow-2".to_string(), "slow-3".to_string()]),
+            "{status:#?}"
+        );
+        assert_eq!(
+            sessions.live_pod_names(&name).await,
+            [pod_name(&name, "slow-2")],
+            "the first request's pod answered both"
+        );
+        assert_eq!(sessions.token_of(&name).await, Some(token), "same token");
+        sessions
+            .assert_events_in_order(&name, &["ResumeRequested", "ResumeJoined", "Resumed"])
+            .await;
     };
     sessions.run(body).await;
 }

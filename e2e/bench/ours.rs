@@ -513,7 +513,16 @@ impl<'a> Fleet<'a> {
                 wrong[..wrong.len().min(3)].join(", ")
             ));
         }
-        self.conclude(window, result, &started, &reached).await
+        let mut result = self.conclude(window, result, &started, &reached).await?;
+        // Repeated requests join the launch in flight: one pod per session, not one per token
+        // (a note fails `--require-complete`, so `make bench-smoke` fails on more).
+        let created = result.pods_created_per_session();
+        if created > 1.0 {
+            result.notes.push(format!(
+                "the storm created {created:.2} pods per session (one launch per session expected)"
+            ));
+        }
+        Ok(result)
     }
 
     async fn idle(&self, period: Duration) -> Result<PhaseResult, BoxError> {

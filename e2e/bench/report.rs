@@ -110,6 +110,16 @@ impl PhaseResult {
         (self.seconds > 0.0).then(|| self.requests.total() as f64 / self.seconds)
     }
 
+    /// Agent pods the contender created per session (`create pods` in the audit log).
+    pub fn pods_created_per_session(&self) -> f64 {
+        self.requests
+            .by_verb_resource
+            .get("create pods")
+            .copied()
+            .unwrap_or(0) as f64
+            / self.n.max(1) as f64
+    }
+
     /// Requests of this kind per session.
     pub fn per_session(&self, kind: Kind) -> f64 {
         self.requests.count(kind) as f64 / self.n.max(1) as f64
@@ -339,6 +349,22 @@ impl Report {
             ],
             n,
         );
+        if let Some(storm) = self.find(OURS, "storm", n) {
+            let resume = self.find(OURS, "resume", n);
+            let _ = writeln!(
+                out,
+                "\nStorm (five request tokens in a row on every lost session): {:.2} pods created, \
+                 {:.2} writes and {:.2} execs per session; {:.1} s, {} × the resume phase of this run.",
+                storm.pods_created_per_session(),
+                storm.per_session(Kind::Write),
+                storm.per_session(Kind::Exec),
+                storm.seconds,
+                opt(
+                    resume.and_then(|r| ratio(Some(storm.seconds), Some(r.seconds))),
+                    2
+                ),
+            );
+        }
         let _ = writeln!(out, "\nTargets (fleet issue; shown, not asserted):\n");
         for (what, met) in self.targets(n) {
             let mark = match met {
@@ -400,6 +426,39 @@ impl Report {
                 get(OURS, "loss").map(|r| r.completed == n && r.seconds <= 2.0),
             ),
         ];
+        if let Some(storm) = get(OURS, "storm") {
+            let time = ours_resume.and_then(|r| ratio(Some(storm.seconds), Some(r.seconds)));
+            targets.extend([
+                (
+                    format!(
+                        "storm: 1.00 pod created per session (measured: {:.2})",
+                        storm.pods_created_per_session()
+                    ),
+                    Some(storm.pods_created_per_session() <= 1.0),
+                ),
+                (
+                    format!(
+                        "storm: execs per session ≤ 1.00 (measured: {:.2})",
+                        storm.per_session(Kind::Exec)
+                    ),
+                    Some(storm.per_session(Kind::Exec) <= 1.0),
+                ),
+                (
+                    format!(
+                        "storm: writes per session ≤ 8 (measured: {:.2})",
+                        storm.per_session(Kind::Write)
+                    ),
+                    Some(storm.per_session(Kind::Write) <= 8.0),
+                ),
+                (
+                    format!(
+                        "storm: time ≤ 1.3 × the resume phase (measured: {})",
+                        opt(time, 2)
+                    ),
+                    time.map(|t| t <= 1.3),
+                ),
+            ]);
+        }
         if let (Some(ours), Some(sandbox)) = (ours_resume, get(SANDBOX, "relaunch")) {
             let (o, s) = (
                 ours.per_session(Kind::Read),

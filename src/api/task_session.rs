@@ -602,6 +602,13 @@ pub struct TaskSessionStatus {
     /// The resume-request token (annotation value) being handled now, latched before acting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_resume_request: Option<String>,
+    /// Request tokens that arrived while the active request's launch was progressing and asked
+    /// for the same kind of start (a restore, or a fresh one): they joined that launch and are
+    /// answered with its outcome when it ends (then they move to recentResumeRequests, the
+    /// newest becoming lastHandledResumeRequest). Oldest first, at most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub joined_resume_requests: Vec<String>,
     /// The last resume-request token whose handling ended (success or terminal failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_handled_resume_request: Option<String>,

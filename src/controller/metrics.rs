@@ -40,13 +40,14 @@ const RECONCILE_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 pub use crate::resume::ResumeOutcome;
 
 impl ResumeOutcome {
-    pub const ALL: [ResumeOutcome; 6] = [
+    pub const ALL: [ResumeOutcome; 7] = [
         Self::Restored,
         Self::Fresh,
         Self::Failed,
         Self::Refused,
         Self::AlreadyRunning,
         Self::Superseded,
+        Self::Joined,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -57,6 +58,7 @@ impl ResumeOutcome {
             Self::Refused => "refused",
             Self::AlreadyRunning => "already_running",
             Self::Superseded => "superseded",
+            Self::Joined => "joined",
         }
     }
 }

@@ -274,13 +274,7 @@ impl<'a> Session<'a> {
     /// The annotation's token when it has not been handled and is not being handled.
     fn new_resume_request(&self) -> Option<String> {
         let token = self.objects.annotation(RESUME_ANNOTATION)?;
-        is_new_resume_request(
-            token,
-            self.status.active_resume_request.as_deref(),
-            self.status.last_handled_resume_request.as_deref(),
-            &self.status.recent_resume_requests,
-        )
-        .then(|| token.to_string())
+        is_new_resume_request(token, &self.status).then(|| token.to_string())
     }
 
     /// Deletes `pod`, on the condition that it is still the pod of that UID (only the pod that

@@ -247,12 +247,7 @@ impl Cluster {
         let mut token = new_token();
         // Unique against what the operator has seen; a clash is all but impossible.
         while Some(token.as_str()) == snapshot.annotation(RESUME_ANNOTATION)
-            || !crate::resume::is_new_resume_request(
-                &token,
-                status.active_resume_request.as_deref(),
-                status.last_handled_resume_request.as_deref(),
-                &status.recent_resume_requests,
-            )
+            || !crate::resume::is_new_resume_request(&token, &status)
         {
             token = new_token();
         }

@@ -4,8 +4,6 @@
 //! itself (`resume`), which reads the session, sets the resume annotation and with `--wait`
 //! waits for the operator to handle it ([`wait_handled`]).
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::Serialize;
@@ -18,7 +16,7 @@ use super::status::{Snapshot, liveness_name};
 use super::watch::{Progress, wait_for};
 use crate::api::conditions::{self, RESUMED, STALLED};
 use crate::api::{SessionState, TaskSessionStatus, TaskState};
-use crate::resume::{PodLiveness, ResumeEvaluation, launch_stall, pod_liveness};
+use crate::resume::{PodLiveness, ResumeEvaluation, plain_stall};
 
 /// What `kubectl kandev resume` should do, decided before touching anything.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,21 +74,23 @@ pub fn stalling_launch(
     token: &str,
     pod: Option<&Pod>,
 ) -> Option<String> {
-    if status.active_resume_request.as_deref() != Some(token) {
+    let answered_by_launch = status.active_resume_request.as_deref() == Some(token)
+        || status.joined_resume_requests.iter().any(|t| t == token);
+    if !answered_by_launch {
         return None;
     }
-    let pod = pod.filter(|p| pod_liveness(Some(p)) == PodLiveness::Pending)?;
-    let stall = launch_stall(pod, Duration::ZERO, Duration::ZERO, None)?;
-    let definite = matches!(
-        stall.reason,
-        "ImagePullBackOff" | "CreateContainerConfigError" | "Unschedulable" | "PVCNotBound"
-    );
+    let pod = pod?;
+    let stall = plain_stall(pod)?;
     // The pure rule words it for its deadline; the part after the first ": " is the pod's.
     let detail = stall
         .message
         .split_once(": ")
         .map_or(stall.message.as_str(), |(_, rest)| rest);
-    definite.then(|| format!("{} (pod {}): {detail}", stall.reason, pod.name_any()))
+    Some(format!(
+        "{} (pod {}): {detail}",
+        stall.reason,
+        pod.name_any()
+    ))
 }
 
 /// How a handled resume request ended, read from the TaskSession status.

@@ -300,11 +300,18 @@ pub fn launch_ended(
         wanted.push(ending.resumed);
     }
     settle(&mut status, &wanted, generation, now);
+    let mut event = ending.event;
+    if !current.joined_resume_requests.is_empty() {
+        event.message = format!(
+            "{} (also the answer to the requests that joined: {:?})",
+            event.message, current.joined_resume_requests
+        );
+    }
     Transition {
         write: status != *current,
         status,
         action: ending.action,
-        event: Some(ending.event),
+        event: Some(event),
         metric: was_resume.then_some(Metric::ResumeHandled(ending.outcome)),
         requeue: ending.requeue,
     }
@@ -462,13 +469,23 @@ fn not_done_conditions(reason: &str, stalled: bool, message: &str) -> Vec<Want> 
     ]
 }
 
-/// Ends the handling of the latched request: remembered as handled, nothing to return to.
+/// Ends the handling of the latched request: it and the requests that joined its launch are
+/// answered ([`answer_latched`]); nothing to return to.
 pub fn finish_request(status: &mut TaskSessionStatus) {
-    if let Some(token) = status.active_resume_request.take() {
-        remember_handled(&mut status.recent_resume_requests, &token);
-        status.last_handled_resume_request = Some(token);
-    }
+    answer_latched(status);
     status.previous_state = None;
+}
+
+/// The latched request and those that joined its launch are remembered as handled, in the
+/// order they came, the newest one last.
+pub fn answer_latched(status: &mut TaskSessionStatus) {
+    if let Some(token) = status.active_resume_request.take() {
+        let joined = std::mem::take(&mut status.joined_resume_requests);
+        for token in std::iter::once(token).chain(joined) {
+            remember_handled(&mut status.recent_resume_requests, &token);
+            status.last_handled_resume_request = Some(token);
+        }
+    }
 }
 
 #[cfg(test)]

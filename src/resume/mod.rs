@@ -73,7 +73,7 @@ pub use session_config::{
     Configured, ReportedConfig, SetBack, apply_config_update, configured, not_offered,
     reported_config, set_back, wanted_config,
 };
-pub use stall::{LaunchStall, checkout_stall, launch_stall, previous_pod_stall};
+pub use stall::{LaunchStall, checkout_stall, launch_stall, plain_stall, previous_pod_stall};
 pub use status::{
     PodLiveness, ResumeEvaluation, SessionFacts, current_pod, evaluate_resume_eligibility,
     pod_liveness,

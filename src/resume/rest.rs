@@ -50,14 +50,7 @@ pub fn unrest(session: &TaskSession, status: &TaskSessionStatus) -> Option<Unres
         .as_ref()
         .and_then(|a| a.get(RESUME_ANNOTATION))
         .filter(|token| !token.is_empty())
-        .is_some_and(|token| {
-            is_new_resume_request(
-                token,
-                status.active_resume_request.as_deref(),
-                status.last_handled_resume_request.as_deref(),
-                &status.recent_resume_requests,
-            )
-        });
+        .is_some_and(|token| is_new_resume_request(token, status));
     if requested {
         Some(Unrest::Requested)
     } else if matches!(status.state, SessionState::Created | SessionState::Starting)

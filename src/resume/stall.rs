@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::status::terminated_containers;
+use super::status::{PodLiveness, pod_liveness, terminated_containers};
 use crate::api::pod_contract::CheckoutReason;
 
 /// A launch that did not reach a running agentctl within the deadline.
@@ -15,6 +15,23 @@ pub struct LaunchStall {
     pub reason: &'static str,
     /// What the pod says, for the condition and the Event.
     pub message: String,
+}
+
+/// The stall of a launch whose `pod` plainly cannot start, whatever its deadline: its image
+/// cannot be pulled, a Secret or key it needs is missing, it cannot be scheduled, or its PVC is
+/// not bound. `kubectl kandev resume --wait` reports it at once, and a new request supersedes
+/// such a launch instead of joining it.
+pub fn plain_stall(pod: &Pod) -> Option<LaunchStall> {
+    if pod_liveness(Some(pod)) != PodLiveness::Pending {
+        return None;
+    }
+    let zero = std::time::Duration::ZERO;
+    launch_stall(pod, zero, zero, None).filter(|stall| {
+        matches!(
+            stall.reason,
+            "ImagePullBackOff" | "CreateContainerConfigError" | "Unschedulable" | "PVCNotBound"
+        )
+    })
 }
 
 /// The stall of the launch whose pod is `pod`, `age` after the pod was created; `None` while

@@ -111,6 +111,9 @@ pub enum ResumeOutcome {
     AlreadyRunning,
     /// A newer request replaced it while it was being handled.
     Superseded,
+    /// It arrived while a launch for the same kind of start was progressing, and is answered
+    /// with that launch's outcome.
+    Joined,
 }
 
 /// When the session is reconciled again, besides watch events.

@@ -643,11 +643,18 @@ async fn an_ended_session_stops_its_executor_before_it_says_so() {
     assert_preconditions(&world.api, 7);
 }
 
+/// A fresh start asked for while a restore launches: a launch of another kind supersedes it.
 #[tokio::test]
 async fn a_superseded_request_is_handled_before_its_pod_is_deleted() {
     let mut world = World::new(FakeApi::default());
     let mut ts = task_session(starting("r1"));
-    ts.metadata.annotations = Some([(RESUME_ANNOTATION.to_string(), "r2".to_string())].into());
+    ts.metadata.annotations = Some(
+        [
+            (RESUME_ANNOTATION.to_string(), "r2".to_string()),
+            (RESUME_FRESH_ANNOTATION.to_string(), "r2".to_string()),
+        ]
+        .into(),
+    );
     let old = names::pod_name("s", "r1");
     world.add_pod(pending_pod(&old));
     world.pass(&ts).await.expect("pass");
@@ -658,6 +665,22 @@ async fn a_superseded_request_is_handled_before_its_pod_is_deleted() {
     let status = &world.api.writes()[0].body["status"];
     assert_eq!(status["activeResumeRequest"], "r2");
     assert_eq!(status["lastHandledResumeRequest"], "r1");
+    assert_preconditions(&world.api, 7);
+}
+
+/// The same request again while its launch progresses: one status write records that it
+/// joined; the launch's pod stays.
+#[tokio::test]
+async fn a_joined_request_costs_one_status_write_and_keeps_the_launchs_pod() {
+    let mut world = World::new(FakeApi::default());
+    let mut ts = task_session(starting("r1"));
+    ts.metadata.annotations = Some([(RESUME_ANNOTATION.to_string(), "r2".to_string())].into());
+    world.add_pod(pending_pod(&names::pod_name("s", "r1")));
+    world.pass(&ts).await.expect("pass");
+    world.api.assert_writes(&["PATCH tasksessions/s/status"]);
+    let status = &world.api.writes()[0].body["status"];
+    assert_eq!(status["activeResumeRequest"], "r1");
+    assert_eq!(status["joinedResumeRequests"], json!(["r2"]));
     assert_preconditions(&world.api, 7);
 }
 
