@@ -78,11 +78,11 @@ pub enum RequestAnswer {
 ///
 /// In order: a token longer than [`MAX_TOKEN_BYTES`] is refused (`InvalidToken`, only its
 /// [`handled_key`] is kept); while a request is latched, the new one joins its launch when that
-/// launch is progressing (not `Stalled`) and both ask for the same kind of start (a restore, or
-/// a fresh one by [`RESUME_FRESH_ANNOTATION`]), and otherwise supersedes it (the old one counts
-/// as handled with `Resumed=False/Superseded`, its pod is deleted after the write); a terminal
-/// session that the
-/// rules do not offer a resume is refused (`TerminalState`); an agent that runs is acknowledged
+/// launch is progressing (not `Stalled`, its pod not plainly stuck) and both ask for the same
+/// kind of start (a restore, or a fresh one by [`RESUME_FRESH_ANNOTATION`]), and otherwise
+/// supersedes it (the old one counts as handled with `Resumed=False/Superseded`, its pod is
+/// deleted after the write); a terminal session that the rules do not offer a resume is
+/// refused (`TerminalState`); an agent that runs is acknowledged
 /// (`Resumed=True/AlreadyRunning`), unless the request restarts it ([`RESTART_ANNOTATION`]
 /// carries its token): then it is latched while the agent waits for input (the launch replaces
 /// the running pod), and refused while a prompt runs (`AgentWorking`); anything else is
