@@ -1257,8 +1257,12 @@ async fn replaying_agents_wait_for_the_memory_budget_and_all_resume() {
         for name in &names {
             sessions.annotate(name, "budget-1").await;
         }
+        // One load at a time, in no set order: the last of 40 may wait for the other 39 (a CI
+        // run saw one restored 98 s after its request, past the default 60 s).
         for name in &names {
-            let ts = sessions.wait_handled(name, "budget-1").await;
+            let ts = sessions
+                .wait_handled_within(name, "budget-1", Duration::from_secs(300))
+                .await;
             let status = ts.status.expect("status");
             assert_eq!(
                 status.state,
