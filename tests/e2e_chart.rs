@@ -23,7 +23,7 @@ use e2e_support::sessions::{
     Sessions, assert_condition, condition, condition_is, status_where, template_workspace,
 };
 use e2e_support::support::chart::{self, CRDS, RELEASE, chart_dir};
-use e2e_support::support::process::{run, run_with_stdin};
+use e2e_support::support::process::{Output, run, run_with_stdin};
 use e2e_support::{
     client, harness_pid, kubectl, read_crd, repo_path, restricted_namespace, unique,
     wait_for_within, with_cleanup,
@@ -79,15 +79,21 @@ fn operator_can(verb: &str, resource: &str, namespace: &str) -> String {
     .to_string()
 }
 
-/// `kubectl create --dry-run=server` of `pod` in `namespace` as the operator's ServiceAccount
-/// (admission runs, nothing is stored): Ok, or Err(kubectl's stderr).
-fn create_pod_as_operator(namespace: &str, pod: &serde_json::Value) -> Result<(), String> {
-    let out = run_with_stdin(
+/// `kubectl create --dry-run=server` of `manifest` (JSON) in `namespace` as `user`: admission
+/// runs, nothing is stored.
+fn dry_run_create_as(namespace: &str, user: &str, manifest: &str) -> Output {
+    run_with_stdin(
         kubectl()
             .args(["create", "--dry-run=server", "-n", namespace, "-f", "-"])
-            .args(["--as", OPERATOR_ACCOUNT]),
-        &pod.to_string(),
-    );
+            .args(["--as", user]),
+        manifest,
+    )
+}
+
+/// [`dry_run_create_as`] of `pod` as the operator's ServiceAccount: Ok, or Err(kubectl's
+/// stderr).
+fn create_pod_as_operator(namespace: &str, pod: &serde_json::Value) -> Result<(), String> {
+    let out = dry_run_create_as(namespace, OPERATOR_ACCOUNT, &pod.to_string());
     if out.success() {
         Ok(())
     } else {
@@ -341,22 +347,8 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: ns-admin}]
         .expect("repository"),
     );
     let manifest = serde_json::to_string(&ts).expect("session json");
-    let create_as = |user: &str| {
-        run_with_stdin(
-            kubectl().args([
-                "create",
-                "--dry-run=server",
-                "-n",
-                ns,
-                "-f",
-                "-",
-                "--as",
-                user,
-            ]),
-            &manifest,
-        )
-    };
-    let refused = |out: &e2e_support::support::process::Output, secret: &str| {
+    let create_as = |user: &str| dry_run_create_as(ns, user, &manifest);
+    let refused = |out: &Output, secret: &str| {
         assert!(
             !out.success()
                 && out.stderr.contains("session-secrets")
@@ -397,17 +389,9 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: maker}]
             .collect(),
     ))
     .expect("credentials");
-    let out = run_with_stdin(
-        kubectl().args([
-            "create",
-            "--dry-run=server",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            "--as",
-            "maker",
-        ]),
+    let out = dry_run_create_as(
+        ns,
+        "maker",
         &serde_json::to_string(&many).expect("session json"),
     );
     assert!(
